@@ -1,0 +1,125 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "cairn", version, about = "A declarative pipeline engine: reruns only what changed, keeps every validated result, and can explain itself.")]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The pipeline manifest.
+    #[arg(short = 'f', long = "file", global = true, default_value = "cairn.toml", value_name = "PATH")]
+    pub file: PathBuf,
+    /// Apply the param overrides of `[profiles.NAME]`.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// More log output (-v info, -vv debug); `RUST_LOG` also works.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only errors on stderr: no progress, no per-stage lines.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Bring the targets (default: every stage) up to date.
+    Run(RunArgs),
+    /// List each stage: fresh, stale (with the reason), never run or failed.
+    Status(StatusArgs),
+    /// Explain why a stage would run: the components that changed, old → new.
+    Why(WhyArgs),
+    /// Print the stage graph.
+    Dag(DagArgs),
+    /// Run history, or the attempts of one stage.
+    Log(LogArgs),
+    /// A stage's command, outputs with digests, and last run.
+    Show(ShowArgs),
+    /// Remove stored objects that no current result references.
+    Gc(GcArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Stages to bring up to date, with everything they depend on.
+    #[arg(value_name = "STAGE")]
+    pub targets: Vec<String>,
+    /// Run at most N commands at once (default: number of cores).
+    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    pub jobs: Option<usize>,
+    /// After a failure, keep running stages that do not depend on it.
+    #[arg(short = 'k', long)]
+    pub keep_going: bool,
+    /// Re-run this stage even if it is fresh (repeatable).
+    #[arg(long, value_name = "STAGE")]
+    pub force: Vec<String>,
+    /// Show what would run, and why, without running or writing anything.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Fail at once if another cairn process holds the workspace.
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Limit to these stages and what they depend on.
+    #[arg(value_name = "STAGE")]
+    pub targets: Vec<String>,
+    /// Machine-readable output (see docs/cli.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WhyArgs {
+    pub stage: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DagArgs {
+    #[arg(long, value_enum, default_value_t = DagFormat::Text)]
+    pub format: DagFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DagFormat {
+    Text,
+    Dot,
+    Mermaid,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Show this stage's attempts instead of the runs.
+    pub stage: Option<String>,
+    /// How many entries.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub limit: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    pub stage: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// List what would be removed without removing it.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+}

@@ -1,0 +1,94 @@
+//! The `cairn` command line.
+
+mod args;
+mod dag;
+mod error;
+mod gc;
+mod log;
+mod progress;
+mod render;
+mod run;
+mod show;
+mod status;
+mod why;
+mod workspace;
+
+use std::io::{ErrorKind, IsTerminal};
+use std::process::ExitCode;
+
+use clap::Parser;
+
+pub use args::Cli;
+pub use error::{CliError, exit};
+
+/// Parses the command line, runs it, and maps the outcome to an exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() { exit::BAD_INPUT } else { exit::OK };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing(cli.global.verbose);
+    match dispatch(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Output(e)) if e.kind() == ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(error) => {
+            report(&error);
+            ExitCode::from(error.exit_code())
+        }
+    }
+}
+
+fn dispatch(cli: &Cli) -> Result<(), CliError> {
+    use args::Command;
+    match &cli.command {
+        Command::Run(args) => run::run(&cli.global, args),
+        Command::Status(args) => status::status(&cli.global, args),
+        Command::Why(args) => why::why(&cli.global, args),
+        Command::Dag(args) => dag::dag(&cli.global, args),
+        Command::Log(args) => log::log(&cli.global, args),
+        Command::Show(args) => show::show(&cli.global, args),
+        Command::Gc(args) => gc::gc(&cli.global, args),
+    }
+}
+
+fn report(error: &CliError) {
+    match error {
+        CliError::Exit(_) => {}
+        CliError::Manifest(crate::manifest::LoadError::Invalid(errors)) => {
+            eprint!("{}", errors.render(std::io::stderr().is_terminal()));
+        }
+        CliError::Usage { message, help } => {
+            eprintln!("error: {message}");
+            if let Some(help) = help {
+                eprintln!("  help: {help}");
+            }
+        }
+        other => {
+            eprintln!("error: {other}");
+            let mut source = std::error::Error::source(other);
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+        }
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "cairn=info",
+        _ => "cairn=debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

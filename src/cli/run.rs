@@ -1,0 +1,90 @@
+//! `cairn run`.
+
+use super::args::{Global, RunArgs};
+use super::error::{CliError, exit};
+use super::progress::HumanReporter;
+use super::workspace;
+use crate::schedule::{self, Context, RunOptions, State};
+use crate::store::{Ledger, WhenLocked, WorkspaceLock};
+
+pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let selected = loaded.selection(&args.targets)?;
+    let forced = loaded.forced(&args.force)?;
+    if args.jobs == Some(0) {
+        return Err(CliError::usage("`-j 0` would run nothing; give at least 1"));
+    }
+
+    if args.dry_run {
+        let mut ctx = loaded.read_context()?;
+        let statuses = schedule::evaluate(&mut ctx, &selected, &forced)?;
+        let mut would = 0;
+        for status in &statuses {
+            match (&status.reason, status.state) {
+                (Some(reason), _) => {
+                    would += 1;
+                    println!("would run  {} ({})", status.stage, reason.summary());
+                }
+                (None, State::Fresh) if !status.outputs_to_restore.is_empty() => {
+                    println!("would restore  {} ({})", status.stage, status.outputs_to_restore.join(", "));
+                }
+                _ => {}
+            }
+        }
+        if would == 0 {
+            println!("nothing to run: {} stage(s) fresh", statuses.len());
+        }
+        return Ok(());
+    }
+
+    let cache = loaded.manifest.cache_dir();
+    let when_locked = if args.no_wait { WhenLocked::Fail } else { WhenLocked::Wait };
+    let _lock = WorkspaceLock::acquire(&cache, when_locked, |holder| {
+        let who = holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+        eprintln!("waiting for another cairn process{who} to release the workspace `{}`…", cache.display());
+    })?;
+    let ledger = Ledger::open(&cache)?;
+    let mut ctx = Context::new(&loaded.manifest, &loaded.dag, Some(ledger))?;
+    let options = RunOptions {
+        jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+        keep_going: args.keep_going,
+        forced,
+        selected,
+        invocation: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(options.jobs.clamp(1, 4))
+        .enable_all()
+        .build()
+        .map_err(CliError::Output)?;
+    let mut reporter = HumanReporter::new(global.quiet, global.verbose > 0);
+    let summary = runtime.block_on(schedule::run(&mut ctx, &options, &mut reporter));
+    reporter.finish();
+    let summary = summary?;
+
+    let c = summary.counts;
+    if !global.quiet {
+        let mut parts = vec![format!("{} ran", c.executed), format!("{} fresh", c.fresh)];
+        if c.restored > 0 {
+            parts.push(format!("{} restored", c.restored));
+        }
+        if c.failed > 0 {
+            parts.push(format!("{} failed", c.failed));
+        }
+        if !summary.blocked.is_empty() {
+            parts.push(format!("{} not attempted", summary.blocked.len()));
+        }
+        eprintln!("{} (run {})", parts.join(", "), summary.run_id);
+    }
+    if summary.interrupted {
+        return Err(CliError::Exit(exit::INTERRUPTED));
+    }
+    if !summary.failed.is_empty() {
+        if !global.quiet {
+            eprintln!("see `cairn log {}` and `cairn why {}`", summary.failed[0], summary.failed[0]);
+        }
+        return Err(CliError::Exit(exit::STAGE_FAILED));
+    }
+    Ok(())
+}

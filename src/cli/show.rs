@@ -1,0 +1,98 @@
+//! `cairn show STAGE`.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use super::args::{Global, ShowArgs};
+use super::error::CliError;
+use super::render;
+use super::workspace;
+use crate::schedule::{self, StageStatus};
+use crate::store::ResultRecord;
+
+#[derive(Serialize)]
+struct ShowJson<'a> {
+    stage: &'a str,
+    description: Option<&'a str>,
+    command: String,
+    inputs: Vec<(&'a str, &'a str)>,
+    status: &'a StageStatus,
+    last_ok: Option<&'a ResultRecord>,
+    last_attempt: Option<&'a ResultRecord>,
+}
+
+pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let target = loaded.stage_indices(std::slice::from_ref(&args.stage))?;
+    let selected = loaded.dag.upstream_closure(&target);
+    let mut ctx = loaded.read_context()?;
+    let statuses = schedule::evaluate(&mut ctx, &selected, &HashSet::new())?;
+    let status = statuses.iter().find(|s| s.stage == args.stage).expect("target evaluated");
+    let stage = &loaded.manifest.stages[target[0]];
+    let last_ok = ctx.latest_ok.get(&stage.name);
+    let last_attempt = ctx.latest_attempt.get(&stage.name);
+
+    if args.json {
+        render::json(&ShowJson {
+            stage: &stage.name,
+            description: stage.description.as_deref(),
+            command: stage.run.display(),
+            inputs: stage.inputs.iter().map(|i| (i.name.as_str(), i.path.as_str())).collect(),
+            status,
+            last_ok,
+            last_attempt,
+        })?;
+        return Ok(());
+    }
+    println!("stage        {}", stage.name);
+    if let Some(description) = &stage.description {
+        println!("description  {description}");
+    }
+    println!("command      {}", stage.run.display());
+    let state = match &status.reason {
+        Some(reason) => format!("{} ({})", status.state.as_str(), reason.summary()),
+        None => status.state.as_str().to_owned(),
+    };
+    println!("state        {state}");
+    if let Some(fp) = status.fingerprint {
+        println!("fingerprint  {fp}");
+    }
+    if !stage.inputs.is_empty() {
+        println!("inputs");
+        for input in &stage.inputs {
+            println!("  {:<12} {}", input.name, input.path);
+        }
+    }
+    match last_ok {
+        None => println!("outputs      (no successful run yet)"),
+        Some(record) => {
+            println!("outputs");
+            for output in &record.outputs {
+                let kind = match output.kind {
+                    crate::store::OutputKind::File => "file",
+                    crate::store::OutputKind::Dir => "dir",
+                };
+                println!("  {:<12} {}  {kind}  {} bytes  {}", output.name, output.path, output.size, output.digest);
+            }
+            println!(
+                "last ok      run {} at {}, took {}",
+                record.run_id,
+                render::time(record.finished_ms),
+                render::elapsed_ms(record.started_ms, record.finished_ms)
+            );
+        }
+    }
+    if let Some(attempt) = last_attempt.filter(|a| a.status == crate::store::ResultStatus::Failed) {
+        println!(
+            "last failure run {} at {}: {}",
+            attempt.run_id,
+            render::time(attempt.finished_ms),
+            attempt.error.as_deref().unwrap_or("failed")
+        );
+    }
+    if let Some(log) = last_attempt.and_then(|a| a.log_path.as_deref()) {
+        println!("log          {log}");
+    }
+    Ok(())
+}

@@ -1,0 +1,54 @@
+//! `cairn status`.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use super::args::{Global, StatusArgs};
+use super::error::CliError;
+use super::render;
+use super::workspace;
+use crate::schedule::{self, StageStatus};
+
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    pipeline: &'a str,
+    profile: Option<&'a str>,
+    stages: &'a [StageStatus],
+}
+
+pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let selected = loaded.selection(&args.targets)?;
+    let mut ctx = loaded.read_context()?;
+    let statuses = schedule::evaluate(&mut ctx, &selected, &HashSet::new())?;
+    loaded.save_learnt(&mut ctx);
+
+    if args.json {
+        render::json(&StatusJson {
+            pipeline: &loaded.manifest.name,
+            profile: loaded.manifest.profile.as_deref(),
+            stages: &statuses,
+        })?;
+        return Ok(());
+    }
+    let mut rows = vec![vec!["STAGE".to_owned(), "STATE".to_owned(), "DETAIL".to_owned()]];
+    for status in &statuses {
+        let detail = match &status.reason {
+            Some(reason) => reason.summary(),
+            None if !status.outputs_to_restore.is_empty() => {
+                format!("outputs modified, will be restored: {}", status.outputs_to_restore.join(", "))
+            }
+            None => status.last_ok_ms.map(|ms| format!("since {}", render::time(ms))).unwrap_or_default(),
+        };
+        rows.push(vec![status.stage.clone(), status.state.as_str().to_owned(), detail]);
+    }
+    print!("{}", render::table(&rows));
+    let pending = statuses.iter().filter(|s| s.reason.is_some()).count();
+    if pending == 0 {
+        println!("\nall {} stage(s) fresh", statuses.len());
+    } else {
+        println!("\n{pending} of {} stage(s) would run; `cairn why STAGE` explains one", statuses.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! `cairn why STAGE`.
+
+use std::collections::HashSet;
+
+use super::args::{Global, WhyArgs};
+use super::error::CliError;
+use super::render;
+use super::workspace;
+use crate::schedule::{self, DirtyReason};
+
+pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let target = loaded.stage_indices(std::slice::from_ref(&args.stage))?;
+    let selected = loaded.dag.upstream_closure(&target);
+    let mut ctx = loaded.read_context()?;
+    let statuses = schedule::evaluate(&mut ctx, &selected, &HashSet::new())?;
+    loaded.save_learnt(&mut ctx);
+    let status = statuses
+        .into_iter()
+        .find(|s| s.stage == args.stage)
+        .expect("the target is in its own closure");
+
+    if args.json {
+        render::json(&status)?;
+        return Ok(());
+    }
+    match &status.reason {
+        None => {
+            println!("`{}` is fresh: its fingerprint {} matches a validated result.", status.stage, fp(&status));
+            if !status.outputs_to_restore.is_empty() {
+                println!("its outputs {} differ from the store and will be restored by `cairn run`.", status.outputs_to_restore.join(", "));
+            }
+        }
+        Some(reason) => {
+            println!("`{}` would run: {}", status.stage, reason.summary());
+            if matches!(reason, DirtyReason::UpstreamStale { .. }) && !status.changes.is_empty() {
+                println!("(and even if upstream reproduces its last outputs:)");
+            }
+        }
+    }
+    for change in &status.changes {
+        println!("\n  {}", change.component);
+        match &change.old {
+            Some(old) => println!("    - {}", old.detail),
+            None => println!("    - (absent)"),
+        }
+        match &change.new {
+            Some(new) => println!("    + {}", new.detail),
+            None => println!("    + (absent)"),
+        }
+    }
+    if let Some(DirtyReason::Failed { .. }) = &status.reason {
+        println!("\nsee the log with `cairn show {}`", status.stage);
+    }
+    Ok(())
+}
+
+fn fp(status: &schedule::StageStatus) -> String {
+    status.fingerprint.map(|d| d.to_string()).unwrap_or_else(|| "(unknown)".to_owned())
+}

@@ -1,0 +1,90 @@
+//! Loading the manifest and graph, and opening the cache, for a command.
+
+use std::collections::HashSet;
+
+use super::args::Global;
+use super::error::CliError;
+use crate::graph::Dag;
+use crate::manifest::{self, LoadError, Manifest};
+use crate::schedule::Context;
+use crate::store::{Ledger, WorkspaceLock};
+
+pub struct Loaded {
+    pub manifest: Manifest,
+    pub dag: Dag,
+}
+
+/// Loads and validates the manifest and its graph; nothing is written.
+pub fn load(global: &Global) -> Result<Loaded, CliError> {
+    if !global.file.exists() {
+        return Err(CliError::Usage {
+            message: format!("no manifest at `{}`", global.file.display()),
+            help: Some(if global.file.as_os_str() == "cairn.toml" {
+                "run cairn in a directory with a cairn.toml, or pass `-f path/to/pipeline.toml`".to_owned()
+            } else {
+                "check the path given to `-f`".to_owned()
+            }),
+        });
+    }
+    let manifest = manifest::load(&global.file, global.profile.as_deref())?;
+    let dag = Dag::build(&manifest).map_err(LoadError::from)?;
+    Ok(Loaded { manifest, dag })
+}
+
+impl Loaded {
+    /// Stage indices for names given on the command line.
+    pub fn stage_indices(&self, names: &[String]) -> Result<Vec<usize>, CliError> {
+        names
+            .iter()
+            .map(|name| {
+                self.manifest
+                    .stages
+                    .iter()
+                    .position(|s| &s.name == name)
+                    .ok_or_else(|| self.unknown_stage(name))
+            })
+            .collect()
+    }
+
+    pub fn unknown_stage(&self, name: &str) -> CliError {
+        let names: Vec<&str> = self.manifest.stages.iter().map(|s| s.name.as_str()).collect();
+        let close = names
+            .iter()
+            .filter(|n| strsim::levenshtein(n, name) <= 2)
+            .map(|n| format!("did you mean `{n}`?"))
+            .next();
+        CliError::Usage {
+            message: format!("no stage named `{name}` in `{}`", self.manifest.path.display()),
+            help: Some(close.unwrap_or_else(|| format!("stages: {}", names.join(", ")))),
+        }
+    }
+
+    /// The targets plus their upstream closure; every stage when empty.
+    pub fn selection(&self, targets: &[String]) -> Result<Vec<bool>, CliError> {
+        if targets.is_empty() {
+            return Ok(vec![true; self.manifest.stages.len()]);
+        }
+        let indices = self.stage_indices(targets)?;
+        Ok(self.dag.upstream_closure(&indices))
+    }
+
+    /// A read-only view: the ledger if one exists; writes nothing.
+    pub fn read_context(&self) -> Result<Context<'_>, CliError> {
+        let ledger = Ledger::open_existing(&self.manifest.cache_dir())?;
+        Ok(Context::new(&self.manifest, &self.dag, ledger)?)
+    }
+
+    /// Persists stat-cache entries learnt by a read-only command, if no
+    /// other process is writing the workspace.
+    pub fn save_learnt(&self, ctx: &mut Context<'_>) {
+        if ctx.ledger.is_some() {
+            if let Some(_lock) = WorkspaceLock::try_acquire(&self.manifest.cache_dir()) {
+                let _ = ctx.save_stat_cache();
+            }
+        }
+    }
+
+    pub fn forced(&self, names: &[String]) -> Result<HashSet<usize>, CliError> {
+        Ok(self.stage_indices(names)?.into_iter().collect())
+    }
+}

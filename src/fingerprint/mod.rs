@@ -1,0 +1,100 @@
+//! Fingerprints: what a stage's result depends on, by content.
+//!
+//! A stage's fingerprint is the BLAKE3 of the canonical bytes of its
+//! [`StageKey`], a sorted map of named components. Each component keeps a
+//! digest and a short description, and the whole key is recorded with every
+//! result, so `cairn why` is a diff of two keys rather than a guess.
+//!
+//! | component          | hashed                                              |
+//! |--------------------|-----------------------------------------------------|
+//! | `command`          | the interpolated command (shell text or argv)       |
+//! | `checks`           | the interpolated check commands, in order           |
+//! | `outputs`          | the declared output names and paths                 |
+//! | `param:NAME`       | canonical JSON of each param the stage uses         |
+//! | `env:NAME`         | each declared variable's value (or its absence)     |
+//! | `input:PATH`       | the content digest of each input (file or tree)     |
+//! | `version`          | the manual cache-buster, if set                     |
+//! | (schema version)   | [`KEY_SCHEMA_VERSION`], inside the encoding         |
+//!
+//! Never hashed: mtimes, owners, inode numbers, absolute paths of the
+//! project, the order of tables in the manifest, the order `readdir`
+//! returns entries in, the run id or time of an upstream stage. Upstream
+//! outputs enter as `input:` components by their content, which is what
+//! makes early cutoff work: an upstream re-run that writes the same bytes
+//! leaves every downstream fingerprint unchanged.
+
+mod content;
+mod digest;
+mod key;
+
+pub use content::{Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, tree_digest};
+pub use digest::{Digest, ParseDigestError};
+pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};
+
+use crate::manifest::{Command, EnvValue, Stage};
+
+/// Builds the key of `stage` from the digests of its inputs (in declaration
+/// order) and a view of cairn's environment for pass-through variables.
+pub fn stage_key(
+    stage: &Stage,
+    input_digests: &[Digest],
+    environment: impl Fn(&str) -> Option<String>,
+) -> StageKey {
+    let mut key = StageKey::default();
+    key.insert("command", command_component("command", &stage.run));
+    if !stage.checks.is_empty() {
+        let text: Vec<String> = stage.checks.iter().map(Command::display).collect();
+        let encoded = serde_json::to_vec(&stage.checks.iter().map(command_json).collect::<Vec<_>>())
+            .expect("commands serialise");
+        key.insert("checks", Component::of_value("checks", &encoded, text.join(" ; ")));
+    }
+    let outputs: Vec<(&str, &str)> = stage
+        .outputs
+        .iter()
+        .map(|o| (o.name.as_str(), o.path.as_str()))
+        .collect();
+    if !outputs.is_empty() {
+        let encoded = serde_json::to_vec(&outputs).expect("outputs serialise");
+        let detail: Vec<String> = outputs.iter().map(|(n, p)| format!("{n}={p}")).collect();
+        key.insert("outputs", Component::of_value("outputs", &encoded, detail.join(", ")));
+    }
+    for (name, value) in &stage.params {
+        let canonical = canonical_json(value);
+        key.insert(format!("param:{name}"), Component::of_value("param", canonical.as_bytes(), canonical.clone()));
+    }
+    for (name, value) in &stage.env {
+        let component = match value {
+            EnvValue::Literal(text) => Component::of_value("env", text.as_bytes(), text.clone()),
+            EnvValue::PassThrough => match environment(name) {
+                Some(text) => Component::of_value("env-pass", text.as_bytes(), "(passed through, set)"),
+                None => Component::of_value("env-unset", b"", "(passed through, unset)"),
+            },
+        };
+        key.insert(format!("env:{name}"), component);
+    }
+    for (input, digest) in stage.inputs.iter().zip(input_digests) {
+        key.insert(format!("input:{}", input.path), Component::of_digest(*digest, digest.to_string()));
+    }
+    if let Some(version) = &stage.version {
+        key.insert("version", Component::of_value("version", version.as_bytes(), version.clone()));
+    }
+    key
+}
+
+fn command_component(kind: &str, command: &Command) -> Component {
+    let encoded = serde_json::to_vec(&command_json(command)).expect("commands serialise");
+    Component::of_value(kind, &encoded, command.display())
+}
+
+fn command_json(command: &Command) -> serde_json::Value {
+    match command {
+        Command::Shell(script) => serde_json::json!({ "shell": script }),
+        Command::Exec(argv) => serde_json::json!({ "exec": argv }),
+    }
+}
+
+/// JSON with object keys sorted, so equal values give equal bytes.
+pub fn canonical_json(value: &serde_json::Value) -> String {
+    // serde_json's default map is a BTreeMap: keys serialise sorted.
+    serde_json::to_string(value).expect("JSON values serialise")
+}

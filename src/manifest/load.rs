@@ -1,0 +1,796 @@
+//! Parse and validate a manifest, reporting every problem at once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use super::error::{LoadError, ManifestErrors, Problem};
+use super::interpolate::{Placeholder, interpolate};
+use super::model::{Command, EnvValue, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Stage};
+use super::raw::{self, Entry, Node, NodeKind, Span};
+
+const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "stages"];
+const PIPELINE_KEYS: &[&str] = &["name", "root", "description"];
+const PROFILE_KEYS: &[&str] = &["params", "description"];
+const STAGE_KEYS: &[&str] = &[
+    "description", "run", "inputs", "outputs", "needs", "params", "env", "version", "checks",
+    "timeout",
+];
+
+/// Reads, parses and validates the manifest at `path` under `profile`.
+pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {
+    let source = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    load_str(path, source, profile)
+}
+
+/// Validates manifest text as if read from `path`.
+pub fn load_str(path: &Path, source: String, profile: Option<&str>) -> Result<Manifest, LoadError> {
+    let tree = match raw::parse(&source) {
+        Ok(tree) => tree,
+        Err(error) => {
+            let problem = Problem::new(
+                format!("invalid TOML: {}", error.message),
+                error.span,
+                "here",
+            )
+            .help("see https://toml.io for the syntax");
+            return Err(ManifestErrors {
+                path: path.to_owned(),
+                source_text: source,
+                problems: vec![problem],
+            }
+            .into());
+        }
+    };
+    let mut checker = Checker {
+        source: &source,
+        problems: Vec::new(),
+    };
+    let manifest = checker.manifest(path, &tree, profile)?;
+    let mut problems = std::mem::take(&mut checker.problems);
+    if problems.is_empty() {
+        Ok(manifest.expect("a manifest without problems is built"))
+    } else {
+        problems.sort_by_key(|p| p.span.start);
+        Err(ManifestErrors {
+            path: path.to_owned(),
+            source_text: source,
+            problems,
+        }
+        .into())
+    }
+}
+
+struct Checker<'s> {
+    source: &'s str,
+    problems: Vec<Problem>,
+}
+
+/// A stage before interpolation.
+struct Draft<'n> {
+    stage: Stage,
+    run: Option<&'n Node>,
+    checks: Vec<&'n Node>,
+    referenced_params: Vec<String>,
+}
+
+impl<'s> Checker<'s> {
+    fn manifest(
+        &mut self,
+        path: &Path,
+        tree: &Node,
+        profile: Option<&str>,
+    ) -> Result<Option<Manifest>, LoadError> {
+        let entries = tree.as_table().unwrap_or_default();
+        self.unknown_keys(entries, TOP_KEYS, "top level of the manifest");
+
+        let manifest_dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let (name, root) = self.pipeline(entries, tree, manifest_dir);
+        let mut params = self.params(entries);
+        let profiles = self.profiles(entries, &params);
+        if let Some(wanted) = profile {
+            match profiles.get(wanted) {
+                Some(overrides) => params.extend(overrides.clone()),
+                None => {
+                    return Err(LoadError::UnknownProfile {
+                        name: wanted.to_owned(),
+                        known: profiles.keys().cloned().collect(),
+                    });
+                }
+            }
+        }
+
+        let mut drafts = Vec::new();
+        match find(entries, "stages") {
+            None => self.problems.push(
+                Problem::new("the manifest defines no stages", 0..0, "expected `[stages.NAME]` tables")
+                    .help("add a stage, e.g. `[stages.hello]` with `run = \"echo hello > {out.greeting}\"`"),
+            ),
+            Some(stages) => {
+                if let Some(table) = self.expect_table(&stages.value, "`stages`") {
+                    for entry in table {
+                        if let Some(draft) = self.stage(entry, root.as_deref(), &params) {
+                            drafts.push(draft);
+                        }
+                    }
+                }
+            }
+        }
+
+        let mut stages: Vec<Stage> = Vec::new();
+        for draft in drafts {
+            if let Some(stage) = self.interpolate_stage(draft, &params) {
+                stages.push(stage);
+            }
+        }
+        if let Some(root) = &root {
+            self.cross_stage(&stages, root);
+        }
+
+        let (Some(name), Some(root)) = (name, root) else {
+            return Ok(None);
+        };
+        Ok(Some(Manifest {
+            path: path.to_owned(),
+            source: self.source.to_owned(),
+            name,
+            root,
+            profile: profile.map(str::to_owned),
+            params,
+            stages,
+        }))
+    }
+
+    fn pipeline(
+        &mut self,
+        entries: &[Entry],
+        tree: &Node,
+        manifest_dir: &Path,
+    ) -> (Option<String>, Option<PathBuf>) {
+        let Some(pipeline) = find(entries, "pipeline") else {
+            self.problems.push(
+                Problem::new("missing `[pipeline]` table", tree.span.start..tree.span.start, "expected here")
+                    .help("start the manifest with `[pipeline]` and `name = \"…\"`"),
+            );
+            return (None, manifest_dir.canonicalize().ok());
+        };
+        let Some(table) = self.expect_table(&pipeline.value, "`pipeline`") else {
+            return (None, manifest_dir.canonicalize().ok());
+        };
+        self.unknown_keys(table, PIPELINE_KEYS, "`[pipeline]`");
+        let name = match find(table, "name") {
+            Some(entry) => self.string(&entry.value, "`pipeline.name`"),
+            None => {
+                self.problems.push(
+                    Problem::new("`[pipeline]` has no `name`", pipeline.key_span.clone(), "in this table")
+                        .help("add `name = \"my-pipeline\"`"),
+                );
+                None
+            }
+        };
+        let root = match find(table, "root") {
+            None => manifest_dir.canonicalize().ok(),
+            Some(entry) => self.string(&entry.value, "`pipeline.root`").and_then(|raw| {
+                let joined = manifest_dir.join(&raw);
+                match joined.canonicalize() {
+                    Ok(root) if root.is_dir() => Some(root),
+                    _ => {
+                        self.problems.push(
+                            Problem::new(
+                                format!("pipeline root `{raw}` is not a directory"),
+                                entry.value.span.clone(),
+                                "resolved against the manifest's directory",
+                            )
+                            .help("create the directory, or point `root` at an existing one"),
+                        );
+                        None
+                    }
+                }
+            }),
+        };
+        if root.is_none() && find(table, "root").is_none() {
+            self.problems.push(Problem::new(
+                format!("the manifest's directory `{}` cannot be resolved", manifest_dir.display()),
+                pipeline.key_span.clone(),
+                "here",
+            ));
+        }
+        (name, root)
+    }
+
+    fn params(&mut self, entries: &[Entry]) -> BTreeMap<String, serde_json::Value> {
+        let mut params = BTreeMap::new();
+        if let Some(entry) = find(entries, "params") {
+            if let Some(table) = self.expect_table(&entry.value, "`params`") {
+                for param in table {
+                    if let Some(value) = self.param_value(&param.value, &param.key) {
+                        params.insert(param.key.clone(), value);
+                    }
+                }
+            }
+        }
+        params
+    }
+
+    fn param_value(&mut self, node: &Node, key: &str) -> Option<serde_json::Value> {
+        Some(match &node.kind {
+            NodeKind::String(s) => serde_json::Value::from(s.clone()),
+            NodeKind::Integer(i) => serde_json::Value::from(*i),
+            NodeKind::Float(f) => serde_json::Value::from(*f),
+            NodeKind::Boolean(b) => serde_json::Value::from(*b),
+            NodeKind::Datetime(d) => serde_json::Value::from(d.clone()),
+            NodeKind::Array(items) => serde_json::Value::Array(
+                items.iter().map(|item| self.param_value(item, key)).collect::<Option<_>>()?,
+            ),
+            NodeKind::Table(entries) => serde_json::Value::Object(
+                entries
+                    .iter()
+                    .map(|e| Some((e.key.clone(), self.param_value(&e.value, key)?)))
+                    .collect::<Option<_>>()?,
+            ),
+        })
+    }
+
+    fn profiles(
+        &mut self,
+        entries: &[Entry],
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> BTreeMap<String, BTreeMap<String, serde_json::Value>> {
+        let mut profiles = BTreeMap::new();
+        let Some(entry) = find(entries, "profiles") else {
+            return profiles;
+        };
+        let Some(table) = self.expect_table(&entry.value, "`profiles`") else {
+            return profiles;
+        };
+        for profile in table {
+            let Some(body) = self.expect_table(&profile.value, &format!("profile `{}`", profile.key)) else {
+                continue;
+            };
+            self.unknown_keys(body, PROFILE_KEYS, &format!("`[profiles.{}]`", profile.key));
+            let mut overrides = BTreeMap::new();
+            if let Some(p) = find(body, "params") {
+                if let Some(table) = self.expect_table(&p.value, "profile params") {
+                    for param in table {
+                        if !params.contains_key(&param.key) {
+                            self.problems.push(
+                                Problem::new(
+                                    format!("profile `{}` overrides undefined param `{}`", profile.key, param.key),
+                                    param.key_span.clone(),
+                                    "not in `[params]`",
+                                )
+                                .help(self.did_you_mean(&param.key, params.keys().map(String::as_str), "declare it in `[params]` first")),
+                            );
+                        } else if let Some(value) = self.param_value(&param.value, &param.key) {
+                            overrides.insert(param.key.clone(), value);
+                        }
+                    }
+                }
+            }
+            profiles.insert(profile.key.clone(), overrides);
+        }
+        profiles
+    }
+
+    fn stage<'n>(
+        &mut self,
+        entry: &'n Entry,
+        root: Option<&Path>,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Option<Draft<'n>> {
+        let name = &entry.key;
+        let span = entry.key_span.clone();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            || name.starts_with('.')
+        {
+            self.problems.push(
+                Problem::new(format!("invalid stage name `{name}`"), span.clone(), "stage names name files too")
+                    .help("use letters, digits, `-`, `_` and `.` only"),
+            );
+        }
+        let table = self.expect_table(&entry.value, &format!("stage `{name}`"))?;
+        self.unknown_keys(table, STAGE_KEYS, &format!("`[stages.{name}]`"));
+
+        let run = find(table, "run").map(|e| &e.value);
+        if run.is_none() {
+            self.problems.push(
+                Problem::new(format!("stage `{name}` has no `run`"), span.clone(), "this stage")
+                    .help("add `run = \"shell command\"` or `run = [\"program\", \"arg\"]`"),
+            );
+        }
+        let description = find(table, "description").and_then(|e| self.string(&e.value, "`description`"));
+        let inputs = find(table, "inputs")
+            .map(|e| self.paths(&e.value, root, false))
+            .unwrap_or_default();
+        let outputs = find(table, "outputs")
+            .map(|e| self.paths(&e.value, root, true))
+            .unwrap_or_default();
+        let needs = find(table, "needs")
+            .map(|e| self.named_list(&e.value, "`needs`"))
+            .unwrap_or_default();
+
+        let mut stage_params = BTreeMap::new();
+        for declared in find(table, "params").map(|e| self.named_list(&e.value, "`params`")).unwrap_or_default() {
+            match params.get(&declared.name) {
+                Some(value) => {
+                    stage_params.insert(declared.name.clone(), value.clone());
+                }
+                None => self.problems.push(
+                    Problem::new(format!("stage `{name}` declares undefined param `{}`", declared.name), declared.span.clone(), "not in `[params]`")
+                        .help(self.did_you_mean(&declared.name, params.keys().map(String::as_str), "declare it in `[params]`")),
+                ),
+            }
+        }
+
+        let env = find(table, "env").map(|e| self.env(&e.value)).unwrap_or_default();
+        let version = find(table, "version").and_then(|e| match &e.value.kind {
+            NodeKind::String(s) => Some(s.clone()),
+            NodeKind::Integer(i) => Some(i.to_string()),
+            _ => {
+                self.type_error(&e.value, "`version`", "a string or an integer");
+                None
+            }
+        });
+        let checks = match find(table, "checks") {
+            None => Vec::new(),
+            Some(e) => match e.value.as_array() {
+                Some(items) => items.iter().collect(),
+                None => {
+                    self.type_error(&e.value, "`checks`", "an array of commands");
+                    Vec::new()
+                }
+            },
+        };
+        let timeout = find(table, "timeout").and_then(|e| self.timeout(&e.value));
+
+        Some(Draft {
+            stage: Stage {
+                name: name.clone(),
+                span,
+                description,
+                run: Command::Shell(String::new()),
+                inputs,
+                outputs,
+                needs,
+                params: stage_params,
+                env,
+                version,
+                checks: Vec::new(),
+                timeout,
+            },
+            run,
+            checks,
+            referenced_params: Vec::new(),
+        })
+    }
+
+    fn interpolate_stage(&mut self, mut draft: Draft<'_>, params: &BTreeMap<String, serde_json::Value>) -> Option<Stage> {
+        let run = draft.run.and_then(|node| self.command(node, &draft.stage, params, &mut draft.referenced_params, "run"));
+        let mut checks = Vec::new();
+        for node in &draft.checks {
+            if let Some(check) = self.command(node, &draft.stage, params, &mut draft.referenced_params, "check") {
+                checks.push(check);
+            }
+        }
+        let mut stage = draft.stage;
+        for param in draft.referenced_params {
+            if let Some(value) = params.get(&param) {
+                stage.params.insert(param, value.clone());
+            }
+        }
+        stage.run = run?;
+        stage.checks = checks;
+        Some(stage)
+    }
+
+    fn command(
+        &mut self,
+        node: &Node,
+        stage: &Stage,
+        params: &BTreeMap<String, serde_json::Value>,
+        referenced: &mut Vec<String>,
+        what: &str,
+    ) -> Option<Command> {
+        match &node.kind {
+            NodeKind::String(script) => {
+                if script.trim().is_empty() {
+                    self.problems.push(
+                        Problem::new(format!("stage `{}` has an empty {what} command", stage.name), node.span.clone(), "empty")
+                            .help("write the shell command to run"),
+                    );
+                    return None;
+                }
+                self.interpolate(script, node, stage, params, referenced).map(Command::Shell)
+            }
+            NodeKind::Array(items) if !items.is_empty() => {
+                let mut argv = Vec::new();
+                for item in items {
+                    let arg = self.string(item, &format!("an argument of `{what}`"))?;
+                    argv.push(self.interpolate(&arg, item, stage, params, referenced)?);
+                }
+                Some(Command::Exec(argv))
+            }
+            NodeKind::Array(_) => {
+                self.problems.push(
+                    Problem::new(format!("stage `{}` has an empty {what} command", stage.name), node.span.clone(), "empty array")
+                        .help("give the program and its arguments, e.g. [\"python3\", \"tool.py\"]"),
+                );
+                None
+            }
+            _ => {
+                self.type_error(node, &format!("`{what}`"), "a string (run by /bin/sh) or an array of strings (executed directly)");
+                None
+            }
+        }
+    }
+
+    fn interpolate(
+        &mut self,
+        text: &str,
+        node: &Node,
+        stage: &Stage,
+        params: &BTreeMap<String, serde_json::Value>,
+        referenced: &mut Vec<String>,
+    ) -> Option<String> {
+        let result = interpolate(text, |p: &Placeholder<'_>| {
+            let whole = &text[p.range.clone()];
+            let locate = |checker: &Self| checker.sub_span(node, whole);
+            match p.namespace {
+                "params" => match params.get(p.name) {
+                    Some(value) => match scalar(value) {
+                        Some(s) => {
+                            referenced.push(p.name.to_owned());
+                            Ok(s)
+                        }
+                        None => Err((format!("param `{}` is not a string, number or boolean and cannot be interpolated", p.name), locate(self), None)),
+                    },
+                    None => Err((
+                        format!("undefined param `{}` in `{whole}`", p.name),
+                        locate(self),
+                        Some(self.did_you_mean(p.name, params.keys().map(String::as_str), "declare it in `[params]`")),
+                    )),
+                },
+                "in" | "out" => {
+                    let decls = if p.namespace == "in" { &stage.inputs } else { &stage.outputs };
+                    match decls.iter().find(|d| d.name == p.name) {
+                        Some(decl) => Ok(decl.path.to_string()),
+                        None => {
+                            let kind = if p.namespace == "in" { "input" } else { "output" };
+                            let names: Vec<&str> = decls.iter().map(|d| d.name.as_str()).collect();
+                            let help = if names.is_empty() {
+                                format!("stage `{}` declares no {kind}s; add `{kind}s = {{ {} = \"path\" }}`", stage.name, p.name)
+                            } else {
+                                self.did_you_mean(p.name, names.iter().copied(), &format!("declared {kind}s: {}", names.join(", ")))
+                            };
+                            Err((format!("undefined {kind} `{}` in `{whole}`", p.name), locate(self), Some(help)))
+                        }
+                    }
+                }
+                other => Err((
+                    format!("unknown placeholder namespace `{other}` in `{whole}`"),
+                    locate(self),
+                    Some("placeholders are `{params.NAME}`, `{in.NAME}` and `{out.NAME}`; write `{{` for a literal brace".to_owned()),
+                )),
+            }
+        });
+        match result {
+            Ok(text) => Some(text),
+            Err(errors) => {
+                for (message, span, help) in errors {
+                    let mut problem = Problem::new(message, span, "here");
+                    problem.help = help;
+                    self.problems.push(problem);
+                }
+                None
+            }
+        }
+    }
+
+    /// The span of `needle` inside `node`'s source text, or the whole node.
+    fn sub_span(&self, node: &Node, needle: &str) -> Span {
+        self.source
+            .get(node.span.clone())
+            .and_then(|raw| raw.find(needle))
+            .map(|offset| node.span.start + offset..node.span.start + offset + needle.len())
+            .unwrap_or(node.span.clone())
+    }
+
+    fn paths(&mut self, node: &Node, root: Option<&Path>, output: bool) -> Vec<PathDecl> {
+        let what = if output { "`outputs`" } else { "`inputs`" };
+        let pairs: Vec<(String, &Node)> = match &node.kind {
+            NodeKind::Array(items) => items.iter().enumerate().map(|(i, n)| (i.to_string(), n)).collect(),
+            NodeKind::Table(entries) => entries.iter().map(|e| (e.key.clone(), &e.value)).collect(),
+            _ => {
+                self.type_error(node, what, "a list of paths or a table of NAME = \"path\"");
+                return Vec::new();
+            }
+        };
+        let mut decls = Vec::new();
+        for (name, value) in pairs {
+            let Some(raw) = self.string(value, &format!("a path in {what}")) else { continue };
+            let Some(root) = root else { continue };
+            match normalise(root, &raw, output) {
+                Ok(path) => decls.push(PathDecl { name, path, span: value.span.clone() }),
+                Err((message, help)) => self.problems.push(Problem::new(message, value.span.clone(), "this path").help(help)),
+            }
+        }
+        decls
+    }
+
+    fn named_list(&mut self, node: &Node, what: &str) -> Vec<Named> {
+        match node.as_array() {
+            Some(items) => items
+                .iter()
+                .filter_map(|item| {
+                    self.string(item, &format!("an entry of {what}"))
+                        .map(|name| Named { name, span: item.span.clone() })
+                })
+                .collect(),
+            None => {
+                self.type_error(node, what, "an array of strings");
+                Vec::new()
+            }
+        }
+    }
+
+    fn env(&mut self, node: &Node) -> BTreeMap<String, EnvValue> {
+        let mut env = BTreeMap::new();
+        match &node.kind {
+            NodeKind::Array(items) => {
+                for item in items {
+                    if let Some(name) = self.string(item, "an entry of `env`") {
+                        env.insert(name, EnvValue::PassThrough);
+                    }
+                }
+            }
+            NodeKind::Table(entries) => {
+                for entry in entries {
+                    match &entry.value.kind {
+                        NodeKind::String(value) => {
+                            env.insert(entry.key.clone(), EnvValue::Literal(value.clone()));
+                        }
+                        NodeKind::Boolean(true) => {
+                            env.insert(entry.key.clone(), EnvValue::PassThrough);
+                        }
+                        _ => self.type_error(&entry.value, &format!("`env.{}`", entry.key), "a string value, or `true` to pass the variable through from cairn's environment"),
+                    }
+                }
+            }
+            _ => self.type_error(node, "`env`", "a table NAME = \"value\" or a list of variable names to pass through"),
+        }
+        for name in env.keys() {
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                self.problems.push(Problem::new(format!("invalid environment variable name `{name}`"), node.span.clone(), "here"));
+            }
+        }
+        env
+    }
+
+    fn timeout(&mut self, node: &Node) -> Option<Duration> {
+        match &node.kind {
+            NodeKind::Integer(seconds) if *seconds > 0 => Some(Duration::from_secs(*seconds as u64)),
+            NodeKind::String(text) => match humantime::parse_duration(text) {
+                Ok(duration) if !duration.is_zero() => Some(duration),
+                _ => {
+                    self.problems.push(
+                        Problem::new(format!("invalid timeout `{text}`"), node.span.clone(), "not a duration")
+                            .help("write a duration such as \"90s\", \"10m\" or \"2h 30m\", or a number of seconds"),
+                    );
+                    None
+                }
+            },
+            _ => {
+                self.type_error(node, "`timeout`", "a positive number of seconds or a duration string like \"10m\"");
+                None
+            }
+        }
+    }
+
+    /// Checks that span several stages: duplicate or nested outputs,
+    /// `needs` naming unknown stages, inputs nothing provides.
+    fn cross_stage(&mut self, stages: &[Stage], root: &Path) {
+        let names: HashSet<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+        for stage in stages {
+            for need in &stage.needs {
+                if !names.contains(need.name.as_str()) {
+                    self.problems.push(
+                        Problem::new(format!("stage `{}` needs unknown stage `{}`", stage.name, need.name), need.span.clone(), "no such stage")
+                            .help(self.did_you_mean(&need.name, names.iter().copied(), "check the stage names under `[stages]`")),
+                    );
+                }
+            }
+        }
+
+        let mut writers: HashMap<&str, (&Stage, &PathDecl)> = HashMap::new();
+        for stage in stages {
+            for output in &stage.outputs {
+                if let Some((other, first)) = writers.get(output.path.as_str()) {
+                    self.problems.push(
+                        Problem::new(
+                            format!("stages `{}` and `{}` both write `{}`", other.name, stage.name, output.path),
+                            output.span.clone(),
+                            "written a second time here",
+                        )
+                        .help(format!("each path has one producer; `{}` declares it at {}", other.name, self.line_of(first.span.start))),
+                    );
+                } else {
+                    writers.insert(output.path.as_str(), (stage, output));
+                }
+            }
+        }
+        for stage in stages {
+            for output in &stage.outputs {
+                for ancestor in output.path.self_and_ancestors().skip(1) {
+                    if let Some((other, _)) = writers.get(ancestor) {
+                        self.problems.push(
+                            Problem::new(
+                                format!("output `{}` of stage `{}` lies inside output directory `{ancestor}` of stage `{}`", output.path, stage.name, other.name),
+                                output.span.clone(),
+                                "nested output",
+                            )
+                            .help("outputs must not overlap; write to a path outside the other stage's directory"),
+                        );
+                    }
+                }
+            }
+        }
+
+        let index = OutputIndex::new(stages);
+        for stage in stages {
+            for input in &stage.inputs {
+                if index.producer_of(&input.path).is_some() || input.path.resolve(root).exists() {
+                    continue;
+                }
+                let produced_inside = stages.iter().any(|s| {
+                    s.outputs.iter().any(|o| o.path.self_and_ancestors().skip(1).any(|a| a == input.path.as_str()))
+                });
+                if produced_inside {
+                    continue;
+                }
+                self.problems.push(
+                    Problem::new(format!("input `{}` of stage `{}` does not exist and no stage produces it", input.path, stage.name), input.span.clone(), "missing")
+                        .help(format!("create `{}`, or add a stage whose `outputs` include it", input.path.resolve(root).display())),
+                );
+            }
+        }
+    }
+
+    fn line_of(&self, offset: usize) -> String {
+        let (line, col) = super::error::line_col(self.source, offset);
+        format!("line {line}, column {col}")
+    }
+
+    fn unknown_keys(&mut self, entries: &[Entry], allowed: &[&str], context: &str) {
+        for entry in entries {
+            if !allowed.contains(&entry.key.as_str()) {
+                let help = self.did_you_mean(&entry.key, allowed.iter().copied(), &format!("allowed keys: {}", allowed.join(", ")));
+                self.problems.push(
+                    Problem::new(format!("unknown key `{}` in {context}", entry.key), entry.key_span.clone(), "unknown key").help(help),
+                );
+            }
+        }
+    }
+
+    fn did_you_mean<'a>(&self, wrong: &str, candidates: impl Iterator<Item = &'a str>, otherwise: &str) -> String {
+        candidates
+            .map(|c| (strsim::levenshtein(wrong, c), c))
+            .filter(|(distance, c)| *distance <= 2.max(c.len() / 3))
+            .min()
+            .map(|(_, c)| format!("did you mean `{c}`?"))
+            .unwrap_or_else(|| otherwise.to_owned())
+    }
+
+    fn expect_table<'n>(&mut self, node: &'n Node, what: &str) -> Option<&'n [Entry]> {
+        let table = node.as_table();
+        if table.is_none() {
+            self.type_error(node, what, "a table");
+        }
+        table
+    }
+
+    fn string(&mut self, node: &Node, what: &str) -> Option<String> {
+        let s = node.as_str().map(str::to_owned);
+        if s.is_none() {
+            self.type_error(node, what, "a string");
+        }
+        s
+    }
+
+    fn type_error(&mut self, node: &Node, what: &str, expected: &str) {
+        self.problems.push(
+            Problem::new(format!("{what} must be {expected}, found {}", node.type_name()), node.span.clone(), format!("{} here", node.type_name()))
+                .help(format!("write {what} as {expected}")),
+        );
+    }
+}
+
+fn find<'e>(entries: &'e [Entry], key: &str) -> Option<&'e Entry> {
+    entries.iter().find(|e| e.key == key)
+}
+
+fn scalar(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// Normalises a manifest path against the project root, lexically.
+fn normalise(root: &Path, raw: &str, output: bool) -> Result<ProjectPath, (String, String)> {
+    if raw.trim().is_empty() {
+        return Err(("empty path".to_owned(), "write a path relative to the project root".to_owned()));
+    }
+    let path = Path::new(raw);
+    let relative: PathBuf = if path.is_absolute() {
+        match path.strip_prefix(root) {
+            Ok(inside) => inside.to_owned(),
+            Err(_) if output => {
+                return Err((
+                    format!("output `{raw}` is outside the project root `{}`", root.display()),
+                    "outputs must live inside the project; use a relative path".to_owned(),
+                ));
+            }
+            Err(_) => return Ok(ProjectPath::new(lexical(path).to_string_lossy().into_owned())),
+        }
+    } else {
+        path.to_owned()
+    };
+    let mut parts: Vec<String> = Vec::new();
+    for component in relative.components() {
+        match component {
+            Component::CurDir => {}
+            Component::Normal(part) => parts.push(part.to_string_lossy().into_owned()),
+            Component::ParentDir => {
+                if parts.pop().is_none() {
+                    if output {
+                        return Err((
+                            format!("output `{raw}` escapes the project root"),
+                            "outputs must stay inside the project root; remove the leading `..`".to_owned(),
+                        ));
+                    }
+                    let outside = lexical(&root.join(&relative));
+                    return Ok(ProjectPath::new(outside.to_string_lossy().into_owned()));
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    if parts.is_empty() {
+        return Err((
+            format!("path `{raw}` is the project root itself"),
+            "name a file or directory inside the project".to_owned(),
+        ));
+    }
+    if output && parts[0] == "cache" {
+        return Err((
+            format!("output `{raw}` is inside cairn's `cache/` directory"),
+            "cairn owns `cache/`; write outputs elsewhere".to_owned(),
+        ));
+    }
+    Ok(ProjectPath::new(parts.join("/")))
+}
+
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}

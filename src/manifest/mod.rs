@@ -1,0 +1,16 @@
+//! Pipeline manifests: TOML in, a validated [`Manifest`] out.
+//!
+//! `raw` turns TOML into spanned nodes, `load` validates them (every problem
+//! at once, each located), `interpolate` resolves `{params.X}`, `{in.X}` and
+//! `{out.X}`, and `model` holds the result.
+
+mod error;
+mod interpolate;
+mod load;
+mod model;
+mod raw;
+
+pub use error::{LoadError, ManifestErrors, Problem, line_col};
+pub use load::{load, load_str};
+pub use model::{Command, EnvValue, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Stage};
+pub use raw::Span;

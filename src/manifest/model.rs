@@ -1,0 +1,181 @@
+//! The validated pipeline: what the rest of cairn works from.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::raw::Span;
+
+/// A pipeline manifest that passed validation.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    /// The manifest file, as given on the command line.
+    pub path: PathBuf,
+    /// The manifest text, kept so that later layers can point at it.
+    pub source: String,
+    pub name: String,
+    /// Absolute project root; commands run here and paths resolve against it.
+    pub root: PathBuf,
+    pub profile: Option<String>,
+    /// Param values after the profile's overrides.
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Stages in document order.
+    pub stages: Vec<Stage>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub name: String,
+    /// Where `[stages.NAME]` is written, for errors about the whole stage.
+    pub span: Span,
+    pub description: Option<String>,
+    pub run: Command,
+    pub inputs: Vec<PathDecl>,
+    pub outputs: Vec<PathDecl>,
+    pub needs: Vec<Named>,
+    /// The params that enter the fingerprint, with their values.
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub env: BTreeMap<String, EnvValue>,
+    pub version: Option<String>,
+    pub checks: Vec<Command>,
+    pub timeout: Option<Duration>,
+}
+
+/// A name written in the manifest, with where it was written.
+#[derive(Debug, Clone)]
+pub struct Named {
+    pub name: String,
+    pub span: Span,
+}
+
+/// A command after interpolation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Run through `/bin/sh -c`.
+    Shell(String),
+    /// Executed directly, without a shell.
+    Exec(Vec<String>),
+}
+
+impl Command {
+    /// The command as one line, for display and hashing.
+    pub fn display(&self) -> String {
+        match self {
+            Command::Shell(script) => script.clone(),
+            Command::Exec(argv) => format!("{argv:?}"),
+        }
+    }
+}
+
+/// A declared input or output.
+#[derive(Debug, Clone)]
+pub struct PathDecl {
+    /// The table key, or the position in a list ("0", "1", …).
+    pub name: String,
+    pub path: ProjectPath,
+    pub span: Span,
+}
+
+/// A path relative to the project root (`/`-separated, normalised), or an
+/// absolute path outside it (inputs only).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProjectPath(String);
+
+impl ProjectPath {
+    pub fn new(normalised: String) -> Self {
+        Self(normalised)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_external(&self) -> bool {
+        self.0.starts_with('/')
+    }
+
+    /// The path on disk.
+    pub fn resolve(&self, root: &Path) -> PathBuf {
+        if self.is_external() {
+            PathBuf::from(&self.0)
+        } else {
+            root.join(&self.0)
+        }
+    }
+
+    /// This path and every ancestor inside the project, nearest first.
+    pub fn self_and_ancestors(&self) -> impl Iterator<Item = &str> {
+        let s = self.0.as_str();
+        std::iter::once(s).chain(s.char_indices().rev().filter_map(move |(i, c)| {
+            (c == '/' && i > 0).then(|| &s[..i])
+        }))
+    }
+}
+
+impl std::fmt::Display for ProjectPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    /// A value written in the manifest.
+    Literal(String),
+    /// Taken from cairn's own environment.
+    PassThrough,
+}
+
+impl Manifest {
+    pub fn stage(&self, name: &str) -> Option<&Stage> {
+        self.stages.iter().find(|stage| stage.name == name)
+    }
+
+    /// The directory that holds cairn's state for this project.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.root.join("cache")
+    }
+
+    /// `<manifest-stem>.lock` beside the manifest.
+    pub fn lock_path(&self) -> PathBuf {
+        let stem = self
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "cairn".to_owned());
+        self.path.with_file_name(format!("{stem}.lock"))
+    }
+}
+
+/// Which stage writes which path: `(stage index, output index)` by path.
+#[derive(Debug, Default)]
+pub struct OutputIndex {
+    by_path: HashMap<String, (usize, usize)>,
+}
+
+impl OutputIndex {
+    /// Indexes every output; the first writer of a path wins (duplicates are
+    /// reported by validation).
+    pub fn new(stages: &[Stage]) -> Self {
+        let mut by_path = HashMap::new();
+        for (s, stage) in stages.iter().enumerate() {
+            for (o, output) in stage.outputs.iter().enumerate() {
+                by_path
+                    .entry(output.path.as_str().to_owned())
+                    .or_insert((s, o));
+            }
+        }
+        Self { by_path }
+    }
+
+    /// The output that is `path` or a directory containing it.
+    pub fn producer_of(&self, path: &ProjectPath) -> Option<(usize, usize)> {
+        path.self_and_ancestors()
+            .find_map(|candidate| self.by_path.get(candidate).copied())
+    }
+
+    /// The output that is exactly `path`.
+    pub fn exact(&self, path: &str) -> Option<(usize, usize)> {
+        self.by_path.get(path).copied()
+    }
+}

@@ -1,0 +1,200 @@
+//! What the scheduler knows about a workspace, and how it decides freshness.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::ScheduleError;
+use crate::fingerprint::{Change, Digest, StageKey, StatCache, stage_key};
+use crate::graph::Dag;
+use crate::manifest::{Manifest, OutputIndex};
+use crate::store::{Ledger, ObjectStore, OutputRecord, ResultRecord, ResultStatus};
+
+/// Why a stage must run (or why `status` calls it stale).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "kebab-case")]
+pub enum DirtyReason {
+    /// No successful result was ever recorded for this stage.
+    NeverRun,
+    /// `--force` named it.
+    Forced,
+    /// These components differ from the last successful result.
+    Changed { changes: Vec<Change> },
+    /// The last attempt under this very fingerprint failed.
+    Failed { exit_code: Option<i32>, error: Option<String> },
+    /// A result exists but its stored objects are gone or damaged.
+    StoreIncomplete { output: String },
+    /// Upstream stages will run first; this one may or may not follow.
+    UpstreamStale { stages: Vec<String> },
+}
+
+impl DirtyReason {
+    /// A one-line explanation.
+    pub fn summary(&self) -> String {
+        match self {
+            DirtyReason::NeverRun => "never run".to_owned(),
+            DirtyReason::Forced => "forced".to_owned(),
+            DirtyReason::Changed { changes } => {
+                let names: Vec<String> = changes.iter().map(describe_component_change).collect();
+                format!("changed: {}", names.join(", "))
+            }
+            DirtyReason::Failed { exit_code, error } => match (error, exit_code) {
+                (Some(error), _) => format!("last attempt failed: {error}"),
+                (None, Some(code)) => format!("last attempt failed (exit {code})"),
+                (None, None) => "last attempt failed".to_owned(),
+            },
+            DirtyReason::StoreIncomplete { output } => {
+                format!("stored copy of output `{output}` is missing or damaged")
+            }
+            DirtyReason::UpstreamStale { stages } => {
+                format!("upstream {} will run first", quote_list(stages))
+            }
+        }
+    }
+}
+
+fn describe_component_change(change: &Change) -> String {
+    let (kind, name) = change.component.split_once(':').unwrap_or((&change.component, ""));
+    let what = match kind {
+        "input" => format!("input `{name}`"),
+        "param" => format!("param `{name}`"),
+        "env" => format!("env `{name}`"),
+        other => other.to_owned(),
+    };
+    match (&change.old, &change.new) {
+        (None, Some(_)) => format!("{what} (added)"),
+        (Some(_), None) => format!("{what} (removed)"),
+        _ => what,
+    }
+}
+
+pub(crate) fn quote_list(items: &[String]) -> String {
+    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// The freshness of one stage.
+#[derive(Debug, Clone)]
+pub enum Freshness<'a> {
+    /// A valid result exists for the current fingerprint.
+    Fresh(Cow<'a, ResultRecord>),
+    Dirty(DirtyReason),
+}
+
+/// Everything needed to evaluate stages of one manifest.
+pub struct Context<'m> {
+    pub manifest: &'m Manifest,
+    pub dag: &'m Dag,
+    pub outputs: OutputIndex,
+    pub store: ObjectStore,
+    pub ledger: Option<Ledger>,
+    pub stat: StatCache,
+    pub latest_ok: HashMap<String, ResultRecord>,
+    pub latest_attempt: HashMap<String, ResultRecord>,
+    /// Digest of each upstream output path as it stands in this session.
+    pub produced: HashMap<String, Digest>,
+}
+
+impl<'m> Context<'m> {
+    pub fn new(manifest: &'m Manifest, dag: &'m Dag, ledger: Option<Ledger>) -> Result<Self, ScheduleError> {
+        let (stat, latest_ok, latest_attempt) = match &ledger {
+            Some(ledger) => (
+                StatCache::from_entries(ledger.load_stat_cache()?),
+                ledger.latest_ok_all()?,
+                ledger.latest_attempt_all()?,
+            ),
+            None => Default::default(),
+        };
+        Ok(Self {
+            manifest,
+            dag,
+            outputs: OutputIndex::new(&manifest.stages),
+            store: ObjectStore::new(&manifest.cache_dir()),
+            ledger,
+            stat,
+            latest_ok,
+            latest_attempt,
+            produced: HashMap::new(),
+        })
+    }
+
+    pub fn abs(&self, path: &str) -> PathBuf {
+        self.manifest.root.join(path)
+    }
+
+    /// The key of stage `i` from the current content of its inputs; upstream
+    /// outputs known to this session count by their recorded digests.
+    pub fn key_of(&mut self, i: usize) -> Result<StageKey, ScheduleError> {
+        let stage = &self.manifest.stages[i];
+        let mut digests = Vec::with_capacity(stage.inputs.len());
+        for input in &stage.inputs {
+            if let Some(digest) = self.produced.get(input.path.as_str()) {
+                digests.push(*digest);
+                continue;
+            }
+            let abs = input.path.resolve(&self.manifest.root);
+            let content = self.stat.content(&abs).map_err(|source| ScheduleError::Input {
+                stage: stage.name.clone(),
+                path: abs.clone(),
+                source,
+            })?;
+            digests.push(content.digest());
+        }
+        Ok(stage_key(stage, &digests, |name| std::env::var(name).ok()))
+    }
+
+    /// The successful result recorded for `stage` under `fingerprint`.
+    pub fn lookup(&self, stage: &str, fingerprint: &Digest) -> Result<Option<Cow<'_, ResultRecord>>, ScheduleError> {
+        match &self.ledger {
+            Some(ledger) => Ok(ledger.lookup(&self.latest_ok, stage, fingerprint)?),
+            None => Ok(None),
+        }
+    }
+
+    /// Fresh or dirty (and why), given the stage's current key.
+    pub fn freshness(&self, i: usize, key: &StageKey) -> Result<Freshness<'_>, ScheduleError> {
+        let stage = &self.manifest.stages[i];
+        let fingerprint = key.fingerprint();
+        if let Some(record) = self.lookup(&stage.name, &fingerprint)? {
+            if let Some(missing) = record.outputs.iter().find(|o| !self.store.is_complete(o)) {
+                return Ok(Freshness::Dirty(DirtyReason::StoreIncomplete { output: missing.name.clone() }));
+            }
+            return Ok(Freshness::Fresh(record));
+        }
+        if let Some(attempt) = self.latest_attempt.get(&stage.name) {
+            if attempt.status == ResultStatus::Failed && attempt.fingerprint == fingerprint {
+                return Ok(Freshness::Dirty(DirtyReason::Failed {
+                    exit_code: attempt.exit_code,
+                    error: attempt.error.clone(),
+                }));
+            }
+        }
+        Ok(Freshness::Dirty(match self.latest_ok.get(&stage.name) {
+            None => DirtyReason::NeverRun,
+            Some(previous) => DirtyReason::Changed { changes: key.diff(&previous.key()) },
+        }))
+    }
+
+    /// Records the outputs of a stage as this session's upstream digests.
+    pub fn note_outputs(&mut self, outputs: &[OutputRecord]) {
+        for output in outputs {
+            self.produced.insert(output.path.clone(), output.digest);
+        }
+    }
+
+    /// True if the workspace copy of `output` matches its recorded digest.
+    pub fn workspace_matches(&mut self, output: &OutputRecord) -> bool {
+        let abs = self.abs(&output.path);
+        self.stat.content(&abs).is_ok_and(|c| c.digest() == output.digest)
+    }
+
+    /// Persists new stat-cache entries (when this process may write).
+    pub fn save_stat_cache(&mut self) -> Result<(), ScheduleError> {
+        let updates = self.stat.take_updates();
+        if let Some(ledger) = &mut self.ledger {
+            ledger.save_stat_cache(&updates)?;
+        }
+        Ok(())
+    }
+}

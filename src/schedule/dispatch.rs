@@ -1,0 +1,398 @@
+//! The dispatcher: runs the selected stages in dependency order, at most
+//! `jobs` at a time, skipping what is validated and committing each result
+//! as soon as it is complete.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use super::ScheduleError;
+use super::context::{Context, DirtyReason, Freshness};
+use super::events::{Done, Event, Reporter};
+use crate::exec::{Executor, Job, LocalExecutor, Outcome, base_environment};
+use crate::fingerprint::StageKey;
+use crate::manifest::{Command, EnvValue, Stage};
+use crate::store::{LockFile, NewResult, ResultStatus, RunCounts, now_ms, remove_path};
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub jobs: usize,
+    pub keep_going: bool,
+    pub forced: HashSet<usize>,
+    pub selected: Vec<bool>,
+    /// The command line, recorded with the run.
+    pub invocation: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    pub run_id: i64,
+    pub counts: RunCounts,
+    pub failed: Vec<String>,
+    pub blocked: Vec<String>,
+    pub interrupted: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Waiting,
+    Running,
+    Ok,
+    Failed,
+}
+
+/// How a stage's command and checks ended.
+struct TaskResult {
+    outcome: Outcome,
+    /// The first check that failed, with how it ended.
+    failed_check: Option<(String, Outcome)>,
+    started_ms: i64,
+    elapsed: Duration,
+}
+
+pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn Reporter) -> Result<RunSummary, ScheduleError> {
+    let manifest = ctx.manifest;
+    let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+    ledger.close_abandoned_runs()?;
+    let run_id = ledger.begin_run(&options.invocation, manifest.profile.as_deref())?;
+    let log_dir = manifest.cache_dir().join("logs").join(run_id.to_string());
+
+    let n = manifest.stages.len();
+    let position: Vec<usize> = {
+        let mut p = vec![0; n];
+        for (rank, &i) in ctx.dag.order().iter().enumerate() {
+            p[i] = rank;
+        }
+        p
+    };
+    let mut slots = vec![Slot::Waiting; n];
+    let mut remaining: Vec<usize> = (0..n)
+        .map(|i| ctx.dag.upstream(i).iter().filter(|&&u| options.selected[u]).count())
+        .collect();
+    let mut ready: BTreeSet<(usize, usize)> = (0..n)
+        .filter(|&i| options.selected[i] && remaining[i] == 0)
+        .map(|i| (position[i], i))
+        .collect();
+    let mut summary = RunSummary { run_id, ..Default::default() };
+    reporter.event(Event::RunStarted { run_id, stages: options.selected.iter().filter(|s| **s).count() });
+
+    let executor = LocalExecutor;
+    let mut running: JoinSet<(usize, StageKey, Result<TaskResult, ScheduleError>)> = JoinSet::new();
+    let mut stop = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+
+    loop {
+        // Start everything that is ready, up to the job limit.
+        while !stop && running.len() < options.jobs.max(1) {
+            let Some(&(rank, i)) = ready.iter().next() else { break };
+            ready.remove(&(rank, i));
+            let stage = &manifest.stages[i];
+            let started = Instant::now();
+            let key = match ctx.key_of(i) {
+                Ok(key) => key,
+                Err(error) => {
+                    fail(ctx, &mut slots, &mut summary, reporter, i, &error.to_string(), None);
+                    stop |= !options.keep_going;
+                    continue;
+                }
+            };
+            let reason = if options.forced.contains(&i) {
+                DirtyReason::Forced
+            } else {
+                match ctx.freshness(i, &key)? {
+                    Freshness::Fresh(record) => {
+                        let record = record.into_owned();
+                        let mut restored = false;
+                        for output in &record.outputs {
+                            if !ctx.workspace_matches(output) {
+                                ctx.store.restore(output, &ctx.abs(&output.path))?;
+                                restored = true;
+                            }
+                        }
+                        ctx.note_outputs(&record.outputs);
+                        let done = if restored { Done::Restored } else { Done::Fresh };
+                        if restored {
+                            summary.counts.restored += 1;
+                        } else {
+                            summary.counts.fresh += 1;
+                        }
+                        reporter.event(Event::StageDone { stage: &stage.name, done, elapsed: started.elapsed() });
+                        complete(i, ctx, options, &mut slots, &mut remaining, &mut ready, &position);
+                        continue;
+                    }
+                    Freshness::Dirty(reason) => reason,
+                }
+            };
+            reporter.event(Event::StageStarted { stage: &stage.name, reason: &reason });
+            let job = match prepare(ctx, stage, &log_dir) {
+                Ok(job) => job,
+                Err(error) => {
+                    fail(ctx, &mut slots, &mut summary, reporter, i, &error.to_string(), None);
+                    stop |= !options.keep_going;
+                    continue;
+                }
+            };
+            slots[i] = Slot::Running;
+            let checks = stage.checks.clone();
+            let executor = executor.clone();
+            running.spawn(async move {
+                let result = execute(&executor, job, checks).await;
+                (i, key, result)
+            });
+        }
+
+        if running.is_empty() {
+            break;
+        }
+
+        tokio::select! {
+            joined = running.join_next() => {
+                let Some(joined) = joined else { continue };
+                let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
+                let stage = &manifest.stages[i];
+                let log = log_dir.join(format!("{}.log", stage.name));
+                match result {
+                    Err(error) => {
+                        record_failure(ctx, run_id, stage, &key, None, now_ms(), &log, &error.to_string())?;
+                        fail(ctx, &mut slots, &mut summary, reporter, i, &error.to_string(), Some(log));
+                        stop |= !options.keep_going;
+                    }
+                    Ok(task) => match verdict(ctx, stage, &task) {
+                        Some(message) => {
+                            record_failure(ctx, run_id, stage, &key, task.outcome.exit_code(), task.started_ms, &log, &message)?;
+                            fail(ctx, &mut slots, &mut summary, reporter, i, &message, Some(log));
+                            stop |= !options.keep_going;
+                        }
+                        None => {
+                            commit(ctx, run_id, stage, &key, &task, &log)?;
+                            summary.counts.executed += 1;
+                            reporter.event(Event::StageDone { stage: &stage.name, done: Done::Ran, elapsed: task.elapsed });
+                            complete(i, ctx, options, &mut slots, &mut remaining, &mut ready, &position);
+                        }
+                    },
+                }
+            }
+            _ = &mut ctrl_c => {
+                running.abort_all();
+                while running.join_next().await.is_some() {}
+                summary.interrupted = true;
+                reporter.event(Event::Interrupted);
+                break;
+            }
+        }
+    }
+
+    // Stages never reached because something upstream failed.
+    for &i in ctx.dag.order() {
+        if options.selected[i] && slots[i] == Slot::Waiting && !summary.interrupted {
+            if let Some(&by) = ctx.dag.upstream(i).iter().find(|&&u| slots[u] == Slot::Failed || summary.blocked.contains(&manifest.stages[u].name)) {
+                summary.blocked.push(manifest.stages[i].name.clone());
+                reporter.event(Event::StageBlocked { stage: &manifest.stages[i].name, by: &manifest.stages[by].name });
+            }
+        }
+    }
+
+    ctx.save_stat_cache()?;
+    write_lock_file(ctx)?;
+    let status = if summary.interrupted {
+        "interrupted"
+    } else if summary.failed.is_empty() {
+        "ok"
+    } else {
+        "failed"
+    };
+    if let Some(ledger) = &ctx.ledger {
+        ledger.finish_run(run_id, status, summary.counts)?;
+    }
+    Ok(summary)
+}
+
+fn complete(
+    i: usize,
+    ctx: &Context<'_>,
+    options: &RunOptions,
+    slots: &mut [Slot],
+    remaining: &mut [usize],
+    ready: &mut BTreeSet<(usize, usize)>,
+    position: &[usize],
+) {
+    slots[i] = Slot::Ok;
+    for &d in ctx.dag.downstream(i) {
+        if options.selected[d] {
+            remaining[d] -= 1;
+            if remaining[d] == 0 {
+                ready.insert((position[d], d));
+            }
+        }
+    }
+}
+
+fn fail(
+    ctx: &Context<'_>,
+    slots: &mut [Slot],
+    summary: &mut RunSummary,
+    reporter: &mut dyn Reporter,
+    i: usize,
+    message: &str,
+    log: Option<PathBuf>,
+) {
+    slots[i] = Slot::Failed;
+    summary.counts.failed += 1;
+    let name = &ctx.manifest.stages[i].name;
+    summary.failed.push(name.clone());
+    reporter.event(Event::StageFailed { stage: name, message, log: log.as_deref() });
+}
+
+/// Removes stale outputs, creates their parent directories, opens the log.
+fn prepare(ctx: &Context<'_>, stage: &Stage, log_dir: &std::path::Path) -> Result<Job, ScheduleError> {
+    for output in &stage.outputs {
+        let abs = output.path.resolve(&ctx.manifest.root);
+        remove_path(&abs).map_err(|source| ScheduleError::Io { path: abs.clone(), source })?;
+        if let Some(parent) = abs.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io { path: parent.to_owned(), source })?;
+        }
+    }
+    std::fs::create_dir_all(log_dir).map_err(|source| ScheduleError::Io { path: log_dir.to_owned(), source })?;
+    let log = log_dir.join(format!("{}.log", stage.name));
+    let _ = std::fs::remove_file(&log);
+    let mut env = base_environment();
+    for (name, value) in &stage.env {
+        let value = match value {
+            EnvValue::Literal(text) => Some(text.clone()),
+            EnvValue::PassThrough => std::env::var(name).ok(),
+        };
+        env.retain(|(k, _)| k != name);
+        if let Some(value) = value {
+            env.push((name.clone(), value));
+        }
+    }
+    Ok(Job {
+        command: stage.run.clone(),
+        cwd: ctx.manifest.root.clone(),
+        env,
+        timeout: stage.timeout,
+        log,
+    })
+}
+
+async fn execute(executor: &LocalExecutor, job: Job, checks: Vec<Command>) -> Result<TaskResult, ScheduleError> {
+    let started_ms = now_ms();
+    let started = Instant::now();
+    let outcome = executor.run(&job).await?;
+    let mut failed_check = None;
+    if outcome == Outcome::Success {
+        for check in checks {
+            let check_job = Job { command: check.clone(), ..job.clone() };
+            let check_outcome = executor.run(&check_job).await?;
+            if check_outcome != Outcome::Success {
+                failed_check = Some((check.display(), check_outcome));
+                break;
+            }
+        }
+    }
+    Ok(TaskResult { outcome, failed_check, started_ms, elapsed: started.elapsed() })
+}
+
+/// `Some(message)` if the stage did not succeed.
+fn verdict(ctx: &Context<'_>, stage: &Stage, task: &TaskResult) -> Option<String> {
+    if task.outcome != Outcome::Success {
+        return Some(format!("command {}", task.outcome.describe()));
+    }
+    for output in &stage.outputs {
+        if !output.path.resolve(&ctx.manifest.root).exists() {
+            return Some(format!("command succeeded but did not create declared output `{}` ({})", output.name, output.path));
+        }
+    }
+    if let Some((check, outcome)) = &task.failed_check {
+        return Some(format!("check `{check}` {}", outcome.describe()));
+    }
+    None
+}
+
+fn commit(ctx: &mut Context<'_>, run_id: i64, stage: &Stage, key: &StageKey, task: &TaskResult, log: &std::path::Path) -> Result<(), ScheduleError> {
+    let mut records = Vec::with_capacity(stage.outputs.len());
+    for output in &stage.outputs {
+        let abs = output.path.resolve(&ctx.manifest.root);
+        records.push(ctx.store.ingest(&output.name, output.path.as_str(), &abs, &mut ctx.stat)?);
+    }
+    let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+    let finished_ms = now_ms();
+    let command = stage.run.display();
+    let log_path = log.to_string_lossy();
+    let id = ledger.record(&NewResult {
+        run_id,
+        stage: &stage.name,
+        key,
+        status: ResultStatus::Ok,
+        outputs: &records,
+        command: &command,
+        started_ms: task.started_ms,
+        finished_ms,
+        exit_code: Some(0),
+        log_path: Some(&log_path),
+        error: None,
+    })?;
+    ctx.note_outputs(&records);
+    let record = crate::store::ResultRecord {
+        id,
+        run_id,
+        stage: stage.name.clone(),
+        fingerprint: key.fingerprint(),
+        status: ResultStatus::Ok,
+        key_json: serde_json::to_string(key).expect("keys serialise"),
+        outputs: records,
+        command,
+        started_ms: task.started_ms,
+        finished_ms,
+        exit_code: Some(0),
+        log_path: Some(log_path.into_owned()),
+        error: None,
+    };
+    ctx.latest_attempt.insert(stage.name.clone(), record.clone());
+    ctx.latest_ok.insert(stage.name.clone(), record);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record_failure(
+    ctx: &mut Context<'_>,
+    run_id: i64,
+    stage: &Stage,
+    key: &StageKey,
+    exit_code: Option<i32>,
+    started_ms: i64,
+    log: &std::path::Path,
+    message: &str,
+) -> Result<(), ScheduleError> {
+    let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+    let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
+    ledger.record(&NewResult {
+        run_id,
+        stage: &stage.name,
+        key,
+        status: ResultStatus::Failed,
+        outputs: &[],
+        command: &stage.run.display(),
+        started_ms,
+        finished_ms: now_ms(),
+        exit_code,
+        log_path: log_path.as_deref(),
+        error: Some(message),
+    })?;
+    Ok(())
+}
+
+/// Rewrites the lock file from the newest successful result of each stage.
+pub fn write_lock_file(ctx: &Context<'_>) -> Result<(), ScheduleError> {
+    let mut lock = LockFile::new(&ctx.manifest.name);
+    for stage in &ctx.manifest.stages {
+        if let Some(record) = ctx.latest_ok.get(&stage.name) {
+            lock.insert(&stage.name, record.fingerprint, &record.outputs);
+        }
+    }
+    lock.write(&ctx.manifest.lock_path())?;
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! Events the scheduler emits; reporters (human progress, JSON) consume
+//! them. The library never prints.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::context::DirtyReason;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    /// A valid result existed; nothing ran.
+    Fresh,
+    /// A valid result existed; its outputs were rewritten from the store.
+    Restored,
+    /// The command ran and its result was recorded.
+    Ran,
+}
+
+#[derive(Debug)]
+pub enum Event<'a> {
+    RunStarted { run_id: i64, stages: usize },
+    StageStarted { stage: &'a str, reason: &'a DirtyReason },
+    StageDone { stage: &'a str, done: Done, elapsed: Duration },
+    StageFailed { stage: &'a str, message: &'a str, log: Option<&'a Path> },
+    /// An upstream stage failed, so this one was not attempted.
+    StageBlocked { stage: &'a str, by: &'a str },
+    Interrupted,
+}
+
+pub trait Reporter {
+    fn event(&mut self, event: Event<'_>);
+}

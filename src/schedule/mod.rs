@@ -1,0 +1,45 @@
+//! Scheduling: deciding what is fresh, running what is not, and reporting.
+//!
+//! `context` evaluates freshness (fingerprint + ledger lookup), `status`
+//! evaluates a whole selection without running, `dispatch` runs it, and
+//! `events` is what reporters consume.
+
+mod context;
+mod dispatch;
+mod events;
+mod status;
+
+pub use context::{Context, DirtyReason, Freshness};
+pub use dispatch::{RunOptions, RunSummary, run, write_lock_file};
+pub use events::{Done, Event, Reporter};
+pub use status::{StageStatus, State, evaluate};
+
+use std::path::PathBuf;
+
+use crate::exec::ExecError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("failed to read input `{}` of stage `{stage}`", path.display())]
+    Input {
+        stage: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to prepare `{}`", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("the ledger is not open for writing")]
+    NoLedger,
+    #[error("a stage task failed: {0}")]
+    Task(String),
+}

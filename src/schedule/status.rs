@@ -1,0 +1,130 @@
+//! What would run, and why — without running anything.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use super::ScheduleError;
+use super::context::{Context, DirtyReason, Freshness};
+use crate::fingerprint::{Change, Digest, StageKey};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    Fresh,
+    Stale,
+    NeverRun,
+    Failed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Fresh => "fresh",
+            State::Stale => "stale",
+            State::NeverRun => "never run",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// The evaluated state of one stage.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageStatus {
+    pub stage: String,
+    pub state: State,
+    /// The current fingerprint, when every input can be known now.
+    pub fingerprint: Option<Digest>,
+    /// Why the stage is not fresh.
+    pub reason: Option<DirtyReason>,
+    /// Differences from the last successful result (also listed when an
+    /// upstream stage is stale, assuming it reproduces its last outputs).
+    pub changes: Vec<Change>,
+    /// Outputs whose workspace copy differs from the store (fresh stages
+    /// only); `cairn run` restores them without running anything.
+    pub outputs_to_restore: Vec<String>,
+    /// When the last successful result finished (ms since the epoch).
+    pub last_ok_ms: Option<i64>,
+    #[serde(skip)]
+    pub key: Option<StageKey>,
+}
+
+/// Evaluates the selected stages in dependency order.
+pub fn evaluate(ctx: &mut Context<'_>, selected: &[bool], forced: &HashSet<usize>) -> Result<Vec<StageStatus>, ScheduleError> {
+    let n = ctx.manifest.stages.len();
+    let mut will_run = vec![false; n];
+    let mut statuses = Vec::new();
+    for &i in ctx.dag.order() {
+        if !selected[i] {
+            continue;
+        }
+        let name = ctx.manifest.stages[i].name.clone();
+        let pending: Vec<String> = ctx
+            .dag
+            .upstream(i)
+            .iter()
+            .filter(|&&u| will_run[u])
+            .map(|&u| ctx.manifest.stages[u].name.clone())
+            .collect();
+        let key = ctx.key_of(i).ok();
+        let previous = ctx.latest_ok.get(&name).cloned();
+        let changes = match (&key, &previous) {
+            (Some(key), Some(previous)) => key.diff(&previous.key()),
+            _ => Vec::new(),
+        };
+
+        let mut status = StageStatus {
+            stage: name.clone(),
+            state: State::Stale,
+            fingerprint: key.as_ref().map(StageKey::fingerprint),
+            reason: None,
+            changes,
+            outputs_to_restore: Vec::new(),
+            last_ok_ms: previous.as_ref().map(|p| p.finished_ms),
+            key: key.clone(),
+        };
+
+        let reason = if forced.contains(&i) {
+            Some(DirtyReason::Forced)
+        } else if !pending.is_empty() {
+            Some(DirtyReason::UpstreamStale { stages: pending })
+        } else {
+            match &key {
+                None => Some(DirtyReason::NeverRun),
+                Some(key) => match ctx.freshness(i, key)? {
+                    Freshness::Fresh(record) => {
+                        let record = record.into_owned();
+                        ctx.note_outputs(&record.outputs);
+                        for output in &record.outputs {
+                            if !ctx.workspace_matches(output) {
+                                status.outputs_to_restore.push(output.name.clone());
+                            }
+                        }
+                        status.last_ok_ms = Some(record.finished_ms);
+                        None
+                    }
+                    Freshness::Dirty(reason) => Some(reason),
+                },
+            }
+        };
+
+        if let Some(reason) = reason {
+            will_run[i] = true;
+            // Predict that the stage reproduces its last outputs, so that
+            // downstream keys (and `why`) can still be computed.
+            if let Some(previous) = &previous {
+                ctx.note_outputs(&previous.outputs);
+            }
+            status.state = match (&reason, &previous) {
+                (DirtyReason::Failed { .. }, _) => State::Failed,
+                (_, None) => State::NeverRun,
+                _ => State::Stale,
+            };
+            status.reason = Some(reason);
+        } else {
+            status.state = State::Fresh;
+        }
+        statuses.push(status);
+    }
+    Ok(statuses)
+}

@@ -1,0 +1,402 @@
+//! The run ledger: an SQLite database at `cache/ledger.db`.
+//!
+//! Tables: `runs` (one row per `cairn run`), `results` (one row per stage
+//! execution, with its full key and output records as JSON) and
+//! `stat_cache`. Each result is one transaction, written only after its
+//! outputs are in the object store; SQLite's journal makes a `kill -9`
+//! leave either the whole row or none of it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, params};
+use serde::Serialize;
+
+use super::StoreError;
+use super::objects::OutputRecord;
+use crate::fingerprint::{Digest, StageKey, StatEntry};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER,
+    status TEXT NOT NULL,
+    command TEXT NOT NULL,
+    profile TEXT,
+    executed INTEGER NOT NULL DEFAULT 0,
+    fresh INTEGER NOT NULL DEFAULT 0,
+    restored INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS results (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    key_json TEXT NOT NULL,
+    outputs_json TEXT NOT NULL,
+    command TEXT NOT NULL,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER NOT NULL,
+    exit_code INTEGER,
+    log_path TEXT,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS results_by_stage ON results(stage, fingerprint, status);
+CREATE TABLE IF NOT EXISTS stat_cache (
+    path TEXT PRIMARY KEY,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    digest TEXT NOT NULL
+);
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResultStatus {
+    Ok,
+    Failed,
+}
+
+impl ResultStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            ResultStatus::Ok => "ok",
+            ResultStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One execution of a stage.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResultRecord {
+    pub id: i64,
+    pub run_id: i64,
+    pub stage: String,
+    pub fingerprint: Digest,
+    pub status: ResultStatus,
+    #[serde(skip)]
+    pub key_json: String,
+    pub outputs: Vec<OutputRecord>,
+    pub command: String,
+    pub started_ms: i64,
+    pub finished_ms: i64,
+    pub exit_code: Option<i32>,
+    pub log_path: Option<String>,
+    pub error: Option<String>,
+}
+
+impl ResultRecord {
+    pub fn key(&self) -> StageKey {
+        serde_json::from_str(&self.key_json).unwrap_or_default()
+    }
+}
+
+/// A result about to be recorded.
+#[derive(Debug, Clone)]
+pub struct NewResult<'a> {
+    pub run_id: i64,
+    pub stage: &'a str,
+    pub key: &'a StageKey,
+    pub status: ResultStatus,
+    pub outputs: &'a [OutputRecord],
+    pub command: &'a str,
+    pub started_ms: i64,
+    pub finished_ms: i64,
+    pub exit_code: Option<i32>,
+    pub log_path: Option<&'a str>,
+    pub error: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    pub id: i64,
+    pub started_ms: i64,
+    pub finished_ms: Option<i64>,
+    pub status: String,
+    pub command: String,
+    pub profile: Option<String>,
+    pub executed: i64,
+    pub fresh: i64,
+    pub restored: i64,
+    pub failed: i64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunCounts {
+    pub executed: usize,
+    pub fresh: usize,
+    pub restored: usize,
+    pub failed: usize,
+}
+
+pub struct Ledger {
+    conn: Connection,
+    path: PathBuf,
+}
+
+const RESULT_COLUMNS: &str = "id, run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error";
+
+impl Ledger {
+    /// Opens (creating if needed) the ledger in `cache`.
+    pub fn open(cache: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(cache).map_err(|e| StoreError::io(cache, e))?;
+        let path = cache.join("ledger.db");
+        let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
+        Self::setup(conn, path)
+    }
+
+    /// Opens an existing ledger read-only; `None` if there is none yet.
+    pub fn open_existing(cache: &Path) -> Result<Option<Self>, StoreError> {
+        let path = cache.join("ledger.db");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
+        Self::setup(conn, path).map(Some)
+    }
+
+    fn setup(conn: Connection, path: PathBuf) -> Result<Self, StoreError> {
+        conn.busy_timeout(std::time::Duration::from_secs(30)).map_err(|e| StoreError::db(&path, e))?;
+        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
+            .and_then(|()| conn.execute_batch(SCHEMA))
+            .map_err(|e| StoreError::db(&path, e))?;
+        Ok(Self { conn, path })
+    }
+
+    fn db(&self, e: rusqlite::Error) -> StoreError {
+        StoreError::db(&self.path, e)
+    }
+
+    pub fn begin_run(&self, command: &str, profile: Option<&str>) -> Result<i64, StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO runs (started_ms, status, command, profile) VALUES (?1, 'running', ?2, ?3)",
+                params![now_ms(), command, profile],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    pub fn finish_run(&self, run_id: i64, status: &str, counts: RunCounts) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE runs SET finished_ms = ?2, status = ?3, executed = ?4, fresh = ?5, restored = ?6, failed = ?7 WHERE id = ?1",
+                params![run_id, now_ms(), status, counts.executed as i64, counts.fresh as i64, counts.restored as i64, counts.failed as i64],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    pub fn record(&self, result: &NewResult<'_>) -> Result<i64, StoreError> {
+        let key_json = serde_json::to_string(result.key).expect("keys serialise");
+        let outputs_json = serde_json::to_string(result.outputs).expect("outputs serialise");
+        self.conn
+            .execute(
+                "INSERT INTO results (run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    result.run_id,
+                    result.stage,
+                    result.key.fingerprint().to_string(),
+                    result.status.as_str(),
+                    key_json,
+                    outputs_json,
+                    result.command,
+                    result.started_ms,
+                    result.finished_ms,
+                    result.exit_code,
+                    result.log_path,
+                    result.error,
+                ],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// The newest successful result of every stage.
+    pub fn latest_ok_all(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results WHERE status = 'ok' GROUP BY stage)"
+        );
+        let records = self.query(&sql, [])?;
+        Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
+    }
+
+    /// The newest attempt (successful or not) of every stage.
+    pub fn latest_attempt_all(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
+        let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results GROUP BY stage)");
+        let records = self.query(&sql, [])?;
+        Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
+    }
+
+    /// The newest successful result of `stage` under `fingerprint`.
+    pub fn find_ok(&self, stage: &str, fingerprint: &Digest) -> Result<Option<ResultRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {RESULT_COLUMNS} FROM results WHERE stage = ?1 AND fingerprint = ?2 AND status = 'ok' ORDER BY id DESC LIMIT 1"
+        );
+        Ok(self.query(&sql, params![stage, fingerprint.to_string()])?.into_iter().next())
+    }
+
+    /// Results of `stage` (or all stages), newest first.
+    pub fn results(&self, stage: Option<&str>, limit: usize) -> Result<Vec<ResultRecord>, StoreError> {
+        match stage {
+            Some(stage) => {
+                let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE stage = ?1 ORDER BY id DESC LIMIT ?2");
+                self.query(&sql, params![stage, limit as i64])
+            }
+            None => {
+                let sql = format!("SELECT {RESULT_COLUMNS} FROM results ORDER BY id DESC LIMIT ?1");
+                self.query(&sql, params![limit as i64])
+            }
+        }
+    }
+
+    pub fn results_of_run(&self, run_id: i64) -> Result<Vec<ResultRecord>, StoreError> {
+        let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE run_id = ?1 ORDER BY id");
+        self.query(&sql, params![run_id])
+    }
+
+    pub fn runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, started_ms, finished_ms, status, command, profile, executed, fresh, restored, failed FROM runs ORDER BY id DESC LIMIT ?1")
+            .map_err(|e| self.db(e))?;
+        let rows = stmt
+            .query_map(params![limit as i64], |row| {
+                Ok(RunRecord {
+                    id: row.get(0)?,
+                    started_ms: row.get(1)?,
+                    finished_ms: row.get(2)?,
+                    status: row.get(3)?,
+                    command: row.get(4)?,
+                    profile: row.get(5)?,
+                    executed: row.get(6)?,
+                    fresh: row.get(7)?,
+                    restored: row.get(8)?,
+                    failed: row.get(9)?,
+                })
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// Marks runs left `running` by a process that no longer holds the
+    /// workspace lock (killed) as `killed`.
+    pub fn close_abandoned_runs(&self) -> Result<(), StoreError> {
+        self.conn
+            .execute("UPDATE runs SET status = 'killed' WHERE status = 'running'", [])
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Output records of every successful result (for garbage collection).
+    pub fn all_ok_outputs(&self) -> Result<Vec<(String, Vec<OutputRecord>)>, StoreError> {
+        let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE status = 'ok'");
+        Ok(self.query(&sql, [])?.into_iter().map(|r| (r.stage, r.outputs)).collect())
+    }
+
+    fn query(&self, sql: &str, args: impl rusqlite::Params) -> Result<Vec<ResultRecord>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql).map_err(|e| self.db(e))?;
+        let rows = stmt
+            .query_map(args, |row| {
+                let fingerprint: String = row.get(3)?;
+                let status: String = row.get(4)?;
+                let outputs_json: String = row.get(6)?;
+                Ok(ResultRecord {
+                    id: row.get(0)?,
+                    run_id: row.get(1)?,
+                    stage: row.get(2)?,
+                    fingerprint: fingerprint.parse().unwrap_or(Digest::of(b"")),
+                    status: if status == "ok" { ResultStatus::Ok } else { ResultStatus::Failed },
+                    key_json: row.get(5)?,
+                    outputs: serde_json::from_str(&outputs_json).unwrap_or_default(),
+                    command: row.get(7)?,
+                    started_ms: row.get(8)?,
+                    finished_ms: row.get(9)?,
+                    exit_code: row.get(10)?,
+                    log_path: row.get(11)?,
+                    error: row.get(12)?,
+                })
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    pub fn load_stat_cache(&self) -> Result<Vec<(PathBuf, StatEntry)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT path, dev, ino, size, mtime_ns, ctime_ns, digest FROM stat_cache")
+            .map_err(|e| self.db(e))?;
+        let rows = stmt
+            .query_map([], |row| {
+                let path: String = row.get(0)?;
+                let digest: String = row.get(6)?;
+                Ok((path, row.get::<_, i64>(1)?, row.get::<_, i64>(2)?, row.get::<_, i64>(3)?, row.get(4)?, row.get(5)?, digest))
+            })
+            .map_err(|e| self.db(e))?;
+        let mut entries = Vec::new();
+        for row in rows {
+            let (path, dev, ino, size, mtime_ns, ctime_ns, digest) = row.map_err(|e| self.db(e))?;
+            if let Ok(digest) = digest.parse() {
+                entries.push((
+                    PathBuf::from(path),
+                    StatEntry { dev: dev as u64, ino: ino as u64, size: size as u64, mtime_ns, ctime_ns, digest },
+                ));
+            }
+        }
+        Ok(entries)
+    }
+
+    pub fn save_stat_cache(&mut self, updates: &[(PathBuf, StatEntry)]) -> Result<(), StoreError> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        let tx = self.conn.transaction().map_err(|e| StoreError::db(&path, e))?;
+        {
+            let mut stmt = tx
+                .prepare("INSERT OR REPLACE INTO stat_cache (path, dev, ino, size, mtime_ns, ctime_ns, digest) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+                .map_err(|e| StoreError::db(&path, e))?;
+            for (file, entry) in updates {
+                stmt.execute(params![
+                    file.to_string_lossy(),
+                    entry.dev as i64,
+                    entry.ino as i64,
+                    entry.size as i64,
+                    entry.mtime_ns,
+                    entry.ctime_ns,
+                    entry.digest.to_string()
+                ])
+                .map_err(|e| StoreError::db(&path, e))?;
+            }
+        }
+        tx.commit().map_err(|e| StoreError::db(&path, e))
+    }
+
+    /// Loads results with their key JSON parsed lazily; `ok` of a stage
+    /// under its current fingerprint, preferring the newest.
+    pub fn lookup<'a>(
+        &self,
+        latest: &'a HashMap<String, ResultRecord>,
+        stage: &str,
+        fingerprint: &Digest,
+    ) -> Result<Option<std::borrow::Cow<'a, ResultRecord>>, StoreError> {
+        if let Some(record) = latest.get(stage).filter(|r| r.fingerprint == *fingerprint) {
+            return Ok(Some(std::borrow::Cow::Borrowed(record)));
+        }
+        Ok(self.find_ok(stage, fingerprint)?.map(std::borrow::Cow::Owned))
+    }
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,44 @@
+//! Everything cairn keeps: the object store, the ledger, the lock file and
+//! the workspace lock. This layer is the only writer of `cache/`.
+
+mod ledger;
+mod lockfile;
+mod objects;
+mod workspace_lock;
+
+pub use ledger::{Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms};
+pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};
+pub use objects::{ObjectStore, OutputKind, OutputRecord, remove_path};
+pub use workspace_lock::{WhenLocked, WorkspaceLock};
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("failed to access `{}`", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to use the ledger `{}`", path.display())]
+    Db {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("store entry `{}` is corrupt: {detail}", path.display())]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("another cairn process{} holds the workspace lock `{}`", holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), path.display())]
+    Locked { path: PathBuf, holder: Option<u32> },
+}
+
+impl StoreError {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io { path: path.to_owned(), source }
+    }
+
+    pub fn db(path: &Path, source: rusqlite::Error) -> Self {
+        Self::Db { path: path.to_owned(), source }
+    }
+}

@@ -1,0 +1,284 @@
+//! Content-addressed copies of outputs under `cache/objects/`.
+//!
+//! Every write goes to a temporary file in `cache/tmp/`, is fsynced, then
+//! renamed to its digest's name: an object either exists whole or not at
+//! all. Directory outputs are stored file by file, plus a tree listing under
+//! `cache/trees/<digest>.json`. Restores verify every byte against its
+//! digest before they replace anything in the workspace.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use crate::fingerprint::{Content, Digest, EntryKind, StatCache, TreeEntry, tree_digest};
+
+/// A stored output: what to restore, and how to check it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputRecord {
+    pub name: String,
+    pub path: String,
+    pub kind: OutputKind,
+    pub digest: Digest,
+    /// Bytes of the file, or the sum over the tree's files.
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub executable: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputKind {
+    File,
+    Dir,
+}
+
+#[derive(Debug, Clone)]
+pub struct ObjectStore {
+    cache: PathBuf,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl ObjectStore {
+    pub fn new(cache: &Path) -> Self {
+        Self {
+            cache: cache.to_owned(),
+        }
+    }
+
+    pub fn object_path(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.hex();
+        self.cache.join("objects").join(&hex[..2]).join(&hex[2..])
+    }
+
+    pub fn tree_path(&self, digest: &Digest) -> PathBuf {
+        self.cache.join("trees").join(format!("{}.json", digest.hex()))
+    }
+
+    pub fn objects_dir(&self) -> PathBuf {
+        self.cache.join("objects")
+    }
+
+    pub fn trees_dir(&self) -> PathBuf {
+        self.cache.join("trees")
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.cache.join("tmp")
+    }
+
+    fn temp_file(&self) -> Result<(PathBuf, File), StoreError> {
+        let dir = self.tmp_dir();
+        fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("{}-{n}", std::process::id()));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        Ok((path, file))
+    }
+
+    /// Moves a finished temp file to `dest` (unless an identical object is
+    /// already there).
+    fn publish(&self, temp: &Path, dest: &Path) -> Result<(), StoreError> {
+        if dest.exists() {
+            fs::remove_file(temp).map_err(|e| StoreError::io(temp, e))?;
+            return Ok(());
+        }
+        if let Some(parent) = dest.parent() {
+            fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
+        }
+        fs::rename(temp, dest).map_err(|e| StoreError::io(dest, e))
+    }
+
+    /// Copies one workspace file into the store, hashing the bytes it copies.
+    pub fn ingest_file(&self, src: &Path) -> Result<(Digest, u64), StoreError> {
+        let mut input = File::open(src).map_err(|e| StoreError::io(src, e))?;
+        let (temp, mut out) = self.temp_file()?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut size = 0u64;
+        loop {
+            let n = input.read(&mut buf).map_err(|e| StoreError::io(src, e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n]).map_err(|e| StoreError::io(&temp, e))?;
+            size += n as u64;
+        }
+        out.sync_all().map_err(|e| StoreError::io(&temp, e))?;
+        drop(out);
+        let digest = Digest::from_hash(hasher.finalize());
+        self.publish(&temp, &self.object_path(&digest))?;
+        Ok((digest, size))
+    }
+
+    /// Stores a declared output (file or directory) found at `abs`.
+    pub fn ingest(&self, name: &str, path: &str, abs: &Path, stat: &mut StatCache) -> Result<OutputRecord, StoreError> {
+        let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
+        if !meta.is_dir() {
+            let (digest, size) = self.ingest_file(abs)?;
+            stat.record(abs, &meta, digest);
+            return Ok(OutputRecord {
+                name: name.to_owned(),
+                path: path.to_owned(),
+                kind: OutputKind::File,
+                digest,
+                size,
+                executable: meta.permissions().mode() & 0o111 != 0,
+            });
+        }
+        let Content::Dir { mut entries, .. } = stat.content(abs).map_err(|e| StoreError::io(abs, e))? else {
+            unreachable!("a directory has directory content");
+        };
+        let mut total = 0;
+        for entry in entries.iter_mut() {
+            if matches!(entry.kind, EntryKind::File | EntryKind::Executable) {
+                let (digest, size) = self.ingest_file(&abs.join(&entry.path))?;
+                // The bytes stored are the truth, even if the file changed
+                // since it was listed.
+                entry.digest = digest;
+                entry.size = size;
+                total += size;
+            }
+        }
+        let digest = tree_digest(&mut entries);
+        let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
+        let (temp, mut out) = self.temp_file()?;
+        out.write_all(&listing).and_then(|()| out.sync_all()).map_err(|e| StoreError::io(&temp, e))?;
+        drop(out);
+        self.publish(&temp, &self.tree_path(&digest))?;
+        Ok(OutputRecord {
+            name: name.to_owned(),
+            path: path.to_owned(),
+            kind: OutputKind::Dir,
+            digest,
+            size: total,
+            executable: false,
+        })
+    }
+
+    /// The tree listing of a stored directory.
+    pub fn tree(&self, digest: &Digest) -> Result<Vec<TreeEntry>, StoreError> {
+        let path = self.tree_path(digest);
+        let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
+        let mut entries: Vec<TreeEntry> =
+            serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?;
+        if tree_digest(&mut entries) != *digest {
+            return Err(StoreError::Corrupt { path, detail: "tree listing does not match its digest".to_owned() });
+        }
+        Ok(entries)
+    }
+
+    /// True if every object the record needs is present with its size (a
+    /// cheap check; restores verify the bytes).
+    pub fn is_complete(&self, record: &OutputRecord) -> bool {
+        let present = |digest: &Digest, size: u64| {
+            fs::metadata(self.object_path(digest)).is_ok_and(|m| m.len() == size)
+        };
+        match record.kind {
+            OutputKind::File => present(&record.digest, record.size),
+            OutputKind::Dir => self.tree(&record.digest).is_ok_and(|entries| {
+                entries
+                    .iter()
+                    .filter(|e| matches!(e.kind, EntryKind::File | EntryKind::Executable))
+                    .all(|e| present(&e.digest, e.size))
+            }),
+        }
+    }
+
+    /// Every object digest a record refers to (files, and a tree's files).
+    pub fn referenced(&self, record: &OutputRecord) -> Vec<Digest> {
+        match record.kind {
+            OutputKind::File => vec![record.digest],
+            OutputKind::Dir => self
+                .tree(&record.digest)
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .filter(|e| matches!(e.kind, EntryKind::File | EntryKind::Executable))
+                        .map(|e| e.digest)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Rewrites the workspace copy of an output from the store, verifying
+    /// each object's bytes; the old copy is replaced only once the new one
+    /// is complete.
+    pub fn restore(&self, record: &OutputRecord, dest: &Path) -> Result<(), StoreError> {
+        let parent = dest.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
+        let staging = parent.join(format!(
+            ".{}.cairn-restore-{}",
+            dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            std::process::id()
+        ));
+        remove_path(&staging).map_err(|e| StoreError::io(&staging, e))?;
+        match record.kind {
+            OutputKind::File => self.copy_verified(&record.digest, &staging, record.executable)?,
+            OutputKind::Dir => {
+                let entries = self.tree(&record.digest)?;
+                fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
+                for entry in &entries {
+                    let target = staging.join(&entry.path);
+                    match entry.kind {
+                        EntryKind::Dir => fs::create_dir_all(&target).map_err(|e| StoreError::io(&target, e))?,
+                        EntryKind::File | EntryKind::Executable => {
+                            if let Some(p) = target.parent() {
+                                fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
+                            }
+                            self.copy_verified(&entry.digest, &target, entry.kind == EntryKind::Executable)?;
+                        }
+                        EntryKind::Symlink => {
+                            return Err(StoreError::Corrupt {
+                                path: dest.to_owned(),
+                                detail: format!("cannot restore symlink `{}` from the store", entry.path),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        remove_path(dest).map_err(|e| StoreError::io(dest, e))?;
+        fs::rename(&staging, dest).map_err(|e| StoreError::io(dest, e))
+    }
+
+    fn copy_verified(&self, digest: &Digest, dest: &Path, executable: bool) -> Result<(), StoreError> {
+        let source = self.object_path(digest);
+        let bytes = fs::read(&source).map_err(|e| StoreError::io(&source, e))?;
+        if Digest::of(&bytes) != *digest {
+            return Err(StoreError::Corrupt { path: source, detail: format!("content does not hash to {digest}") });
+        }
+        let mode = if executable { 0o755 } else { 0o644 };
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(dest)
+            .map_err(|e| StoreError::io(dest, e))?;
+        out.write_all(&bytes).and_then(|()| out.sync_all()).map_err(|e| StoreError::io(dest, e))?;
+        fs::set_permissions(dest, fs::Permissions::from_mode(mode)).map_err(|e| StoreError::io(dest, e))
+    }
+}
+
+/// Removes a file or directory tree; absent is fine.
+pub fn remove_path(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+    }
+}
