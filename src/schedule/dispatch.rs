@@ -14,7 +14,7 @@ use super::events::{Done, Event, Reporter};
 use crate::exec::{Executor, Job, LocalExecutor, Outcome, base_environment};
 use crate::fingerprint::StageKey;
 use crate::manifest::{Command, EnvValue, Stage};
-use crate::store::{LockFile, NewResult, ResultStatus, RunCounts, now_ms, remove_path};
+use crate::store::{LockFile, NewResult, OutputRecord, ResultStatus, RunCounts, StoreError, now_ms, remove_path};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -105,23 +105,21 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
                 match ctx.freshness(i, &key)? {
                     Freshness::Fresh(record) => {
                         let record = record.into_owned();
-                        let mut restored = false;
-                        for output in &record.outputs {
-                            if !ctx.workspace_matches(output) {
-                                ctx.store.restore(output, &ctx.abs(&output.path))?;
-                                restored = true;
+                        match bring_back(ctx, &record.outputs)? {
+                            Err(reason) => reason,
+                            Ok(restored) => {
+                                ctx.note_outputs(&record.outputs);
+                                let done = if restored { Done::Restored } else { Done::Fresh };
+                                if restored {
+                                    summary.counts.restored += 1;
+                                } else {
+                                    summary.counts.fresh += 1;
+                                }
+                                reporter.event(Event::StageDone { stage: &stage.name, done, elapsed: started.elapsed() });
+                                complete(i, ctx, options, &mut slots, &mut remaining, &mut ready, &position);
+                                continue;
                             }
                         }
-                        ctx.note_outputs(&record.outputs);
-                        let done = if restored { Done::Restored } else { Done::Fresh };
-                        if restored {
-                            summary.counts.restored += 1;
-                        } else {
-                            summary.counts.fresh += 1;
-                        }
-                        reporter.event(Event::StageDone { stage: &stage.name, done, elapsed: started.elapsed() });
-                        complete(i, ctx, options, &mut slots, &mut remaining, &mut ready, &position);
-                        continue;
                     }
                     Freshness::Dirty(reason) => reason,
                 }
@@ -208,6 +206,27 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
         ledger.finish_run(run_id, status, summary.counts)?;
     }
     Ok(summary)
+}
+
+/// Makes the workspace copies of a fresh stage's outputs match the store.
+/// `Ok(true)` if anything was restored; `Err(reason)` if a stored object is
+/// damaged, so the result cannot be trusted and the stage must run.
+fn bring_back(ctx: &mut Context<'_>, outputs: &[OutputRecord]) -> Result<Result<bool, DirtyReason>, ScheduleError> {
+    let mut restored = false;
+    for output in outputs {
+        if ctx.workspace_matches(output) {
+            continue;
+        }
+        match ctx.store.restore(output, &ctx.abs(&output.path)) {
+            Ok(()) => restored = true,
+            Err(StoreError::Corrupt { path, detail }) => {
+                tracing::warn!("stored copy of `{}` is damaged ({}: {detail}); re-running", output.path, path.display());
+                return Ok(Err(DirtyReason::StoreIncomplete { output: output.name.clone() }));
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
+    Ok(Ok(restored))
 }
 
 fn complete(

@@ -86,13 +86,10 @@ impl ObjectStore {
         Ok((path, file))
     }
 
-    /// Moves a finished temp file to `dest` (unless an identical object is
-    /// already there).
+    /// Moves a finished temp file to `dest`. An existing object is replaced
+    /// (atomically, by rename) rather than trusted: the new bytes were just
+    /// hashed, the old ones may have been damaged since.
     fn publish(&self, temp: &Path, dest: &Path) -> Result<(), StoreError> {
-        if dest.exists() {
-            fs::remove_file(temp).map_err(|e| StoreError::io(temp, e))?;
-            return Ok(());
-        }
         if let Some(parent) = dest.parent() {
             fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
         }

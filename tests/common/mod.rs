@@ -1,0 +1,93 @@
+//! A small builder for driving the real `cairn` binary in a temp dir.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub struct Project {
+    dir: tempfile::TempDir,
+}
+
+pub struct Run {
+    pub output: Output,
+}
+
+impl Run {
+    pub fn code(&self) -> i32 {
+        self.output.status.code().unwrap_or(-1)
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    #[track_caller]
+    pub fn success(&self) -> &Self {
+        assert_eq!(self.code(), 0, "expected success\n--- stdout\n{}\n--- stderr\n{}", self.stdout(), self.stderr());
+        self
+    }
+
+    #[track_caller]
+    pub fn code_is(&self, code: i32) -> &Self {
+        assert_eq!(self.code(), code, "unexpected exit code\n--- stdout\n{}\n--- stderr\n{}", self.stdout(), self.stderr());
+        self
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cairn")
+}
+
+impl Project {
+    pub fn new() -> Self {
+        Self { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn file(&self, rel: &str, contents: &str) -> &Self {
+        let path = self.path(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(path, contents).unwrap();
+        self
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+    }
+
+    pub fn exists(&self, rel: &str) -> bool {
+        self.path(rel).exists()
+    }
+
+    /// Lines in a side-effect file that commands append to.
+    pub fn lines(&self, rel: &str) -> Vec<String> {
+        std::fs::read_to_string(self.path(rel))
+            .map(|s| s.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(bin());
+        command.args(args).current_dir(self.root()).env_remove("RUST_LOG");
+        command
+    }
+
+    pub fn cairn(&self, args: &[&str]) -> Run {
+        let output = self.command(args).stdin(Stdio::null()).output().expect("run cairn");
+        Run { output }
+    }
+}
