@@ -125,8 +125,23 @@ mod tests {
     fn golden_fingerprint_encoding() {
         assert_eq!(
             sample().fingerprint().to_string(),
-            "blake3:c03fcbf4fbc1d4d5f7d2b0c1a4c3c9b2d1de5fa8bd3b3e7b0c9f8e1d2a3b4c5d"
+            "blake3:0dc50ada9fe6af303dd4e41816253e6b060c2fa809d28fa212ca4743b2c92a2b"
         );
+    }
+
+    /// The encoding, spelled out byte by byte.
+    #[test]
+    fn canonical_bytes_layout() {
+        let key = sample();
+        let mut expected = b"cairn.stage-key\0".to_vec();
+        expected.extend(1u32.to_le_bytes());
+        expected.extend(3u64.to_le_bytes());
+        for name in ["command", "input:in.txt", "param:size"] {
+            expected.extend((name.len() as u64).to_le_bytes());
+            expected.extend(name.as_bytes());
+            expected.extend(key.components[name].digest.as_bytes());
+        }
+        assert_eq!(key.canonical_bytes(), expected);
     }
 
     #[test]

@@ -387,7 +387,12 @@ impl<'s> Checker<'s> {
                 stage.params.insert(param, value.clone());
             }
         }
-        stage.run = run?;
+        // A stage whose command is broken is kept (with an empty command) so
+        // that cross-stage checks still see its inputs and outputs; the
+        // problem already recorded rejects the manifest.
+        if let Some(run) = run {
+            stage.run = run;
+        }
         stage.checks = checks;
         Some(stage)
     }
