@@ -66,6 +66,17 @@ impl Executor for LocalExecutor {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .process_group(0);
+        // If cairn itself dies (even by SIGKILL), its direct child is killed
+        // too rather than left running unsupervised.
+        #[cfg(target_os = "linux")]
+        // SAFETY: the closure runs in the forked child before exec and only
+        // calls prctl(2), which is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
 
         let mut child = command.spawn().map_err(|source| ExecError::Spawn {
             program: match &job.command {

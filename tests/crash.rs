@@ -1,0 +1,149 @@
+//! Crashes, interrupts and concurrent processes: real signals, real races.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Project;
+
+/// Polls `condition` until it holds; panics after a generous deadline.
+fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(p: &Project, args: &[&str]) -> Child {
+    p.command(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn signal(pid: i32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+fn is_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // A zombie has finished; only its parent has not reaped it yet.
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Stage `slow` writes half its output, then waits for `release` to exist.
+fn half_writer() -> Project {
+    let p = Project::new();
+    p.file("in.txt", "input\n");
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "crash"
+
+[stages.first]
+run = "cp {in.x} {out.o} && echo first >> runs.log"
+inputs = { x = "in.txt" }
+outputs = { o = "state/1.txt" }
+
+[stages.slow]
+run = "echo $$ > slow.pid; printf partial > {out.o}; while [ ! -f release ]; do sleep 0.02; done; printf -- -rest >> {out.o}; echo slow >> runs.log"
+inputs = { x = "state/1.txt" }
+outputs = { o = "state/2.txt" }
+
+[stages.last]
+run = "cat {in.x} > {out.o} && echo last >> runs.log"
+inputs = { x = "state/2.txt" }
+outputs = { o = "state/3.txt" }
+"#,
+    );
+    p
+}
+
+#[test]
+fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output() {
+    let p = half_writer();
+    let mut cairn = spawn(&p, &["run", "-j", "1"]);
+    wait_for("the slow stage to write half its output", || {
+        p.exists("slow.pid") && std::fs::read_to_string(p.path("state/2.txt")).is_ok_and(|s| s == "partial")
+    });
+    cairn.kill().unwrap(); // SIGKILL
+    cairn.wait().unwrap();
+    let slow: i32 = p.read("slow.pid").trim().parse().unwrap();
+    wait_for("the orphaned stage to die with cairn", || is_gone(slow));
+
+    let status = p.cairn(&["status"]);
+    status.success();
+    let out = status.stdout();
+    assert!(out.lines().any(|l| l.starts_with("first ") && l.contains("fresh")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("slow ") && l.contains("never run")), "{out}");
+
+    p.file("release", "");
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log"), ["first", "slow", "last"]);
+    assert_eq!(p.read("state/3.txt"), "partial-rest");
+    let log = p.cairn(&["log"]);
+    assert!(log.stdout().contains("killed"), "{}", log.stdout());
+}
+
+#[test]
+fn ctrl_c_kills_running_commands_and_records_the_run_as_interrupted() {
+    let p = half_writer();
+    let mut cairn = spawn(&p, &["run"]);
+    wait_for("the slow stage to start", || p.exists("slow.pid") && !p.read("slow.pid").is_empty());
+    signal(cairn.id() as i32, libc::SIGINT);
+    let output = cairn.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "{}", String::from_utf8_lossy(&output.stderr));
+    let slow: i32 = p.read("slow.pid").trim().parse().unwrap();
+    wait_for("the stage's process group to be killed", || is_gone(slow));
+
+    let log = p.cairn(&["log", "--json"]);
+    let runs: serde_json::Value = serde_json::from_str(&log.stdout()).unwrap();
+    assert_eq!(runs[0]["status"], "interrupted");
+    assert_eq!(runs[0]["executed"], 1);
+    let first = p.cairn(&["log", "first", "--json"]);
+    let results: serde_json::Value = serde_json::from_str(&first.stdout()).unwrap();
+    assert_eq!(results[0]["status"], "ok");
+}
+
+#[test]
+fn two_concurrent_runs_never_corrupt_each_other() {
+    let p = half_writer();
+    let mut a = spawn(&p, &["run"]);
+    wait_for("the first run to hold the workspace", || p.exists("slow.pid"));
+
+    let refused = p.cairn(&["run", "--no-wait"]);
+    refused.code_is(2);
+    assert!(refused.stderr().contains("holds the workspace lock"), "{}", refused.stderr());
+    assert!(refused.stderr().contains(&format!("pid {}", a.id())), "{}", refused.stderr());
+
+    let mut b = spawn(&p, &["run"]);
+    let b_err = b.stderr.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(b_err).lines() {
+                let line = line.unwrap();
+                let mut text = seen.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        })
+    };
+    // Release the first run only once the second says it is waiting.
+    wait_for("the second run to say it waits", || seen.lock().unwrap().contains("waiting for another cairn process"));
+    p.file("release", "");
+    assert!(a.wait().unwrap().success());
+    assert!(b.wait().unwrap().success());
+    reader.join().unwrap();
+    let b_stderr = seen.lock().unwrap().clone();
+    // The second run found everything validated by the first.
+    assert_eq!(p.lines("runs.log"), ["first", "slow", "last"]);
+    assert!(b_stderr.contains("0 ran, 3 fresh"), "{b_stderr}");
+}
