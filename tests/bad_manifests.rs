@@ -6,32 +6,162 @@ use common::Project;
 
 /// (name, manifest, expected message fragment, expected `line:col`)
 const CASES: &[(&str, &str, &str, &str)] = &[
-    ("toml syntax", "[pipeline]\nname = \"x\n", "invalid TOML", "cairn.toml:2:"),
-    ("unknown top-level key", "[pipeline]\nname = \"x\"\n[stagez.a]\nrun = \"true\"\n[stages.a]\nrun = \"true\"\n", "unknown key `stagez` in top level of the manifest", "cairn.toml:3:2"),
-    ("unknown stage key", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ninptus = []\n", "unknown key `inptus`", "cairn.toml:5:1"),
-    ("bad type for run", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = 5\n", "`run` must be a string", "cairn.toml:4:7"),
-    ("missing run", "[pipeline]\nname = \"x\"\n[stages.a]\noutputs = [\"o.txt\"]\n", "stage `a` has no `run`", "cairn.toml:3:9"),
-    ("missing pipeline name", "[pipeline]\n[stages.a]\nrun = \"true\"\n", "`[pipeline]` has no `name`", "cairn.toml:1:2"),
-    ("undefined param", "[pipeline]\nname = \"x\"\n[params]\nsize = 1\n[stages.a]\nrun = \"echo {params.szie}\"\n", "undefined param `szie`", "cairn.toml:6:13"),
-    ("undefined input", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"cat {in.data}\"\n", "undefined input `data`", "cairn.toml:4:12"),
-    ("undefined output", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"echo > {out.o}\"\noutputs = { p = \"p.txt\" }\n", "undefined output `o`", "cairn.toml:4:15"),
-    ("unknown namespace", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"echo {parms.x}\"\n", "unknown placeholder namespace `parms`", "cairn.toml:4:13"),
-    ("cycle through needs", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nneeds = [\"b\"]\n[stages.b]\nrun = \"true\"\nneeds = [\"a\"]\n", "dependency cycle: a → b → a", "cairn.toml:3:9"),
-    ("cycle through paths", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ninputs = [\"b.txt\"]\noutputs = [\"a.txt\"]\n[stages.b]\nrun = \"true\"\ninputs = [\"a.txt\"]\noutputs = [\"b.txt\"]\n", "dependency cycle: a → b → a", "cairn.toml:3:9"),
-    ("two stages write one path", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"o.txt\"]\n[stages.b]\nrun = \"true\"\noutputs = [\"o.txt\"]\n", "stages `a` and `b` both write `o.txt`", "cairn.toml:8:12"),
-    ("nested outputs", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"out\"]\n[stages.b]\nrun = \"true\"\noutputs = [\"out/b.txt\"]\n", "lies inside output directory `out`", "cairn.toml:8:12"),
-    ("output escapes root", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"../escape.txt\"]\n", "escapes the project root", "cairn.toml:5:12"),
-    ("absolute output outside root", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"/tmp/cairn-elsewhere.txt\"]\n", "is outside the project root", "cairn.toml:5:12"),
-    ("missing input", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ninputs = [\"nope.txt\"]\n", "input `nope.txt` of stage `a` does not exist and no stage produces it", "cairn.toml:5:11"),
-    ("needs unknown stage", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nneeds = [\"bulid\"]\n[stages.build]\nrun = \"true\"\n", "needs unknown stage `bulid`", "cairn.toml:5:10"),
-    ("profile overrides undefined param", "[pipeline]\nname = \"x\"\n[params]\nn = 1\n[profiles.big]\nparams = { m = 2 }\n[stages.a]\nrun = \"true\"\n", "profile `big` overrides undefined param `m`", "cairn.toml:6:12"),
-    ("stage declares undefined param", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nparams = [\"n\"]\n", "declares undefined param `n`", "cairn.toml:5:11"),
-    ("bad timeout", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ntimeout = \"soon\"\n", "invalid timeout `soon`", "cairn.toml:5:11"),
-    ("empty run", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"  \"\n", "empty run command", "cairn.toml:4:7"),
-    ("invalid stage name", "[pipeline]\nname = \"x\"\n[stages.\"a b\"]\nrun = \"true\"\n", "invalid stage name `a b`", "cairn.toml:3:9"),
-    ("output inside cache", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"cache/x\"]\n", "inside cairn's `cache/` directory", "cairn.toml:5:12"),
-    ("bad env value", "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nenv = { N = 3 }\n", "`env.N` must be a string value", "cairn.toml:5:13"),
-    ("no stages", "[pipeline]\nname = \"x\"\n", "the manifest defines no stages", "cairn.toml:1:1"),
+    (
+        "toml syntax",
+        "[pipeline]\nname = \"x\n",
+        "invalid TOML",
+        "cairn.toml:2:",
+    ),
+    (
+        "unknown top-level key",
+        "[pipeline]\nname = \"x\"\n[stagez.a]\nrun = \"true\"\n[stages.a]\nrun = \"true\"\n",
+        "unknown key `stagez` in top level of the manifest",
+        "cairn.toml:3:2",
+    ),
+    (
+        "unknown stage key",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ninptus = []\n",
+        "unknown key `inptus`",
+        "cairn.toml:5:1",
+    ),
+    (
+        "bad type for run",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = 5\n",
+        "`run` must be a string",
+        "cairn.toml:4:7",
+    ),
+    (
+        "missing run",
+        "[pipeline]\nname = \"x\"\n[stages.a]\noutputs = [\"o.txt\"]\n",
+        "stage `a` has no `run`",
+        "cairn.toml:3:9",
+    ),
+    (
+        "missing pipeline name",
+        "[pipeline]\n[stages.a]\nrun = \"true\"\n",
+        "`[pipeline]` has no `name`",
+        "cairn.toml:1:2",
+    ),
+    (
+        "undefined param",
+        "[pipeline]\nname = \"x\"\n[params]\nsize = 1\n[stages.a]\nrun = \"echo {params.szie}\"\n",
+        "undefined param `szie`",
+        "cairn.toml:6:13",
+    ),
+    (
+        "undefined input",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"cat {in.data}\"\n",
+        "undefined input `data`",
+        "cairn.toml:4:12",
+    ),
+    (
+        "undefined output",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"echo > {out.o}\"\noutputs = { p = \"p.txt\" }\n",
+        "undefined output `o`",
+        "cairn.toml:4:15",
+    ),
+    (
+        "unknown namespace",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"echo {parms.x}\"\n",
+        "unknown placeholder namespace `parms`",
+        "cairn.toml:4:13",
+    ),
+    (
+        "cycle through needs",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nneeds = [\"b\"]\n[stages.b]\nrun = \"true\"\nneeds = [\"a\"]\n",
+        "dependency cycle: a → b → a",
+        "cairn.toml:3:9",
+    ),
+    (
+        "cycle through paths",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ninputs = [\"b.txt\"]\noutputs = [\"a.txt\"]\n[stages.b]\nrun = \"true\"\ninputs = [\"a.txt\"]\noutputs = [\"b.txt\"]\n",
+        "dependency cycle: a → b → a",
+        "cairn.toml:3:9",
+    ),
+    (
+        "two stages write one path",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"o.txt\"]\n[stages.b]\nrun = \"true\"\noutputs = [\"o.txt\"]\n",
+        "stages `a` and `b` both write `o.txt`",
+        "cairn.toml:8:12",
+    ),
+    (
+        "nested outputs",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"out\"]\n[stages.b]\nrun = \"true\"\noutputs = [\"out/b.txt\"]\n",
+        "lies inside output directory `out`",
+        "cairn.toml:8:12",
+    ),
+    (
+        "output escapes root",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"../escape.txt\"]\n",
+        "escapes the project root",
+        "cairn.toml:5:12",
+    ),
+    (
+        "absolute output outside root",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"/tmp/cairn-elsewhere.txt\"]\n",
+        "is outside the project root",
+        "cairn.toml:5:12",
+    ),
+    (
+        "missing input",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ninputs = [\"nope.txt\"]\n",
+        "input `nope.txt` of stage `a` does not exist and no stage produces it",
+        "cairn.toml:5:11",
+    ),
+    (
+        "needs unknown stage",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nneeds = [\"bulid\"]\n[stages.build]\nrun = \"true\"\n",
+        "needs unknown stage `bulid`",
+        "cairn.toml:5:10",
+    ),
+    (
+        "profile overrides undefined param",
+        "[pipeline]\nname = \"x\"\n[params]\nn = 1\n[profiles.big]\nparams = { m = 2 }\n[stages.a]\nrun = \"true\"\n",
+        "profile `big` overrides undefined param `m`",
+        "cairn.toml:6:12",
+    ),
+    (
+        "stage declares undefined param",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nparams = [\"n\"]\n",
+        "declares undefined param `n`",
+        "cairn.toml:5:11",
+    ),
+    (
+        "bad timeout",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\ntimeout = \"soon\"\n",
+        "invalid timeout `soon`",
+        "cairn.toml:5:11",
+    ),
+    (
+        "empty run",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"  \"\n",
+        "empty run command",
+        "cairn.toml:4:7",
+    ),
+    (
+        "invalid stage name",
+        "[pipeline]\nname = \"x\"\n[stages.\"a b\"]\nrun = \"true\"\n",
+        "invalid stage name `a b`",
+        "cairn.toml:3:9",
+    ),
+    (
+        "output inside cache",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\noutputs = [\"cache/x\"]\n",
+        "inside cairn's `cache/` directory",
+        "cairn.toml:5:12",
+    ),
+    (
+        "bad env value",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nenv = { N = 3 }\n",
+        "`env.N` must be a string value",
+        "cairn.toml:5:13",
+    ),
+    (
+        "no stages",
+        "[pipeline]\nname = \"x\"\n",
+        "the manifest defines no stages",
+        "cairn.toml:1:1",
+    ),
 ];
 
 #[test]
@@ -45,7 +175,10 @@ fn each_bad_manifest_is_refused_with_a_located_error_and_no_cache() {
             let run = p.cairn(args);
             let stderr = run.stderr();
             if run.code() != 2 || !stderr.contains(fragment) || !stderr.contains(location) {
-                failures.push(format!("{name} ({args:?}): exit {}; expected `{fragment}` at `{location}`\n{stderr}", run.code()));
+                failures.push(format!(
+                    "{name} ({args:?}): exit {}; expected `{fragment}` at `{location}`\n{stderr}",
+                    run.code()
+                ));
             }
             if p.exists("cache") || p.exists("cairn.lock") {
                 failures.push(format!("{name}: something was written"));
@@ -65,8 +198,17 @@ fn all_problems_of_a_manifest_are_reported_at_once() {
     let run = p.cairn(&["run"]);
     run.code_is(2);
     let stderr = run.stderr();
-    for fragment in ["undefined input `x`", "unknown key `foo`", "`run` must be a string", "input `missing.txt`", "4 problems"] {
-        assert!(stderr.contains(fragment), "missing `{fragment}` in\n{stderr}");
+    for fragment in [
+        "undefined input `x`",
+        "unknown key `foo`",
+        "`run` must be a string",
+        "input `missing.txt`",
+        "4 problems",
+    ] {
+        assert!(
+            stderr.contains(fragment),
+            "missing `{fragment}` in\n{stderr}"
+        );
     }
 }
 
@@ -82,16 +224,32 @@ fn errors_carry_a_caret_excerpt_and_a_hint() {
 #[test]
 fn unknown_profile_and_unknown_target_are_usage_errors() {
     let p = Project::new();
-    p.file("cairn.toml", "[pipeline]\nname = \"x\"\n[profiles.small]\n[stages.a]\nrun = \"true\"\n");
+    p.file(
+        "cairn.toml",
+        "[pipeline]\nname = \"x\"\n[profiles.small]\n[stages.a]\nrun = \"true\"\n",
+    );
     let run = p.cairn(&["run", "--profile", "huge"]);
     run.code_is(2);
-    assert!(run.stderr().contains("unknown profile `huge` (defined: small)"), "{}", run.stderr());
+    assert!(
+        run.stderr()
+            .contains("unknown profile `huge` (defined: small)"),
+        "{}",
+        run.stderr()
+    );
     let run = p.cairn(&["run", "b"]);
     run.code_is(2);
-    assert!(run.stderr().contains("no stage named `b`"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("no stage named `b`"),
+        "{}",
+        run.stderr()
+    );
     let run = p.cairn(&["-f", "missing.toml", "status"]);
     run.code_is(2);
-    assert!(run.stderr().contains("no manifest at `missing.toml`"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("no manifest at `missing.toml`"),
+        "{}",
+        run.stderr()
+    );
     assert!(!p.exists("cache"));
 }
 

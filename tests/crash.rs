@@ -17,7 +17,12 @@ fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 fn spawn(p: &Project, args: &[&str]) -> Child {
-    p.command(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    p.command(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn signal(pid: i32, signal: i32) {
@@ -31,7 +36,10 @@ fn is_gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         // A zombie has finished; only its parent has not reaped it yet.
-        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
 
@@ -69,7 +77,8 @@ fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output()
     let p = half_writer();
     let mut cairn = spawn(&p, &["run", "-j", "1"]);
     wait_for("the slow stage to write half its output", || {
-        p.exists("slow.pid") && std::fs::read_to_string(p.path("state/2.txt")).is_ok_and(|s| s == "partial")
+        p.exists("slow.pid")
+            && std::fs::read_to_string(p.path("state/2.txt")).is_ok_and(|s| s == "partial")
     });
     cairn.kill().unwrap(); // SIGKILL
     cairn.wait().unwrap();
@@ -79,8 +88,16 @@ fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output()
     let status = p.cairn(&["status"]);
     status.success();
     let out = status.stdout();
-    assert!(out.lines().any(|l| l.starts_with("first ") && l.contains("fresh")), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("slow ") && l.contains("never run")), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("first ") && l.contains("fresh")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("slow ") && l.contains("never run")),
+        "{out}"
+    );
 
     p.file("release", "");
     p.cairn(&["run"]).success();
@@ -93,11 +110,18 @@ fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output()
 #[test]
 fn ctrl_c_kills_running_commands_and_records_the_run_as_interrupted() {
     let p = half_writer();
-    let mut cairn = spawn(&p, &["run"]);
-    wait_for("the slow stage to start", || p.exists("slow.pid") && !p.read("slow.pid").is_empty());
+    let cairn = spawn(&p, &["run"]);
+    wait_for("the slow stage to start", || {
+        p.exists("slow.pid") && !p.read("slow.pid").is_empty()
+    });
     signal(cairn.id() as i32, libc::SIGINT);
     let output = cairn.wait_with_output().unwrap();
-    assert_eq!(output.status.code(), Some(130), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let slow: i32 = p.read("slow.pid").trim().parse().unwrap();
     wait_for("the stage's process group to be killed", || is_gone(slow));
 
@@ -114,12 +138,22 @@ fn ctrl_c_kills_running_commands_and_records_the_run_as_interrupted() {
 fn two_concurrent_runs_never_corrupt_each_other() {
     let p = half_writer();
     let mut a = spawn(&p, &["run"]);
-    wait_for("the first run to hold the workspace", || p.exists("slow.pid"));
+    wait_for("the first run to hold the workspace", || {
+        p.exists("slow.pid")
+    });
 
     let refused = p.cairn(&["run", "--no-wait"]);
     refused.code_is(2);
-    assert!(refused.stderr().contains("holds the workspace lock"), "{}", refused.stderr());
-    assert!(refused.stderr().contains(&format!("pid {}", a.id())), "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains("holds the workspace lock"),
+        "{}",
+        refused.stderr()
+    );
+    assert!(
+        refused.stderr().contains(&format!("pid {}", a.id())),
+        "{}",
+        refused.stderr()
+    );
 
     let mut b = spawn(&p, &["run"]);
     let b_err = b.stderr.take().unwrap();
@@ -137,7 +171,11 @@ fn two_concurrent_runs_never_corrupt_each_other() {
         })
     };
     // Release the first run only once the second says it is waiting.
-    wait_for("the second run to say it waits", || seen.lock().unwrap().contains("waiting for another cairn process"));
+    wait_for("the second run to say it waits", || {
+        seen.lock()
+            .unwrap()
+            .contains("waiting for another cairn process")
+    });
     p.file("release", "");
     assert!(a.wait().unwrap().success());
     assert!(b.wait().unwrap().success());

@@ -84,8 +84,16 @@ fn no_op_second_run_executes_no_command() {
     assert_eq!(p.lines("runs.log").len(), 4);
     let second = p.cairn(&["run"]);
     second.success();
-    assert_eq!(p.lines("runs.log").len(), 4, "second run executed a command");
-    assert!(second.stderr().contains("0 ran, 4 fresh"), "{}", second.stderr());
+    assert_eq!(
+        p.lines("runs.log").len(),
+        4,
+        "second run executed a command"
+    );
+    assert!(
+        second.stderr().contains("0 ran, 4 fresh"),
+        "{}",
+        second.stderr()
+    );
 }
 
 #[test]
@@ -97,7 +105,10 @@ fn editing_one_input_reruns_exactly_its_downstream_closure() {
     let mut reran: Vec<String> = p.lines("runs.log")[4..].to_vec();
     reran.sort();
     assert_eq!(reran, ["join", "left", "right"]);
-    assert_eq!(p.read("state/join.txt"), "a changed\na changed\na changed\n");
+    assert_eq!(
+        p.read("state/join.txt"),
+        "a changed\na changed\na changed\n"
+    );
 }
 
 #[test]
@@ -106,13 +117,20 @@ fn touch_without_content_change_reruns_nothing() {
     p.cairn(&["run"]).success();
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
     for f in ["data/a.txt", "data/b.txt", "state/left.txt"] {
-        let file = std::fs::File::options().write(true).open(p.path(f)).unwrap();
+        let file = std::fs::File::options()
+            .write(true)
+            .open(p.path(f))
+            .unwrap();
         file.set_modified(later).unwrap();
     }
     p.cairn(&["run"]).success();
     assert_eq!(p.lines("runs.log").len(), 4);
     let status = p.cairn(&["status"]);
-    assert!(status.stdout().contains("all 4 stage(s) fresh"), "{}", status.stdout());
+    assert!(
+        status.stdout().contains("all 4 stage(s) fresh"),
+        "{}",
+        status.stdout()
+    );
 }
 
 #[test]
@@ -147,11 +165,26 @@ fn failure_at_stage_three_then_fixed_rerun_starts_at_stage_three() {
     let p = chain();
     let failed = p.cairn(&["run"]);
     failed.code_is(1);
-    assert!(failed.stderr().contains("FAILED  s3"), "{}", failed.stderr());
-    assert!(failed.stderr().contains("skipped  s4"), "{}", failed.stderr());
+    assert!(
+        failed.stderr().contains("FAILED  s3"),
+        "{}",
+        failed.stderr()
+    );
+    assert!(
+        failed.stderr().contains("skipped  s4"),
+        "{}",
+        failed.stderr()
+    );
     assert_eq!(p.lines("runs.log"), ["s1", "s2"]);
     let status = p.cairn(&["status"]);
-    assert!(status.stdout().lines().any(|l| l.starts_with("s3 ") && l.contains("failed")), "{}", status.stdout());
+    assert!(
+        status
+            .stdout()
+            .lines()
+            .any(|l| l.starts_with("s3 ") && l.contains("failed")),
+        "{}",
+        status.stdout()
+    );
 
     p.file("fixed.flag", "");
     p.cairn(&["run"]).success();
@@ -166,7 +199,11 @@ fn edited_output_is_restored_from_the_store_without_rerunning() {
     p.file("state/left.txt", "tampered\n");
     std::fs::remove_file(p.path("state/other.txt")).unwrap();
     let status = p.cairn(&["status"]);
-    assert!(status.stdout().contains("will be restored"), "{}", status.stdout());
+    assert!(
+        status.stdout().contains("will be restored"),
+        "{}",
+        status.stdout()
+    );
     let run = p.cairn(&["run"]);
     run.success();
     assert!(run.stderr().contains("2 restored"), "{}", run.stderr());
@@ -247,7 +284,11 @@ fn force_reruns_a_fresh_stage_and_dry_run_changes_nothing() {
     p.cairn(&["run"]).success();
     let dry = p.cairn(&["run", "--dry-run", "--force", "other"]);
     dry.success();
-    assert!(dry.stdout().contains("would run  other (forced)"), "{}", dry.stdout());
+    assert!(
+        dry.stdout().contains("would run  other (forced)"),
+        "{}",
+        dry.stdout()
+    );
     assert_eq!(p.lines("runs.log").len(), 4);
     p.cairn(&["run", "--force", "other"]).success();
     assert_eq!(p.lines("runs.log").len(), 5);
@@ -258,7 +299,11 @@ fn dry_run_on_a_fresh_checkout_writes_no_cache() {
     let p = diamond();
     let dry = p.cairn(&["run", "--dry-run"]);
     dry.success();
-    assert!(dry.stdout().contains("would run  left (never run)"), "{}", dry.stdout());
+    assert!(
+        dry.stdout().contains("would run  left (never run)"),
+        "{}",
+        dry.stdout()
+    );
     assert!(!p.exists("cache"));
     assert!(!p.exists("runs.log"));
 }
@@ -268,7 +313,8 @@ fn keep_going_runs_independent_stages_after_a_failure() {
     let p = chain();
     p.file(
         "extra.toml",
-        &(p.read("cairn.toml").replace("name = \"chain\"", "name = \"chain2\"")
+        &(p.read("cairn.toml")
+            .replace("name = \"chain\"", "name = \"chain2\"")
             + "\n[stages.side]\nrun = \"echo side >> runs.log\"\n"),
     );
     let run = p.cairn(&["-f", "extra.toml", "run", "-j", "1", "--keep-going"]);
@@ -293,11 +339,21 @@ checks = ["test -s {out.o}"]
     );
     let run = p.cairn(&["run"]);
     run.code_is(1);
-    assert!(run.stderr().contains("check `test -s state/o.txt` exited with status 1"), "{}", run.stderr());
+    assert!(
+        run.stderr()
+            .contains("check `test -s state/o.txt` exited with status 1"),
+        "{}",
+        run.stderr()
+    );
     // Not recorded as valid: the next run tries again.
     p.cairn(&["run"]).code_is(1);
     let log = p.cairn(&["log", "empty"]);
-    assert_eq!(log.stdout().matches("failed").count(), 2, "{}", log.stdout());
+    assert_eq!(
+        log.stdout().matches("failed").count(),
+        2,
+        "{}",
+        log.stdout()
+    );
 }
 
 #[test]
@@ -309,7 +365,11 @@ fn a_missing_declared_output_fails_the_stage() {
     );
     let run = p.cairn(&["run"]);
     run.code_is(1);
-    assert!(run.stderr().contains("did not create declared output `o`"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("did not create declared output `o`"),
+        "{}",
+        run.stderr()
+    );
 }
 
 #[test]
@@ -322,7 +382,11 @@ fn timeout_kills_the_command() {
     let started = std::time::Instant::now();
     let run = p.cairn(&["run"]);
     run.code_is(1);
-    assert!(run.stderr().contains("timed out after 300ms"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("timed out after 300ms"),
+        "{}",
+        run.stderr()
+    );
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
 
@@ -341,14 +405,23 @@ outputs = { e = "state/env.txt" }
 env = { GREETING = "hi", PASSED = true }
 "#,
     );
-    let run = p.command(&["run"]).env("PASSED", "through").env("LEAKED", "no").output().unwrap();
+    let run = p
+        .command(&["run"])
+        .env("PASSED", "through")
+        .env("LEAKED", "no")
+        .output()
+        .unwrap();
     assert!(run.status.success());
     let env = p.read("state/env.txt");
     assert!(env.contains("GREETING=hi\n"), "{env}");
     assert!(env.contains("PASSED=through\n"), "{env}");
     assert!(!env.contains("LEAKED"), "{env}");
     // A pass-through variable's value enters the fingerprint.
-    let why = p.command(&["why", "env"]).env("PASSED", "changed").output().unwrap();
+    let why = p
+        .command(&["why", "env"])
+        .env("PASSED", "changed")
+        .output()
+        .unwrap();
     let why = String::from_utf8_lossy(&why.stdout);
     assert!(why.contains("env:PASSED"), "{why}");
 }
@@ -388,7 +461,12 @@ fn why_and_status_json_name_the_changed_component() {
     assert_eq!(json["changes"][0]["component"], "input:data/b.txt");
     let status = p.cairn(&["status", "--json"]);
     let json: serde_json::Value = serde_json::from_str(&status.stdout()).unwrap();
-    let states: Vec<&str> = json["stages"].as_array().unwrap().iter().map(|s| s["state"].as_str().unwrap()).collect();
+    let states: Vec<&str> = json["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
     assert_eq!(states, ["fresh", "fresh", "fresh", "stale"]);
 }
 
@@ -412,7 +490,11 @@ fn gc_drops_only_unreferenced_objects() {
     p.cairn(&["run"]).success();
     let dry = p.cairn(&["gc", "--dry-run"]);
     dry.success();
-    assert!(dry.stdout().contains("would free 1 file(s)"), "{}", dry.stdout());
+    assert!(
+        dry.stdout().contains("would free 1 file(s)"),
+        "{}",
+        dry.stdout()
+    );
     p.cairn(&["gc"]).success();
     // Everything current is still restorable.
     std::fs::remove_dir_all(p.path("state")).unwrap();
@@ -426,9 +508,18 @@ fn dag_renders_dot_and_mermaid() {
     let p = diamond();
     let dot = p.cairn(&["dag", "--format", "dot"]);
     dot.success();
-    assert!(dot.stdout().contains("\"left\" -> \"join\" [label=\"state/left.txt\"]"), "{}", dot.stdout());
+    assert!(
+        dot.stdout()
+            .contains("\"left\" -> \"join\" [label=\"state/left.txt\"]"),
+        "{}",
+        dot.stdout()
+    );
     let mermaid = p.cairn(&["dag", "--format", "mermaid"]);
-    assert!(mermaid.stdout().starts_with("flowchart LR"), "{}", mermaid.stdout());
+    assert!(
+        mermaid.stdout().starts_with("flowchart LR"),
+        "{}",
+        mermaid.stdout()
+    );
     assert!(!p.exists("cache"));
 }
 

@@ -13,8 +13,15 @@ fn keys_of(dir: &Path, manifest: &str) -> Vec<(String, String)> {
         .stages
         .iter()
         .map(|s| {
-            let digests: Vec<Digest> = s.inputs.iter().map(|i| Digest::of(i.path.as_str().as_bytes())).collect();
-            (s.name.clone(), stage_key(s, &digests, |_| None).fingerprint().to_string())
+            let digests: Vec<Digest> = s
+                .inputs
+                .iter()
+                .map(|i| Digest::of(i.path.as_str().as_bytes()))
+                .collect();
+            (
+                s.name.clone(),
+                stage_key(s, &digests, |_| None).fingerprint().to_string(),
+            )
         })
         .collect();
     keys.sort();
@@ -50,9 +57,24 @@ const GOLDEN_PLAN: &str = "blake3:49885ee5371c6ded15ea1037f944aa02d5a17942f7f0df
 #[test]
 fn golden_tree_digest() {
     let mut entries = vec![
-        TreeEntry { path: "b.txt".into(), kind: EntryKind::File, digest: Digest::of(b"b"), size: 1 },
-        TreeEntry { path: "a/run.sh".into(), kind: EntryKind::Executable, digest: Digest::of(b"#!/bin/sh"), size: 9 },
-        TreeEntry { path: "a".into(), kind: EntryKind::Dir, digest: Digest::from_hash(blake3::Hash::from_bytes([0; 32])), size: 0 },
+        TreeEntry {
+            path: "b.txt".into(),
+            kind: EntryKind::File,
+            digest: Digest::of(b"b"),
+            size: 1,
+        },
+        TreeEntry {
+            path: "a/run.sh".into(),
+            kind: EntryKind::Executable,
+            digest: Digest::of(b"#!/bin/sh"),
+            size: 9,
+        },
+        TreeEntry {
+            path: "a".into(),
+            kind: EntryKind::Dir,
+            digest: Digest::from_hash(blake3::Hash::from_bytes([0; 32])),
+            size: 0,
+        },
     ];
     assert_eq!(tree_digest(&mut entries).to_string(), GOLDEN_TREE);
 }
@@ -60,15 +82,31 @@ fn golden_tree_digest() {
 const GOLDEN_TREE: &str = "blake3:f23268f87e9addcb9c742ecd00b301d31c8adcc5016863a9a40cd7db88c19977";
 
 const STAGES: &[(&str, &str)] = &[
-    ("a", "run = \"cat {in.x} > {out.y}\"\ninputs = { x = \"in.txt\" }\noutputs = { y = \"a.txt\" }\nparams = [\"p\", \"q\"]"),
-    ("b", "run = \"cat {in.x} > {out.y}\"\ninputs = { x = \"a.txt\" }\noutputs = { y = \"b.txt\" }\nenv = { Z = \"1\", A = \"2\" }"),
-    ("c", "run = \"echo {params.q} > {out.y}\"\noutputs = { y = \"c.txt\" }\nneeds = [\"a\", \"b\"]"),
-    ("d", "run = [\"cp\", \"{in.one}\", \"{in.two}\", \"{out.dir}\"]\ninputs = { one = \"b.txt\", two = \"c.txt\" }\noutputs = { dir = \"d\" }"),
+    (
+        "a",
+        "run = \"cat {in.x} > {out.y}\"\ninputs = { x = \"in.txt\" }\noutputs = { y = \"a.txt\" }\nparams = [\"p\", \"q\"]",
+    ),
+    (
+        "b",
+        "run = \"cat {in.x} > {out.y}\"\ninputs = { x = \"a.txt\" }\noutputs = { y = \"b.txt\" }\nenv = { Z = \"1\", A = \"2\" }",
+    ),
+    (
+        "c",
+        "run = \"echo {params.q} > {out.y}\"\noutputs = { y = \"c.txt\" }\nneeds = [\"a\", \"b\"]",
+    ),
+    (
+        "d",
+        "run = [\"cp\", \"{in.one}\", \"{in.two}\", \"{out.dir}\"]\ninputs = { one = \"b.txt\", two = \"c.txt\" }\noutputs = { dir = \"d\" }",
+    ),
 ];
 
 fn manifest(stage_order: &[usize], params_reversed: bool) -> String {
     let mut text = String::from("[pipeline]\nname = \"order\"\n\n[params]\n");
-    let params = if params_reversed { ["q = \"two\"", "p = 1"] } else { ["p = 1", "q = \"two\""] };
+    let params = if params_reversed {
+        ["q = \"two\"", "p = 1"]
+    } else {
+        ["p = 1", "q = \"two\""]
+    };
     for p in params {
         text.push_str(p);
         text.push('\n');

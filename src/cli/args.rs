@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "cairn", version, about = "A declarative pipeline engine: reruns only what changed, keeps every validated result, and can explain itself.")]
+#[command(
+    name = "cairn",
+    version,
+    about = "A declarative pipeline engine: reruns only what changed, keeps every validated result, and can explain itself."
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -16,7 +20,13 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct Global {
     /// The pipeline manifest.
-    #[arg(short = 'f', long = "file", global = true, default_value = "cairn.toml", value_name = "PATH")]
+    #[arg(
+        short = 'f',
+        long = "file",
+        global = true,
+        default_value = "cairn.toml",
+        value_name = "PATH"
+    )]
     pub file: PathBuf,
     /// Apply the param overrides of `[profiles.NAME]`.
     #[arg(long, global = true, value_name = "NAME")]

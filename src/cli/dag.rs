@@ -24,7 +24,11 @@ pub fn dag(global: &Global, args: &DagArgs) -> Result<(), CliError> {
             }
         }
         DagFormat::Dot => {
-            let _ = writeln!(out, "digraph {:?} {{\n  rankdir=LR;\n  node [shape=box];", loaded.manifest.name);
+            let _ = writeln!(
+                out,
+                "digraph {:?} {{\n  rankdir=LR;\n  node [shape=box];",
+                loaded.manifest.name
+            );
             for &i in loaded.dag.order() {
                 let _ = writeln!(out, "  {:?};", name(i));
             }
@@ -33,7 +37,12 @@ pub fn dag(global: &Global, args: &DagArgs) -> Result<(), CliError> {
                     EdgeKind::Needs => "needs".to_owned(),
                     EdgeKind::Path(p) => p.clone(),
                 };
-                let _ = writeln!(out, "  {:?} -> {:?} [label={label:?}];", name(*from), name(*to));
+                let _ = writeln!(
+                    out,
+                    "  {:?} -> {:?} [label={label:?}];",
+                    name(*from),
+                    name(*to)
+                );
             }
             out.push_str("}\n");
         }
@@ -49,7 +58,13 @@ pub fn dag(global: &Global, args: &DagArgs) -> Result<(), CliError> {
                         let _ = writeln!(out, "  {} --> {}", id(*from), id(*to));
                     }
                     EdgeKind::Path(p) => {
-                        let _ = writeln!(out, "  {} -->|\"{}\"| {}", id(*from), p.replace('"', "#quot;"), id(*to));
+                        let _ = writeln!(
+                            out,
+                            "  {} -->|\"{}\"| {}",
+                            id(*from),
+                            p.replace('"', "#quot;"),
+                            id(*to)
+                        );
                     }
                 }
             }

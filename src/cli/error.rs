@@ -17,7 +17,10 @@ pub enum CliError {
     #[error(transparent)]
     Manifest(#[from] LoadError),
     #[error("{message}")]
-    Usage { message: String, help: Option<String> },
+    Usage {
+        message: String,
+        help: Option<String>,
+    },
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
     #[error(transparent)]
@@ -31,7 +34,10 @@ pub enum CliError {
 
 impl CliError {
     pub fn usage(message: impl Into<String>) -> Self {
-        Self::Usage { message: message.into(), help: None }
+        Self::Usage {
+            message: message.into(),
+            help: None,
+        }
     }
 
     pub fn exit_code(&self) -> u8 {

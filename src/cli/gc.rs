@@ -49,15 +49,24 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
                 shard.file_name().unwrap_or_default().to_string_lossy(),
                 object.file_name().unwrap_or_default().to_string_lossy()
             );
-            let live = name.parse::<Digest>().is_ok_and(|d| live_objects.contains(&d));
+            let live = name
+                .parse::<Digest>()
+                .is_ok_and(|d| live_objects.contains(&d));
             if !live {
                 dead.push((object.clone(), size(&object)));
             }
         }
     }
     for tree in read_dir(&store.trees_dir())? {
-        let stem = tree.file_stem().unwrap_or_default().to_string_lossy().into_owned();
-        if !stem.parse::<Digest>().is_ok_and(|d| live_trees.contains(&d)) {
+        let stem = tree
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        if !stem
+            .parse::<Digest>()
+            .is_ok_and(|d| live_trees.contains(&d))
+        {
             dead.push((tree.clone(), size(&tree)));
         }
     }
@@ -74,7 +83,11 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
         }
     }
     let verb = if args.dry_run { "would free" } else { "freed" };
-    println!("{verb} {} file(s), {bytes} bytes; kept {} object(s)", dead.len(), live_objects.len());
+    println!(
+        "{verb} {} file(s), {bytes} bytes; kept {} object(s)",
+        dead.len(),
+        live_objects.len()
+    );
     Ok(())
 }
 
@@ -83,7 +96,8 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, CliError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(StoreError::io(dir, e).into()),
         Ok(entries) => {
-            let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+            let mut paths: Vec<PathBuf> =
+                entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
             paths.sort();
             Ok(paths)
         }

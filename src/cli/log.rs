@@ -23,7 +23,13 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
                 render::json(&runs)?;
                 return Ok(());
             }
-            let mut rows = vec![["RUN", "STARTED", "STATUS", "RAN", "FRESH", "RESTORED", "FAILED", "DURATION"].map(String::from).to_vec()];
+            let mut rows = vec![
+                [
+                    "RUN", "STARTED", "STATUS", "RAN", "FRESH", "RESTORED", "FAILED", "DURATION",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ];
             for run in &runs {
                 rows.push(vec![
                     run.id.to_string(),
@@ -33,7 +39,9 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
                     run.fresh.to_string(),
                     run.restored.to_string(),
                     run.failed.to_string(),
-                    run.finished_ms.map(|f| render::elapsed_ms(run.started_ms, f)).unwrap_or_default(),
+                    run.finished_ms
+                        .map(|f| render::elapsed_ms(run.started_ms, f))
+                        .unwrap_or_default(),
                 ]);
             }
             print!("{}", render::table(&rows));
@@ -51,15 +59,33 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
                 println!("stage `{stage}` has not run yet");
                 return Ok(());
             }
-            let mut rows = vec![["RUN", "STARTED", "STATUS", "FINGERPRINT", "DURATION", "DETAIL"].map(String::from).to_vec()];
+            let mut rows = vec![
+                [
+                    "RUN",
+                    "STARTED",
+                    "STATUS",
+                    "FINGERPRINT",
+                    "DURATION",
+                    "DETAIL",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ];
             for r in &results {
                 rows.push(vec![
                     r.run_id.to_string(),
                     render::time(r.started_ms),
-                    if r.status == crate::store::ResultStatus::Ok { "ok".into() } else { "failed".into() },
+                    if r.status == crate::store::ResultStatus::Ok {
+                        "ok".into()
+                    } else {
+                        "failed".into()
+                    },
                     r.fingerprint.short(),
                     render::elapsed_ms(r.started_ms, r.finished_ms),
-                    r.error.clone().or_else(|| r.log_path.clone()).unwrap_or_default(),
+                    r.error
+                        .clone()
+                        .or_else(|| r.log_path.clone())
+                        .unwrap_or_default(),
                 ]);
             }
             print!("{}", render::table(&rows));

@@ -26,7 +26,11 @@ pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let code = if error.use_stderr() { exit::BAD_INPUT } else { exit::OK };
+            let code = if error.use_stderr() {
+                exit::BAD_INPUT
+            } else {
+                exit::OK
+            };
             let _ = error.print();
             return ExitCode::from(code);
         }

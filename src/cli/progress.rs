@@ -30,7 +30,12 @@ impl HumanReporter {
         } else {
             ProgressBar::hidden()
         };
-        Self { bar, quiet, verbose, color: tty }
+        Self {
+            bar,
+            quiet,
+            verbose,
+            color: tty,
+        }
     }
 
     fn line(&self, text: String) {
@@ -65,24 +70,42 @@ impl Reporter for HumanReporter {
                     self.line(format!("{tag}  {stage} ({})", reason.summary()));
                 }
             }
-            Event::StageDone { stage, done, elapsed } => {
+            Event::StageDone {
+                stage,
+                done,
+                elapsed,
+            } => {
                 self.bar.inc(1);
                 if self.quiet || (done == Done::Fresh && !self.verbose) {
                     return;
                 }
                 let text = match done {
                     Done::Fresh => format!("{}  {stage}", self.paint("2", "   fresh")),
-                    Done::Restored => format!("{}  {stage} (outputs restored from the store)", self.paint("33", "restored")),
-                    Done::Ran => format!("{}  {stage} in {}", self.paint("32", "      ok"), render::elapsed(elapsed)),
+                    Done::Restored => format!(
+                        "{}  {stage} (outputs restored from the store)",
+                        self.paint("33", "restored")
+                    ),
+                    Done::Ran => format!(
+                        "{}  {stage} in {}",
+                        self.paint("32", "      ok"),
+                        render::elapsed(elapsed)
+                    ),
                 };
                 self.line(text);
             }
-            Event::StageFailed { stage, message, log } => {
+            Event::StageFailed {
+                stage,
+                message,
+                log,
+            } => {
                 self.bar.inc(1);
                 let mut text = format!("{}  {stage}: {message}", self.paint("31;1", "  FAILED"));
                 if let Some(log) = log {
                     if let Some(tail) = render::log_tail(log, 20).filter(|t| !t.trim().is_empty()) {
-                        text.push_str(&format!("\n          ── last lines of {} ──", log.display()));
+                        text.push_str(&format!(
+                            "\n          ── last lines of {} ──",
+                            log.display()
+                        ));
                         for line in tail.lines() {
                             text.push_str(&format!("\n          │ {line}"));
                         }
@@ -95,10 +118,16 @@ impl Reporter for HumanReporter {
             Event::StageBlocked { stage, by } => {
                 self.bar.inc(1);
                 if !self.quiet {
-                    self.line(format!("{}  {stage} (upstream `{by}` failed)", self.paint("33", " skipped")));
+                    self.line(format!(
+                        "{}  {stage} (upstream `{by}` failed)",
+                        self.paint("33", " skipped")
+                    ));
                 }
             }
-            Event::Interrupted => self.line(self.paint("31;1", "interrupted: running commands were killed; finished stages are kept")),
+            Event::Interrupted => self.line(self.paint(
+                "31;1",
+                "interrupted: running commands were killed; finished stages are kept",
+            )),
         }
     }
 }

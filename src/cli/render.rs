@@ -35,7 +35,13 @@ pub fn json(value: &impl serde::Serialize) -> std::io::Result<()> {
 /// Left-aligned columns.
 pub fn table(rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..rows.iter().map(Vec::len).max().unwrap_or(0))
-        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for row in rows {

@@ -26,7 +26,11 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
                     println!("would run  {} ({})", status.stage, reason.summary());
                 }
                 (None, State::Fresh) if !status.outputs_to_restore.is_empty() => {
-                    println!("would restore  {} ({})", status.stage, status.outputs_to_restore.join(", "));
+                    println!(
+                        "would restore  {} ({})",
+                        status.stage,
+                        status.outputs_to_restore.join(", ")
+                    );
                 }
                 _ => {}
             }
@@ -38,15 +42,26 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     }
 
     let cache = loaded.manifest.cache_dir();
-    let when_locked = if args.no_wait { WhenLocked::Fail } else { WhenLocked::Wait };
+    let when_locked = if args.no_wait {
+        WhenLocked::Fail
+    } else {
+        WhenLocked::Wait
+    };
     let _lock = WorkspaceLock::acquire(&cache, when_locked, |holder| {
-        let who = holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
-        eprintln!("waiting for another cairn process{who} to release the workspace `{}`…", cache.display());
+        let who = holder
+            .map(|pid| format!(" (pid {pid})"))
+            .unwrap_or_default();
+        eprintln!(
+            "waiting for another cairn process{who} to release the workspace `{}`…",
+            cache.display()
+        );
     })?;
     let ledger = Ledger::open(&cache)?;
     let mut ctx = Context::new(&loaded.manifest, &loaded.dag, Some(ledger))?;
     let options = RunOptions {
-        jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+        jobs: args
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
         keep_going: args.keep_going,
         forced,
         selected,
@@ -82,7 +97,10 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     }
     if !summary.failed.is_empty() {
         if !global.quiet {
-            eprintln!("see `cairn log {}` and `cairn why {}`", summary.failed[0], summary.failed[0]);
+            eprintln!(
+                "see `cairn log {}` and `cairn why {}`",
+                summary.failed[0], summary.failed[0]
+            );
         }
         return Err(CliError::Exit(exit::STAGE_FAILED));
     }

@@ -28,7 +28,10 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     let selected = loaded.dag.upstream_closure(&target);
     let mut ctx = loaded.read_context()?;
     let statuses = schedule::evaluate(&mut ctx, &selected, &HashSet::new())?;
-    let status = statuses.iter().find(|s| s.stage == args.stage).expect("target evaluated");
+    let status = statuses
+        .iter()
+        .find(|s| s.stage == args.stage)
+        .expect("target evaluated");
     let stage = &loaded.manifest.stages[target[0]];
     let last_ok = ctx.latest_ok.get(&stage.name);
     let last_attempt = ctx.latest_attempt.get(&stage.name);
@@ -38,7 +41,11 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
             stage: &stage.name,
             description: stage.description.as_deref(),
             command: stage.run.display(),
-            inputs: stage.inputs.iter().map(|i| (i.name.as_str(), i.path.as_str())).collect(),
+            inputs: stage
+                .inputs
+                .iter()
+                .map(|i| (i.name.as_str(), i.path.as_str()))
+                .collect(),
             status,
             last_ok,
             last_attempt,
@@ -73,7 +80,10 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
                     crate::store::OutputKind::File => "file",
                     crate::store::OutputKind::Dir => "dir",
                 };
-                println!("  {:<12} {}  {kind}  {} bytes  {}", output.name, output.path, output.size, output.digest);
+                println!(
+                    "  {:<12} {}  {kind}  {} bytes  {}",
+                    output.name, output.path, output.size, output.digest
+                );
             }
             println!(
                 "last ok      run {} at {}, took {}",

@@ -32,23 +32,40 @@ pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
         })?;
         return Ok(());
     }
-    let mut rows = vec![vec!["STAGE".to_owned(), "STATE".to_owned(), "DETAIL".to_owned()]];
+    let mut rows = vec![vec![
+        "STAGE".to_owned(),
+        "STATE".to_owned(),
+        "DETAIL".to_owned(),
+    ]];
     for status in &statuses {
         let detail = match &status.reason {
             Some(reason) => reason.summary(),
             None if !status.outputs_to_restore.is_empty() => {
-                format!("outputs modified, will be restored: {}", status.outputs_to_restore.join(", "))
+                format!(
+                    "outputs modified, will be restored: {}",
+                    status.outputs_to_restore.join(", ")
+                )
             }
-            None => status.last_ok_ms.map(|ms| format!("since {}", render::time(ms))).unwrap_or_default(),
+            None => status
+                .last_ok_ms
+                .map(|ms| format!("since {}", render::time(ms)))
+                .unwrap_or_default(),
         };
-        rows.push(vec![status.stage.clone(), status.state.as_str().to_owned(), detail]);
+        rows.push(vec![
+            status.stage.clone(),
+            status.state.as_str().to_owned(),
+            detail,
+        ]);
     }
     print!("{}", render::table(&rows));
     let pending = statuses.iter().filter(|s| s.reason.is_some()).count();
     if pending == 0 {
         println!("\nall {} stage(s) fresh", statuses.len());
     } else {
-        println!("\n{pending} of {} stage(s) would run; `cairn why STAGE` explains one", statuses.len());
+        println!(
+            "\n{pending} of {} stage(s) would run; `cairn why STAGE` explains one",
+            statuses.len()
+        );
     }
     Ok(())
 }

@@ -26,9 +26,16 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
     }
     match &status.reason {
         None => {
-            println!("`{}` is fresh: its fingerprint {} matches a validated result.", status.stage, fp(&status));
+            println!(
+                "`{}` is fresh: its fingerprint {} matches a validated result.",
+                status.stage,
+                fp(&status)
+            );
             if !status.outputs_to_restore.is_empty() {
-                println!("its outputs {} differ from the store and will be restored by `cairn run`.", status.outputs_to_restore.join(", "));
+                println!(
+                    "its outputs {} differ from the store and will be restored by `cairn run`.",
+                    status.outputs_to_restore.join(", ")
+                );
             }
         }
         Some(reason) => {
@@ -56,5 +63,8 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
 }
 
 fn fp(status: &schedule::StageStatus) -> String {
-    status.fingerprint.map(|d| d.to_string()).unwrap_or_else(|| "(unknown)".to_owned())
+    status
+        .fingerprint
+        .map(|d| d.to_string())
+        .unwrap_or_else(|| "(unknown)".to_owned())
 }

@@ -20,7 +20,8 @@ pub fn load(global: &Global) -> Result<Loaded, CliError> {
         return Err(CliError::Usage {
             message: format!("no manifest at `{}`", global.file.display()),
             help: Some(if global.file.as_os_str() == "cairn.toml" {
-                "run cairn in a directory with a cairn.toml, or pass `-f path/to/pipeline.toml`".to_owned()
+                "run cairn in a directory with a cairn.toml, or pass `-f path/to/pipeline.toml`"
+                    .to_owned()
             } else {
                 "check the path given to `-f`".to_owned()
             }),
@@ -47,14 +48,22 @@ impl Loaded {
     }
 
     pub fn unknown_stage(&self, name: &str) -> CliError {
-        let names: Vec<&str> = self.manifest.stages.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = self
+            .manifest
+            .stages
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
         let close = names
             .iter()
             .filter(|n| strsim::levenshtein(n, name) <= 2)
             .map(|n| format!("did you mean `{n}`?"))
             .next();
         CliError::Usage {
-            message: format!("no stage named `{name}` in `{}`", self.manifest.path.display()),
+            message: format!(
+                "no stage named `{name}` in `{}`",
+                self.manifest.path.display()
+            ),
             help: Some(close.unwrap_or_else(|| format!("stages: {}", names.join(", ")))),
         }
     }
@@ -77,10 +86,10 @@ impl Loaded {
     /// Persists stat-cache entries learnt by a read-only command, if no
     /// other process is writing the workspace.
     pub fn save_learnt(&self, ctx: &mut Context<'_>) {
-        if ctx.ledger.is_some() {
-            if let Some(_lock) = WorkspaceLock::try_acquire(&self.manifest.cache_dir()) {
-                let _ = ctx.save_stat_cache();
-            }
+        if ctx.ledger.is_some()
+            && let Some(_lock) = WorkspaceLock::try_acquire(&self.manifest.cache_dir())
+        {
+            let _ = ctx.save_stat_cache();
         }
     }
 

@@ -43,8 +43,14 @@ impl Executor for LocalExecutor {
             .create(true)
             .append(true)
             .open(&job.log)
-            .map_err(|e| ExecError::Log { path: job.log.clone(), source: e })?;
-        let log_err = log.try_clone().map_err(|e| ExecError::Log { path: job.log.clone(), source: e })?;
+            .map_err(|e| ExecError::Log {
+                path: job.log.clone(),
+                source: e,
+            })?;
+        let log_err = log.try_clone().map_err(|e| ExecError::Log {
+            path: job.log.clone(),
+            source: e,
+        })?;
 
         let mut command = match &job.command {
             Command::Shell(script) => {

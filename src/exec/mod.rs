@@ -45,7 +45,9 @@ impl Outcome {
             Outcome::Success => "exited with status 0".to_owned(),
             Outcome::Exit(code) => format!("exited with status {code}"),
             Outcome::Signal(signal) => format!("was killed by signal {signal}"),
-            Outcome::TimedOut(limit) => format!("timed out after {}", humantime::format_duration(limit)),
+            Outcome::TimedOut(limit) => {
+                format!("timed out after {}", humantime::format_duration(limit))
+            }
         }
     }
 }
@@ -77,6 +79,10 @@ pub trait Executor: Send + Sync {
 pub fn base_environment() -> Vec<(String, String)> {
     ["PATH", "HOME", "LANG", "TMPDIR"]
         .iter()
-        .filter_map(|name| std::env::var(name).ok().map(|value| ((*name).to_owned(), value)))
+        .filter_map(|name| {
+            std::env::var(name)
+                .ok()
+                .map(|value| ((*name).to_owned(), value))
+        })
         .collect()
 }

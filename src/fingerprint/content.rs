@@ -52,8 +52,15 @@ pub struct TreeEntry {
 /// The content of a path: a single file or a directory tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
-    File { digest: Digest, size: u64, executable: bool },
-    Dir { digest: Digest, entries: Vec<TreeEntry> },
+    File {
+        digest: Digest,
+        size: u64,
+        executable: bool,
+    },
+    Dir {
+        digest: Digest,
+        entries: Vec<TreeEntry>,
+    },
 }
 
 impl Content {
@@ -208,18 +215,35 @@ impl StatCache {
             let (kind, digest, size) = if item.meta.file_type().is_symlink() {
                 let target = std::fs::read_link(&item.abs)?;
                 let target = target.to_string_lossy();
-                (EntryKind::Symlink, Digest::of(target.as_bytes()), target.len() as u64)
+                (
+                    EntryKind::Symlink,
+                    Digest::of(target.as_bytes()),
+                    target.len() as u64,
+                )
             } else if item.meta.is_dir() {
-                (EntryKind::Dir, Digest::from_hash(blake3::Hash::from_bytes([0; 32])), 0)
+                (
+                    EntryKind::Dir,
+                    Digest::from_hash(blake3::Hash::from_bytes([0; 32])),
+                    0,
+                )
             } else {
                 let digest = match fresh.get(&i) {
                     Some(d) => *d,
                     None => self.lookup(&item.abs, &item.meta).expect("looked up above"),
                 };
-                let kind = if is_executable(&item.meta) { EntryKind::Executable } else { EntryKind::File };
+                let kind = if is_executable(&item.meta) {
+                    EntryKind::Executable
+                } else {
+                    EntryKind::File
+                };
                 (kind, digest, item.meta.size())
             };
-            entries.push(TreeEntry { path: item.rel, kind, digest, size });
+            entries.push(TreeEntry {
+                path: item.rel,
+                kind,
+                digest,
+                size,
+            });
         }
         let digest = tree_digest(&mut entries);
         Ok(Content::Dir { digest, entries })
@@ -239,7 +263,8 @@ impl Listed {
 }
 
 fn list_tree(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> io::Result<()> {
-    let read = std::fs::read_dir(dir).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    let read = std::fs::read_dir(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     for entry in read {
         let entry = entry?;
         let abs = entry.path();
@@ -250,7 +275,11 @@ fn list_tree(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> io::Result<()> {
             .to_string_lossy()
             .into_owned();
         let is_dir = meta.is_dir();
-        out.push(Listed { abs: abs.clone(), rel, meta });
+        out.push(Listed {
+            abs: abs.clone(),
+            rel,
+            meta,
+        });
         if is_dir {
             list_tree(root, &abs, out)?;
         }
@@ -283,9 +312,13 @@ pub fn is_executable(meta: &Metadata) -> bool {
 }
 
 fn mtime_ns(meta: &Metadata) -> i64 {
-    meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec())
+    meta.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec())
 }
 
 fn ctime_ns(meta: &Metadata) -> i64 {
-    meta.ctime().saturating_mul(1_000_000_000).saturating_add(meta.ctime_nsec())
+    meta.ctime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.ctime_nsec())
 }

@@ -113,9 +113,15 @@ mod tests {
 
     fn sample() -> StageKey {
         let mut key = StageKey::default();
-        key.insert("command", Component::of_value("command", b"cp in.txt out.txt", "cp in.txt out.txt"));
+        key.insert(
+            "command",
+            Component::of_value("command", b"cp in.txt out.txt", "cp in.txt out.txt"),
+        );
         key.insert("param:size", Component::of_value("param", b"350", "350"));
-        key.insert("input:in.txt", Component::of_digest(Digest::of(b"hello\n"), "in.txt"));
+        key.insert(
+            "input:in.txt",
+            Component::of_digest(Digest::of(b"hello\n"), "in.txt"),
+        );
         key
     }
 

@@ -27,7 +27,9 @@ mod content;
 mod digest;
 mod key;
 
-pub use content::{Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, tree_digest};
+pub use content::{
+    Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, tree_digest,
+};
 pub use digest::{Digest, ParseDigestError};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};
 
@@ -44,9 +46,13 @@ pub fn stage_key(
     key.insert("command", command_component("command", &stage.run));
     if !stage.checks.is_empty() {
         let text: Vec<String> = stage.checks.iter().map(Command::display).collect();
-        let encoded = serde_json::to_vec(&stage.checks.iter().map(command_json).collect::<Vec<_>>())
-            .expect("commands serialise");
-        key.insert("checks", Component::of_value("checks", &encoded, text.join(" ; ")));
+        let encoded =
+            serde_json::to_vec(&stage.checks.iter().map(command_json).collect::<Vec<_>>())
+                .expect("commands serialise");
+        key.insert(
+            "checks",
+            Component::of_value("checks", &encoded, text.join(" ; ")),
+        );
     }
     let outputs: Vec<(&str, &str)> = stage
         .outputs
@@ -56,27 +62,41 @@ pub fn stage_key(
     if !outputs.is_empty() {
         let encoded = serde_json::to_vec(&outputs).expect("outputs serialise");
         let detail: Vec<String> = outputs.iter().map(|(n, p)| format!("{n}={p}")).collect();
-        key.insert("outputs", Component::of_value("outputs", &encoded, detail.join(", ")));
+        key.insert(
+            "outputs",
+            Component::of_value("outputs", &encoded, detail.join(", ")),
+        );
     }
     for (name, value) in &stage.params {
         let canonical = canonical_json(value);
-        key.insert(format!("param:{name}"), Component::of_value("param", canonical.as_bytes(), canonical.clone()));
+        key.insert(
+            format!("param:{name}"),
+            Component::of_value("param", canonical.as_bytes(), canonical.clone()),
+        );
     }
     for (name, value) in &stage.env {
         let component = match value {
             EnvValue::Literal(text) => Component::of_value("env", text.as_bytes(), text.clone()),
             EnvValue::PassThrough => match environment(name) {
-                Some(text) => Component::of_value("env-pass", text.as_bytes(), "(passed through, set)"),
+                Some(text) => {
+                    Component::of_value("env-pass", text.as_bytes(), "(passed through, set)")
+                }
                 None => Component::of_value("env-unset", b"", "(passed through, unset)"),
             },
         };
         key.insert(format!("env:{name}"), component);
     }
     for (input, digest) in stage.inputs.iter().zip(input_digests) {
-        key.insert(format!("input:{}", input.path), Component::of_digest(*digest, digest.to_string()));
+        key.insert(
+            format!("input:{}", input.path),
+            Component::of_digest(*digest, digest.to_string()),
+        );
     }
     if let Some(version) = &stage.version {
-        key.insert("version", Component::of_value("version", version.as_bytes(), version.clone()));
+        key.insert(
+            "version",
+            Component::of_value("version", version.as_bytes(), version.clone()),
+        );
     }
     key
 }

@@ -172,18 +172,26 @@ fn cycle_error(
             continue;
         }
         let cycle = find_cycle(&members, edges);
-        let names: Vec<&str> = cycle.iter().map(|&i| manifest.stages[i].name.as_str()).collect();
+        let names: Vec<&str> = cycle
+            .iter()
+            .map(|&i| manifest.stages[i].name.as_str())
+            .collect();
         let first = cycle[0];
         let reasons: Vec<String> = cycle
             .windows(2)
             .filter_map(|pair| {
-                edges.iter().find(|(f, t, _)| *f == pair[0] && *t == pair[1]).map(|(f, t, kind)| {
-                    let (from, to) = (&manifest.stages[*f].name, &manifest.stages[*t].name);
-                    match kind {
-                        EdgeKind::Needs => format!("`{to}` needs `{from}`"),
-                        EdgeKind::Path(path) => format!("`{to}` reads `{path}` written by `{from}`"),
-                    }
-                })
+                edges
+                    .iter()
+                    .find(|(f, t, _)| *f == pair[0] && *t == pair[1])
+                    .map(|(f, t, kind)| {
+                        let (from, to) = (&manifest.stages[*f].name, &manifest.stages[*t].name);
+                        match kind {
+                            EdgeKind::Needs => format!("`{to}` needs `{from}`"),
+                            EdgeKind::Path(path) => {
+                                format!("`{to}` reads `{path}` written by `{from}`")
+                            }
+                        }
+                    })
             })
             .collect();
         problems.push(

@@ -32,15 +32,15 @@ pub fn interpolate<'a, E>(
             i += 2;
             continue;
         }
-        if b == b'{' {
-            if let Some(placeholder) = placeholder_at(text, i) {
-                match resolve(&placeholder) {
-                    Ok(value) => out.push_str(&value),
-                    Err(error) => errors.push(error),
-                }
-                i = placeholder.range.end;
-                continue;
+        if b == b'{'
+            && let Some(placeholder) = placeholder_at(text, i)
+        {
+            match resolve(&placeholder) {
+                Ok(value) => out.push_str(&value),
+                Err(error) => errors.push(error),
             }
+            i = placeholder.range.end;
+            continue;
         }
         let ch = text[i..].chars().next().unwrap_or('\u{fffd}');
         out.push(ch);
@@ -88,7 +88,10 @@ mod tests {
 
     #[test]
     fn replaces_placeholders_and_keeps_shell_braces() {
-        assert_eq!(run("seq {params.n} | awk '{print $1}' ${HOME}").unwrap(), "seq 7 | awk '{print $1}' ${HOME}");
+        assert_eq!(
+            run("seq {params.n} | awk '{print $1}' ${HOME}").unwrap(),
+            "seq 7 | awk '{print $1}' ${HOME}"
+        );
     }
 
     #[test]
@@ -98,6 +101,9 @@ mod tests {
 
     #[test]
     fn reports_every_unresolved_placeholder() {
-        assert_eq!(run("{in.a} {params.n} {out.b}").unwrap_err(), vec!["in.a", "out.b"]);
+        assert_eq!(
+            run("{in.a} {params.n} {out.b}").unwrap_err(),
+            vec!["in.a", "out.b"]
+        );
     }
 }

@@ -13,7 +13,15 @@ const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "stages"];
 const PIPELINE_KEYS: &[&str] = &["name", "root", "description"];
 const PROFILE_KEYS: &[&str] = &["params", "description"];
 const STAGE_KEYS: &[&str] = &[
-    "description", "run", "inputs", "outputs", "needs", "params", "env", "version", "checks",
+    "description",
+    "run",
+    "inputs",
+    "outputs",
+    "needs",
+    "params",
+    "env",
+    "version",
+    "checks",
     "timeout",
 ];
 
@@ -155,8 +163,12 @@ impl<'s> Checker<'s> {
     ) -> (Option<String>, Option<PathBuf>) {
         let Some(pipeline) = find(entries, "pipeline") else {
             self.problems.push(
-                Problem::new("missing `[pipeline]` table", tree.span.start..tree.span.start, "expected here")
-                    .help("start the manifest with `[pipeline]` and `name = \"…\"`"),
+                Problem::new(
+                    "missing `[pipeline]` table",
+                    tree.span.start..tree.span.start,
+                    "expected here",
+                )
+                .help("start the manifest with `[pipeline]` and `name = \"…\"`"),
             );
             return (None, manifest_dir.canonicalize().ok());
         };
@@ -168,35 +180,44 @@ impl<'s> Checker<'s> {
             Some(entry) => self.string(&entry.value, "`pipeline.name`"),
             None => {
                 self.problems.push(
-                    Problem::new("`[pipeline]` has no `name`", pipeline.key_span.clone(), "in this table")
-                        .help("add `name = \"my-pipeline\"`"),
+                    Problem::new(
+                        "`[pipeline]` has no `name`",
+                        pipeline.key_span.clone(),
+                        "in this table",
+                    )
+                    .help("add `name = \"my-pipeline\"`"),
                 );
                 None
             }
         };
         let root = match find(table, "root") {
             None => manifest_dir.canonicalize().ok(),
-            Some(entry) => self.string(&entry.value, "`pipeline.root`").and_then(|raw| {
-                let joined = manifest_dir.join(&raw);
-                match joined.canonicalize() {
-                    Ok(root) if root.is_dir() => Some(root),
-                    _ => {
-                        self.problems.push(
-                            Problem::new(
-                                format!("pipeline root `{raw}` is not a directory"),
-                                entry.value.span.clone(),
-                                "resolved against the manifest's directory",
-                            )
-                            .help("create the directory, or point `root` at an existing one"),
-                        );
-                        None
+            Some(entry) => self
+                .string(&entry.value, "`pipeline.root`")
+                .and_then(|raw| {
+                    let joined = manifest_dir.join(&raw);
+                    match joined.canonicalize() {
+                        Ok(root) if root.is_dir() => Some(root),
+                        _ => {
+                            self.problems.push(
+                                Problem::new(
+                                    format!("pipeline root `{raw}` is not a directory"),
+                                    entry.value.span.clone(),
+                                    "resolved against the manifest's directory",
+                                )
+                                .help("create the directory, or point `root` at an existing one"),
+                            );
+                            None
+                        }
                     }
-                }
-            }),
+                }),
         };
         if root.is_none() && find(table, "root").is_none() {
             self.problems.push(Problem::new(
-                format!("the manifest's directory `{}` cannot be resolved", manifest_dir.display()),
+                format!(
+                    "the manifest's directory `{}` cannot be resolved",
+                    manifest_dir.display()
+                ),
                 pipeline.key_span.clone(),
                 "here",
             ));
@@ -206,35 +227,14 @@ impl<'s> Checker<'s> {
 
     fn params(&mut self, entries: &[Entry]) -> BTreeMap<String, serde_json::Value> {
         let mut params = BTreeMap::new();
-        if let Some(entry) = find(entries, "params") {
-            if let Some(table) = self.expect_table(&entry.value, "`params`") {
-                for param in table {
-                    if let Some(value) = self.param_value(&param.value, &param.key) {
-                        params.insert(param.key.clone(), value);
-                    }
-                }
+        if let Some(entry) = find(entries, "params")
+            && let Some(table) = self.expect_table(&entry.value, "`params`")
+        {
+            for param in table {
+                params.insert(param.key.clone(), param_value(&param.value));
             }
         }
         params
-    }
-
-    fn param_value(&mut self, node: &Node, key: &str) -> Option<serde_json::Value> {
-        Some(match &node.kind {
-            NodeKind::String(s) => serde_json::Value::from(s.clone()),
-            NodeKind::Integer(i) => serde_json::Value::from(*i),
-            NodeKind::Float(f) => serde_json::Value::from(*f),
-            NodeKind::Boolean(b) => serde_json::Value::from(*b),
-            NodeKind::Datetime(d) => serde_json::Value::from(d.clone()),
-            NodeKind::Array(items) => serde_json::Value::Array(
-                items.iter().map(|item| self.param_value(item, key)).collect::<Option<_>>()?,
-            ),
-            NodeKind::Table(entries) => serde_json::Value::Object(
-                entries
-                    .iter()
-                    .map(|e| Some((e.key.clone(), self.param_value(&e.value, key)?)))
-                    .collect::<Option<_>>()?,
-            ),
-        })
     }
 
     fn profiles(
@@ -250,26 +250,35 @@ impl<'s> Checker<'s> {
             return profiles;
         };
         for profile in table {
-            let Some(body) = self.expect_table(&profile.value, &format!("profile `{}`", profile.key)) else {
+            let Some(body) =
+                self.expect_table(&profile.value, &format!("profile `{}`", profile.key))
+            else {
                 continue;
             };
             self.unknown_keys(body, PROFILE_KEYS, &format!("`[profiles.{}]`", profile.key));
             let mut overrides = BTreeMap::new();
-            if let Some(p) = find(body, "params") {
-                if let Some(table) = self.expect_table(&p.value, "profile params") {
-                    for param in table {
-                        if !params.contains_key(&param.key) {
-                            self.problems.push(
-                                Problem::new(
-                                    format!("profile `{}` overrides undefined param `{}`", profile.key, param.key),
-                                    param.key_span.clone(),
-                                    "not in `[params]`",
-                                )
-                                .help(self.did_you_mean(&param.key, params.keys().map(String::as_str), "declare it in `[params]` first")),
-                            );
-                        } else if let Some(value) = self.param_value(&param.value, &param.key) {
-                            overrides.insert(param.key.clone(), value);
-                        }
+            if let Some(p) = find(body, "params")
+                && let Some(table) = self.expect_table(&p.value, "profile params")
+            {
+                for param in table {
+                    if !params.contains_key(&param.key) {
+                        self.problems.push(
+                            Problem::new(
+                                format!(
+                                    "profile `{}` overrides undefined param `{}`",
+                                    profile.key, param.key
+                                ),
+                                param.key_span.clone(),
+                                "not in `[params]`",
+                            )
+                            .help(self.did_you_mean(
+                                &param.key,
+                                params.keys().map(String::as_str),
+                                "declare it in `[params]` first",
+                            )),
+                        );
+                    } else {
+                        overrides.insert(param.key.clone(), param_value(&param.value));
                     }
                 }
             }
@@ -293,8 +302,12 @@ impl<'s> Checker<'s> {
             || name.starts_with('.')
         {
             self.problems.push(
-                Problem::new(format!("invalid stage name `{name}`"), span.clone(), "stage names name files too")
-                    .help("use letters, digits, `-`, `_` and `.` only"),
+                Problem::new(
+                    format!("invalid stage name `{name}`"),
+                    span.clone(),
+                    "stage names name files too",
+                )
+                .help("use letters, digits, `-`, `_` and `.` only"),
             );
         }
         let table = self.expect_table(&entry.value, &format!("stage `{name}`"))?;
@@ -303,11 +316,16 @@ impl<'s> Checker<'s> {
         let run = find(table, "run").map(|e| &e.value);
         if run.is_none() {
             self.problems.push(
-                Problem::new(format!("stage `{name}` has no `run`"), span.clone(), "this stage")
-                    .help("add `run = \"shell command\"` or `run = [\"program\", \"arg\"]`"),
+                Problem::new(
+                    format!("stage `{name}` has no `run`"),
+                    span.clone(),
+                    "this stage",
+                )
+                .help("add `run = \"shell command\"` or `run = [\"program\", \"arg\"]`"),
             );
         }
-        let description = find(table, "description").and_then(|e| self.string(&e.value, "`description`"));
+        let description =
+            find(table, "description").and_then(|e| self.string(&e.value, "`description`"));
         let inputs = find(table, "inputs")
             .map(|e| self.paths(&e.value, root, false))
             .unwrap_or_default();
@@ -319,19 +337,35 @@ impl<'s> Checker<'s> {
             .unwrap_or_default();
 
         let mut stage_params = BTreeMap::new();
-        for declared in find(table, "params").map(|e| self.named_list(&e.value, "`params`")).unwrap_or_default() {
+        for declared in find(table, "params")
+            .map(|e| self.named_list(&e.value, "`params`"))
+            .unwrap_or_default()
+        {
             match params.get(&declared.name) {
                 Some(value) => {
                     stage_params.insert(declared.name.clone(), value.clone());
                 }
                 None => self.problems.push(
-                    Problem::new(format!("stage `{name}` declares undefined param `{}`", declared.name), declared.span.clone(), "not in `[params]`")
-                        .help(self.did_you_mean(&declared.name, params.keys().map(String::as_str), "declare it in `[params]`")),
+                    Problem::new(
+                        format!(
+                            "stage `{name}` declares undefined param `{}`",
+                            declared.name
+                        ),
+                        declared.span.clone(),
+                        "not in `[params]`",
+                    )
+                    .help(self.did_you_mean(
+                        &declared.name,
+                        params.keys().map(String::as_str),
+                        "declare it in `[params]`",
+                    )),
                 ),
             }
         }
 
-        let env = find(table, "env").map(|e| self.env(&e.value)).unwrap_or_default();
+        let env = find(table, "env")
+            .map(|e| self.env(&e.value))
+            .unwrap_or_default();
         let version = find(table, "version").and_then(|e| match &e.value.kind {
             NodeKind::String(s) => Some(s.clone()),
             NodeKind::Integer(i) => Some(i.to_string()),
@@ -373,11 +407,29 @@ impl<'s> Checker<'s> {
         })
     }
 
-    fn interpolate_stage(&mut self, mut draft: Draft<'_>, params: &BTreeMap<String, serde_json::Value>) -> Option<Stage> {
-        let run = draft.run.and_then(|node| self.command(node, &draft.stage, params, &mut draft.referenced_params, "run"));
+    fn interpolate_stage(
+        &mut self,
+        mut draft: Draft<'_>,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Option<Stage> {
+        let run = draft.run.and_then(|node| {
+            self.command(
+                node,
+                &draft.stage,
+                params,
+                &mut draft.referenced_params,
+                "run",
+            )
+        });
         let mut checks = Vec::new();
         for node in &draft.checks {
-            if let Some(check) = self.command(node, &draft.stage, params, &mut draft.referenced_params, "check") {
+            if let Some(check) = self.command(
+                node,
+                &draft.stage,
+                params,
+                &mut draft.referenced_params,
+                "check",
+            ) {
                 checks.push(check);
             }
         }
@@ -409,12 +461,17 @@ impl<'s> Checker<'s> {
             NodeKind::String(script) => {
                 if script.trim().is_empty() {
                     self.problems.push(
-                        Problem::new(format!("stage `{}` has an empty {what} command", stage.name), node.span.clone(), "empty")
-                            .help("write the shell command to run"),
+                        Problem::new(
+                            format!("stage `{}` has an empty {what} command", stage.name),
+                            node.span.clone(),
+                            "empty",
+                        )
+                        .help("write the shell command to run"),
                     );
                     return None;
                 }
-                self.interpolate(script, node, stage, params, referenced).map(Command::Shell)
+                self.interpolate(script, node, stage, params, referenced)
+                    .map(Command::Shell)
             }
             NodeKind::Array(items) if !items.is_empty() => {
                 let mut argv = Vec::new();
@@ -426,13 +483,21 @@ impl<'s> Checker<'s> {
             }
             NodeKind::Array(_) => {
                 self.problems.push(
-                    Problem::new(format!("stage `{}` has an empty {what} command", stage.name), node.span.clone(), "empty array")
-                        .help("give the program and its arguments, e.g. [\"python3\", \"tool.py\"]"),
+                    Problem::new(
+                        format!("stage `{}` has an empty {what} command", stage.name),
+                        node.span.clone(),
+                        "empty array",
+                    )
+                    .help("give the program and its arguments, e.g. [\"python3\", \"tool.py\"]"),
                 );
                 None
             }
             _ => {
-                self.type_error(node, &format!("`{what}`"), "a string (run by /bin/sh) or an array of strings (executed directly)");
+                self.type_error(
+                    node,
+                    &format!("`{what}`"),
+                    "a string (run by /bin/sh) or an array of strings (executed directly)",
+                );
                 None
             }
         }
@@ -512,7 +577,11 @@ impl<'s> Checker<'s> {
     fn paths(&mut self, node: &Node, root: Option<&Path>, output: bool) -> Vec<PathDecl> {
         let what = if output { "`outputs`" } else { "`inputs`" };
         let pairs: Vec<(String, &Node)> = match &node.kind {
-            NodeKind::Array(items) => items.iter().enumerate().map(|(i, n)| (i.to_string(), n)).collect(),
+            NodeKind::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (i.to_string(), n))
+                .collect(),
             NodeKind::Table(entries) => entries.iter().map(|e| (e.key.clone(), &e.value)).collect(),
             _ => {
                 self.type_error(node, what, "a list of paths or a table of NAME = \"path\"");
@@ -521,11 +590,19 @@ impl<'s> Checker<'s> {
         };
         let mut decls = Vec::new();
         for (name, value) in pairs {
-            let Some(raw) = self.string(value, &format!("a path in {what}")) else { continue };
+            let Some(raw) = self.string(value, &format!("a path in {what}")) else {
+                continue;
+            };
             let Some(root) = root else { continue };
             match normalise(root, &raw, output) {
-                Ok(path) => decls.push(PathDecl { name, path, span: value.span.clone() }),
-                Err((message, help)) => self.problems.push(Problem::new(message, value.span.clone(), "this path").help(help)),
+                Ok(path) => decls.push(PathDecl {
+                    name,
+                    path,
+                    span: value.span.clone(),
+                }),
+                Err((message, help)) => self
+                    .problems
+                    .push(Problem::new(message, value.span.clone(), "this path").help(help)),
             }
         }
         decls
@@ -537,7 +614,10 @@ impl<'s> Checker<'s> {
                 .iter()
                 .filter_map(|item| {
                     self.string(item, &format!("an entry of {what}"))
-                        .map(|name| Named { name, span: item.span.clone() })
+                        .map(|name| Named {
+                            name,
+                            span: item.span.clone(),
+                        })
                 })
                 .collect(),
             None => {
@@ -570,11 +650,19 @@ impl<'s> Checker<'s> {
                     }
                 }
             }
-            _ => self.type_error(node, "`env`", "a table NAME = \"value\" or a list of variable names to pass through"),
+            _ => self.type_error(
+                node,
+                "`env`",
+                "a table NAME = \"value\" or a list of variable names to pass through",
+            ),
         }
         for name in env.keys() {
             if name.is_empty() || name.contains('=') || name.contains('\0') {
-                self.problems.push(Problem::new(format!("invalid environment variable name `{name}`"), node.span.clone(), "here"));
+                self.problems.push(Problem::new(
+                    format!("invalid environment variable name `{name}`"),
+                    node.span.clone(),
+                    "here",
+                ));
             }
         }
         env
@@ -582,7 +670,9 @@ impl<'s> Checker<'s> {
 
     fn timeout(&mut self, node: &Node) -> Option<Duration> {
         match &node.kind {
-            NodeKind::Integer(seconds) if *seconds > 0 => Some(Duration::from_secs(*seconds as u64)),
+            NodeKind::Integer(seconds) if *seconds > 0 => {
+                Some(Duration::from_secs(*seconds as u64))
+            }
             NodeKind::String(text) => match humantime::parse_duration(text) {
                 Ok(duration) if !duration.is_zero() => Some(duration),
                 _ => {
@@ -594,7 +684,11 @@ impl<'s> Checker<'s> {
                 }
             },
             _ => {
-                self.type_error(node, "`timeout`", "a positive number of seconds or a duration string like \"10m\"");
+                self.type_error(
+                    node,
+                    "`timeout`",
+                    "a positive number of seconds or a duration string like \"10m\"",
+                );
                 None
             }
         }
@@ -608,8 +702,16 @@ impl<'s> Checker<'s> {
             for need in &stage.needs {
                 if !names.contains(need.name.as_str()) {
                     self.problems.push(
-                        Problem::new(format!("stage `{}` needs unknown stage `{}`", stage.name, need.name), need.span.clone(), "no such stage")
-                            .help(self.did_you_mean(&need.name, names.iter().copied(), "check the stage names under `[stages]`")),
+                        Problem::new(
+                            format!("stage `{}` needs unknown stage `{}`", stage.name, need.name),
+                            need.span.clone(),
+                            "no such stage",
+                        )
+                        .help(self.did_you_mean(
+                            &need.name,
+                            names.iter().copied(),
+                            "check the stage names under `[stages]`",
+                        )),
                     );
                 }
             }
@@ -621,11 +723,18 @@ impl<'s> Checker<'s> {
                 if let Some((other, first)) = writers.get(output.path.as_str()) {
                     self.problems.push(
                         Problem::new(
-                            format!("stages `{}` and `{}` both write `{}`", other.name, stage.name, output.path),
+                            format!(
+                                "stages `{}` and `{}` both write `{}`",
+                                other.name, stage.name, output.path
+                            ),
                             output.span.clone(),
                             "written a second time here",
                         )
-                        .help(format!("each path has one producer; `{}` declares it at {}", other.name, self.line_of(first.span.start))),
+                        .help(format!(
+                            "each path has one producer; `{}` declares it at {}",
+                            other.name,
+                            self.line_of(first.span.start)
+                        )),
                     );
                 } else {
                     writers.insert(output.path.as_str(), (stage, output));
@@ -656,14 +765,29 @@ impl<'s> Checker<'s> {
                     continue;
                 }
                 let produced_inside = stages.iter().any(|s| {
-                    s.outputs.iter().any(|o| o.path.self_and_ancestors().skip(1).any(|a| a == input.path.as_str()))
+                    s.outputs.iter().any(|o| {
+                        o.path
+                            .self_and_ancestors()
+                            .skip(1)
+                            .any(|a| a == input.path.as_str())
+                    })
                 });
                 if produced_inside {
                     continue;
                 }
                 self.problems.push(
-                    Problem::new(format!("input `{}` of stage `{}` does not exist and no stage produces it", input.path, stage.name), input.span.clone(), "missing")
-                        .help(format!("create `{}`, or add a stage whose `outputs` include it", input.path.resolve(root).display())),
+                    Problem::new(
+                        format!(
+                            "input `{}` of stage `{}` does not exist and no stage produces it",
+                            input.path, stage.name
+                        ),
+                        input.span.clone(),
+                        "missing",
+                    )
+                    .help(format!(
+                        "create `{}`, or add a stage whose `outputs` include it",
+                        input.path.resolve(root).display()
+                    )),
                 );
             }
         }
@@ -677,15 +801,29 @@ impl<'s> Checker<'s> {
     fn unknown_keys(&mut self, entries: &[Entry], allowed: &[&str], context: &str) {
         for entry in entries {
             if !allowed.contains(&entry.key.as_str()) {
-                let help = self.did_you_mean(&entry.key, allowed.iter().copied(), &format!("allowed keys: {}", allowed.join(", ")));
+                let help = self.did_you_mean(
+                    &entry.key,
+                    allowed.iter().copied(),
+                    &format!("allowed keys: {}", allowed.join(", ")),
+                );
                 self.problems.push(
-                    Problem::new(format!("unknown key `{}` in {context}", entry.key), entry.key_span.clone(), "unknown key").help(help),
+                    Problem::new(
+                        format!("unknown key `{}` in {context}", entry.key),
+                        entry.key_span.clone(),
+                        "unknown key",
+                    )
+                    .help(help),
                 );
             }
         }
     }
 
-    fn did_you_mean<'a>(&self, wrong: &str, candidates: impl Iterator<Item = &'a str>, otherwise: &str) -> String {
+    fn did_you_mean<'a>(
+        &self,
+        wrong: &str,
+        candidates: impl Iterator<Item = &'a str>,
+        otherwise: &str,
+    ) -> String {
         candidates
             .map(|c| (strsim::levenshtein(wrong, c), c))
             .filter(|(distance, c)| *distance <= 2.max(c.len() / 3))
@@ -712,8 +850,12 @@ impl<'s> Checker<'s> {
 
     fn type_error(&mut self, node: &Node, what: &str, expected: &str) {
         self.problems.push(
-            Problem::new(format!("{what} must be {expected}, found {}", node.type_name()), node.span.clone(), format!("{} here", node.type_name()))
-                .help(format!("write {what} as {expected}")),
+            Problem::new(
+                format!("{what} must be {expected}, found {}", node.type_name()),
+                node.span.clone(),
+                format!("{} here", node.type_name()),
+            )
+            .help(format!("write {what} as {expected}")),
         );
     }
 }
@@ -734,7 +876,10 @@ fn scalar(value: &serde_json::Value) -> Option<String> {
 /// Normalises a manifest path against the project root, lexically.
 fn normalise(root: &Path, raw: &str, output: bool) -> Result<ProjectPath, (String, String)> {
     if raw.trim().is_empty() {
-        return Err(("empty path".to_owned(), "write a path relative to the project root".to_owned()));
+        return Err((
+            "empty path".to_owned(),
+            "write a path relative to the project root".to_owned(),
+        ));
     }
     let path = Path::new(raw);
     let relative: PathBuf = if path.is_absolute() {
@@ -742,11 +887,18 @@ fn normalise(root: &Path, raw: &str, output: bool) -> Result<ProjectPath, (Strin
             Ok(inside) => inside.to_owned(),
             Err(_) if output => {
                 return Err((
-                    format!("output `{raw}` is outside the project root `{}`", root.display()),
+                    format!(
+                        "output `{raw}` is outside the project root `{}`",
+                        root.display()
+                    ),
                     "outputs must live inside the project; use a relative path".to_owned(),
                 ));
             }
-            Err(_) => return Ok(ProjectPath::new(lexical(path).to_string_lossy().into_owned())),
+            Err(_) => {
+                return Ok(ProjectPath::new(
+                    lexical(path).to_string_lossy().into_owned(),
+                ));
+            }
         }
     } else {
         path.to_owned()
@@ -761,7 +913,8 @@ fn normalise(root: &Path, raw: &str, output: bool) -> Result<ProjectPath, (Strin
                     if output {
                         return Err((
                             format!("output `{raw}` escapes the project root"),
-                            "outputs must stay inside the project root; remove the leading `..`".to_owned(),
+                            "outputs must stay inside the project root; remove the leading `..`"
+                                .to_owned(),
                         ));
                     }
                     let outside = lexical(&root.join(&relative));
@@ -798,4 +951,22 @@ fn lexical(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// A TOML value as JSON (params are hashed as canonical JSON).
+fn param_value(node: &Node) -> serde_json::Value {
+    match &node.kind {
+        NodeKind::String(s) => serde_json::Value::from(s.clone()),
+        NodeKind::Integer(i) => serde_json::Value::from(*i),
+        NodeKind::Float(f) => serde_json::Value::from(*f),
+        NodeKind::Boolean(b) => serde_json::Value::from(*b),
+        NodeKind::Datetime(d) => serde_json::Value::from(d.clone()),
+        NodeKind::Array(items) => serde_json::Value::Array(items.iter().map(param_value).collect()),
+        NodeKind::Table(entries) => serde_json::Value::Object(
+            entries
+                .iter()
+                .map(|e| (e.key.clone(), param_value(&e.value)))
+                .collect(),
+        ),
+    }
 }

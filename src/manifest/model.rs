@@ -106,9 +106,12 @@ impl ProjectPath {
     /// This path and every ancestor inside the project, nearest first.
     pub fn self_and_ancestors(&self) -> impl Iterator<Item = &str> {
         let s = self.0.as_str();
-        std::iter::once(s).chain(s.char_indices().rev().filter_map(move |(i, c)| {
-            (c == '/' && i > 0).then(|| &s[..i])
-        }))
+        std::iter::once(s).chain(
+            s.char_indices()
+                .rev()
+                .filter(|&(i, c)| c == '/' && i > 0)
+                .map(|(i, _c)| &s[..i]),
+        )
     }
 }
 

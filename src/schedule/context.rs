@@ -23,7 +23,10 @@ pub enum DirtyReason {
     /// These components differ from the last successful result.
     Changed { changes: Vec<Change> },
     /// The last attempt under this very fingerprint failed.
-    Failed { exit_code: Option<i32>, error: Option<String> },
+    Failed {
+        exit_code: Option<i32>,
+        error: Option<String>,
+    },
     /// A result exists but its stored objects are gone or damaged.
     StoreIncomplete { output: String },
     /// Upstream stages will run first; this one may or may not follow.
@@ -56,7 +59,10 @@ impl DirtyReason {
 }
 
 fn describe_component_change(change: &Change) -> String {
-    let (kind, name) = change.component.split_once(':').unwrap_or((&change.component, ""));
+    let (kind, name) = change
+        .component
+        .split_once(':')
+        .unwrap_or((&change.component, ""));
     let what = match kind {
         "input" => format!("input `{name}`"),
         "param" => format!("param `{name}`"),
@@ -71,7 +77,11 @@ fn describe_component_change(change: &Change) -> String {
 }
 
 pub(crate) fn quote_list(items: &[String]) -> String {
-    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+    items
+        .iter()
+        .map(|s| format!("`{s}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The freshness of one stage.
@@ -97,7 +107,11 @@ pub struct Context<'m> {
 }
 
 impl<'m> Context<'m> {
-    pub fn new(manifest: &'m Manifest, dag: &'m Dag, ledger: Option<Ledger>) -> Result<Self, ScheduleError> {
+    pub fn new(
+        manifest: &'m Manifest,
+        dag: &'m Dag,
+        ledger: Option<Ledger>,
+    ) -> Result<Self, ScheduleError> {
         let (stat, latest_ok, latest_attempt) = match &ledger {
             Some(ledger) => (
                 StatCache::from_entries(ledger.load_stat_cache()?),
@@ -134,18 +148,25 @@ impl<'m> Context<'m> {
                 continue;
             }
             let abs = input.path.resolve(&self.manifest.root);
-            let content = self.stat.content(&abs).map_err(|source| ScheduleError::Input {
-                stage: stage.name.clone(),
-                path: abs.clone(),
-                source,
-            })?;
+            let content = self
+                .stat
+                .content(&abs)
+                .map_err(|source| ScheduleError::Input {
+                    stage: stage.name.clone(),
+                    path: abs.clone(),
+                    source,
+                })?;
             digests.push(content.digest());
         }
         Ok(stage_key(stage, &digests, |name| std::env::var(name).ok()))
     }
 
     /// The successful result recorded for `stage` under `fingerprint`.
-    pub fn lookup(&self, stage: &str, fingerprint: &Digest) -> Result<Option<Cow<'_, ResultRecord>>, ScheduleError> {
+    pub fn lookup(
+        &self,
+        stage: &str,
+        fingerprint: &Digest,
+    ) -> Result<Option<Cow<'_, ResultRecord>>, ScheduleError> {
         match &self.ledger {
             Some(ledger) => Ok(ledger.lookup(&self.latest_ok, stage, fingerprint)?),
             None => Ok(None),
@@ -158,21 +179,26 @@ impl<'m> Context<'m> {
         let fingerprint = key.fingerprint();
         if let Some(record) = self.lookup(&stage.name, &fingerprint)? {
             if let Some(missing) = record.outputs.iter().find(|o| !self.store.is_complete(o)) {
-                return Ok(Freshness::Dirty(DirtyReason::StoreIncomplete { output: missing.name.clone() }));
+                return Ok(Freshness::Dirty(DirtyReason::StoreIncomplete {
+                    output: missing.name.clone(),
+                }));
             }
             return Ok(Freshness::Fresh(record));
         }
-        if let Some(attempt) = self.latest_attempt.get(&stage.name) {
-            if attempt.status == ResultStatus::Failed && attempt.fingerprint == fingerprint {
-                return Ok(Freshness::Dirty(DirtyReason::Failed {
-                    exit_code: attempt.exit_code,
-                    error: attempt.error.clone(),
-                }));
-            }
+        if let Some(attempt) = self.latest_attempt.get(&stage.name)
+            && attempt.status == ResultStatus::Failed
+            && attempt.fingerprint == fingerprint
+        {
+            return Ok(Freshness::Dirty(DirtyReason::Failed {
+                exit_code: attempt.exit_code,
+                error: attempt.error.clone(),
+            }));
         }
         Ok(Freshness::Dirty(match self.latest_ok.get(&stage.name) {
             None => DirtyReason::NeverRun,
-            Some(previous) => DirtyReason::Changed { changes: key.diff(&previous.key()) },
+            Some(previous) => DirtyReason::Changed {
+                changes: key.diff(&previous.key()),
+            },
         }))
     }
 
@@ -186,7 +212,9 @@ impl<'m> Context<'m> {
     /// True if the workspace copy of `output` matches its recorded digest.
     pub fn workspace_matches(&mut self, output: &OutputRecord) -> bool {
         let abs = self.abs(&output.path);
-        self.stat.content(&abs).is_ok_and(|c| c.digest() == output.digest)
+        self.stat
+            .content(&abs)
+            .is_ok_and(|c| c.digest() == output.digest)
     }
 
     /// Persists new stat-cache entries (when this process may write).

@@ -14,7 +14,9 @@ use super::events::{Done, Event, Reporter};
 use crate::exec::{Executor, Job, LocalExecutor, Outcome, base_environment};
 use crate::fingerprint::StageKey;
 use crate::manifest::{Command, EnvValue, Stage};
-use crate::store::{LockFile, NewResult, OutputRecord, ResultStatus, RunCounts, StoreError, now_ms, remove_path};
+use crate::store::{
+    LockFile, NewResult, OutputRecord, ResultStatus, RunCounts, StoreError, now_ms, remove_path,
+};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -52,7 +54,11 @@ struct TaskResult {
     elapsed: Duration,
 }
 
-pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn Reporter) -> Result<RunSummary, ScheduleError> {
+pub async fn run(
+    ctx: &mut Context<'_>,
+    options: &RunOptions,
+    reporter: &mut dyn Reporter,
+) -> Result<RunSummary, ScheduleError> {
     let manifest = ctx.manifest;
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
     ledger.close_abandoned_runs()?;
@@ -69,14 +75,26 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
     };
     let mut slots = vec![Slot::Waiting; n];
     let mut remaining: Vec<usize> = (0..n)
-        .map(|i| ctx.dag.upstream(i).iter().filter(|&&u| options.selected[u]).count())
+        .map(|i| {
+            ctx.dag
+                .upstream(i)
+                .iter()
+                .filter(|&&u| options.selected[u])
+                .count()
+        })
         .collect();
     let mut ready: BTreeSet<(usize, usize)> = (0..n)
         .filter(|&i| options.selected[i] && remaining[i] == 0)
         .map(|i| (position[i], i))
         .collect();
-    let mut summary = RunSummary { run_id, ..Default::default() };
-    reporter.event(Event::RunStarted { run_id, stages: options.selected.iter().filter(|s| **s).count() });
+    let mut summary = RunSummary {
+        run_id,
+        ..Default::default()
+    };
+    reporter.event(Event::RunStarted {
+        run_id,
+        stages: options.selected.iter().filter(|s| **s).count(),
+    });
 
     let executor = LocalExecutor;
     let mut running: JoinSet<(usize, StageKey, Result<TaskResult, ScheduleError>)> = JoinSet::new();
@@ -87,14 +105,24 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
     loop {
         // Start everything that is ready, up to the job limit.
         while !stop && running.len() < options.jobs.max(1) {
-            let Some(&(rank, i)) = ready.iter().next() else { break };
+            let Some(&(rank, i)) = ready.iter().next() else {
+                break;
+            };
             ready.remove(&(rank, i));
             let stage = &manifest.stages[i];
             let started = Instant::now();
             let key = match ctx.key_of(i) {
                 Ok(key) => key,
                 Err(error) => {
-                    fail(ctx, &mut slots, &mut summary, reporter, i, &error.to_string(), None);
+                    fail(
+                        ctx,
+                        &mut slots,
+                        &mut summary,
+                        reporter,
+                        i,
+                        &error.to_string(),
+                        None,
+                    );
                     stop |= !options.keep_going;
                     continue;
                 }
@@ -109,14 +137,30 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
                             Err(reason) => reason,
                             Ok(restored) => {
                                 ctx.note_outputs(&record.outputs);
-                                let done = if restored { Done::Restored } else { Done::Fresh };
+                                let done = if restored {
+                                    Done::Restored
+                                } else {
+                                    Done::Fresh
+                                };
                                 if restored {
                                     summary.counts.restored += 1;
                                 } else {
                                     summary.counts.fresh += 1;
                                 }
-                                reporter.event(Event::StageDone { stage: &stage.name, done, elapsed: started.elapsed() });
-                                complete(i, ctx, options, &mut slots, &mut remaining, &mut ready, &position);
+                                reporter.event(Event::StageDone {
+                                    stage: &stage.name,
+                                    done,
+                                    elapsed: started.elapsed(),
+                                });
+                                complete(
+                                    i,
+                                    ctx,
+                                    options,
+                                    &mut slots,
+                                    &mut remaining,
+                                    &mut ready,
+                                    &position,
+                                );
                                 continue;
                             }
                         }
@@ -124,11 +168,22 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
                     Freshness::Dirty(reason) => reason,
                 }
             };
-            reporter.event(Event::StageStarted { stage: &stage.name, reason: &reason });
+            reporter.event(Event::StageStarted {
+                stage: &stage.name,
+                reason: &reason,
+            });
             let job = match prepare(ctx, stage, &log_dir) {
                 Ok(job) => job,
                 Err(error) => {
-                    fail(ctx, &mut slots, &mut summary, reporter, i, &error.to_string(), None);
+                    fail(
+                        ctx,
+                        &mut slots,
+                        &mut summary,
+                        reporter,
+                        i,
+                        &error.to_string(),
+                        None,
+                    );
                     stop |= !options.keep_going;
                     continue;
                 }
@@ -185,11 +240,18 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
 
     // Stages never reached because something upstream failed.
     for &i in ctx.dag.order() {
-        if options.selected[i] && slots[i] == Slot::Waiting && !summary.interrupted {
-            if let Some(&by) = ctx.dag.upstream(i).iter().find(|&&u| slots[u] == Slot::Failed || summary.blocked.contains(&manifest.stages[u].name)) {
-                summary.blocked.push(manifest.stages[i].name.clone());
-                reporter.event(Event::StageBlocked { stage: &manifest.stages[i].name, by: &manifest.stages[by].name });
-            }
+        if options.selected[i]
+            && slots[i] == Slot::Waiting
+            && !summary.interrupted
+            && let Some(&by) = ctx.dag.upstream(i).iter().find(|&&u| {
+                slots[u] == Slot::Failed || summary.blocked.contains(&manifest.stages[u].name)
+            })
+        {
+            summary.blocked.push(manifest.stages[i].name.clone());
+            reporter.event(Event::StageBlocked {
+                stage: &manifest.stages[i].name,
+                by: &manifest.stages[by].name,
+            });
         }
     }
 
@@ -211,7 +273,10 @@ pub async fn run(ctx: &mut Context<'_>, options: &RunOptions, reporter: &mut dyn
 /// Makes the workspace copies of a fresh stage's outputs match the store.
 /// `Ok(true)` if anything was restored; `Err(reason)` if a stored object is
 /// damaged, so the result cannot be trusted and the stage must run.
-fn bring_back(ctx: &mut Context<'_>, outputs: &[OutputRecord]) -> Result<Result<bool, DirtyReason>, ScheduleError> {
+fn bring_back(
+    ctx: &mut Context<'_>,
+    outputs: &[OutputRecord],
+) -> Result<Result<bool, DirtyReason>, ScheduleError> {
     let mut restored = false;
     for output in outputs {
         if ctx.workspace_matches(output) {
@@ -220,8 +285,14 @@ fn bring_back(ctx: &mut Context<'_>, outputs: &[OutputRecord]) -> Result<Result<
         match ctx.store.restore(output, &ctx.abs(&output.path)) {
             Ok(()) => restored = true,
             Err(StoreError::Corrupt { path, detail }) => {
-                tracing::warn!("stored copy of `{}` is damaged ({}: {detail}); re-running", output.path, path.display());
-                return Ok(Err(DirtyReason::StoreIncomplete { output: output.name.clone() }));
+                tracing::warn!(
+                    "stored copy of `{}` is damaged ({}: {detail}); re-running",
+                    output.path,
+                    path.display()
+                );
+                return Ok(Err(DirtyReason::StoreIncomplete {
+                    output: output.name.clone(),
+                }));
             }
             Err(other) => return Err(other.into()),
         }
@@ -262,19 +333,36 @@ fn fail(
     summary.counts.failed += 1;
     let name = &ctx.manifest.stages[i].name;
     summary.failed.push(name.clone());
-    reporter.event(Event::StageFailed { stage: name, message, log: log.as_deref() });
+    reporter.event(Event::StageFailed {
+        stage: name,
+        message,
+        log: log.as_deref(),
+    });
 }
 
 /// Removes stale outputs, creates their parent directories, opens the log.
-fn prepare(ctx: &Context<'_>, stage: &Stage, log_dir: &std::path::Path) -> Result<Job, ScheduleError> {
+fn prepare(
+    ctx: &Context<'_>,
+    stage: &Stage,
+    log_dir: &std::path::Path,
+) -> Result<Job, ScheduleError> {
     for output in &stage.outputs {
         let abs = output.path.resolve(&ctx.manifest.root);
-        remove_path(&abs).map_err(|source| ScheduleError::Io { path: abs.clone(), source })?;
+        remove_path(&abs).map_err(|source| ScheduleError::Io {
+            path: abs.clone(),
+            source,
+        })?;
         if let Some(parent) = abs.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io { path: parent.to_owned(), source })?;
+            std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io {
+                path: parent.to_owned(),
+                source,
+            })?;
         }
     }
-    std::fs::create_dir_all(log_dir).map_err(|source| ScheduleError::Io { path: log_dir.to_owned(), source })?;
+    std::fs::create_dir_all(log_dir).map_err(|source| ScheduleError::Io {
+        path: log_dir.to_owned(),
+        source,
+    })?;
     let log = log_dir.join(format!("{}.log", stage.name));
     let _ = std::fs::remove_file(&log);
     let mut env = base_environment();
@@ -297,14 +385,21 @@ fn prepare(ctx: &Context<'_>, stage: &Stage, log_dir: &std::path::Path) -> Resul
     })
 }
 
-async fn execute(executor: &LocalExecutor, job: Job, checks: Vec<Command>) -> Result<TaskResult, ScheduleError> {
+async fn execute(
+    executor: &LocalExecutor,
+    job: Job,
+    checks: Vec<Command>,
+) -> Result<TaskResult, ScheduleError> {
     let started_ms = now_ms();
     let started = Instant::now();
     let outcome = executor.run(&job).await?;
     let mut failed_check = None;
     if outcome == Outcome::Success {
         for check in checks {
-            let check_job = Job { command: check.clone(), ..job.clone() };
+            let check_job = Job {
+                command: check.clone(),
+                ..job.clone()
+            };
             let check_outcome = executor.run(&check_job).await?;
             if check_outcome != Outcome::Success {
                 failed_check = Some((check.display(), check_outcome));
@@ -312,7 +407,12 @@ async fn execute(executor: &LocalExecutor, job: Job, checks: Vec<Command>) -> Re
             }
         }
     }
-    Ok(TaskResult { outcome, failed_check, started_ms, elapsed: started.elapsed() })
+    Ok(TaskResult {
+        outcome,
+        failed_check,
+        started_ms,
+        elapsed: started.elapsed(),
+    })
 }
 
 /// `Some(message)` if the stage did not succeed.
@@ -322,7 +422,10 @@ fn verdict(ctx: &Context<'_>, stage: &Stage, task: &TaskResult) -> Option<String
     }
     for output in &stage.outputs {
         if !output.path.resolve(&ctx.manifest.root).exists() {
-            return Some(format!("command succeeded but did not create declared output `{}` ({})", output.name, output.path));
+            return Some(format!(
+                "command succeeded but did not create declared output `{}` ({})",
+                output.name, output.path
+            ));
         }
     }
     if let Some((check, outcome)) = &task.failed_check {
@@ -331,11 +434,21 @@ fn verdict(ctx: &Context<'_>, stage: &Stage, task: &TaskResult) -> Option<String
     None
 }
 
-fn commit(ctx: &mut Context<'_>, run_id: i64, stage: &Stage, key: &StageKey, task: &TaskResult, log: &std::path::Path) -> Result<(), ScheduleError> {
+fn commit(
+    ctx: &mut Context<'_>,
+    run_id: i64,
+    stage: &Stage,
+    key: &StageKey,
+    task: &TaskResult,
+    log: &std::path::Path,
+) -> Result<(), ScheduleError> {
     let mut records = Vec::with_capacity(stage.outputs.len());
     for output in &stage.outputs {
         let abs = output.path.resolve(&ctx.manifest.root);
-        records.push(ctx.store.ingest(&output.name, output.path.as_str(), &abs, &mut ctx.stat)?);
+        records.push(
+            ctx.store
+                .ingest(&output.name, output.path.as_str(), &abs, &mut ctx.stat)?,
+        );
     }
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
     let finished_ms = now_ms();
@@ -370,7 +483,8 @@ fn commit(ctx: &mut Context<'_>, run_id: i64, stage: &Stage, key: &StageKey, tas
         log_path: Some(log_path.into_owned()),
         error: None,
     };
-    ctx.latest_attempt.insert(stage.name.clone(), record.clone());
+    ctx.latest_attempt
+        .insert(stage.name.clone(), record.clone());
     ctx.latest_ok.insert(stage.name.clone(), record);
     Ok(())
 }

@@ -18,12 +18,29 @@ pub enum Done {
 
 #[derive(Debug)]
 pub enum Event<'a> {
-    RunStarted { run_id: i64, stages: usize },
-    StageStarted { stage: &'a str, reason: &'a DirtyReason },
-    StageDone { stage: &'a str, done: Done, elapsed: Duration },
-    StageFailed { stage: &'a str, message: &'a str, log: Option<&'a Path> },
+    RunStarted {
+        run_id: i64,
+        stages: usize,
+    },
+    StageStarted {
+        stage: &'a str,
+        reason: &'a DirtyReason,
+    },
+    StageDone {
+        stage: &'a str,
+        done: Done,
+        elapsed: Duration,
+    },
+    StageFailed {
+        stage: &'a str,
+        message: &'a str,
+        log: Option<&'a Path>,
+    },
     /// An upstream stage failed, so this one was not attempted.
-    StageBlocked { stage: &'a str, by: &'a str },
+    StageBlocked {
+        stage: &'a str,
+        by: &'a str,
+    },
     Interrupted,
 }
 

@@ -50,7 +50,11 @@ pub struct StageStatus {
 }
 
 /// Evaluates the selected stages in dependency order.
-pub fn evaluate(ctx: &mut Context<'_>, selected: &[bool], forced: &HashSet<usize>) -> Result<Vec<StageStatus>, ScheduleError> {
+pub fn evaluate(
+    ctx: &mut Context<'_>,
+    selected: &[bool],
+    forced: &HashSet<usize>,
+) -> Result<Vec<StageStatus>, ScheduleError> {
     let n = ctx.manifest.stages.len();
     let mut will_run = vec![false; n];
     let mut statuses = Vec::new();

@@ -162,7 +162,8 @@ impl Ledger {
     }
 
     fn setup(conn: Connection, path: PathBuf) -> Result<Self, StoreError> {
-        conn.busy_timeout(std::time::Duration::from_secs(30)).map_err(|e| StoreError::db(&path, e))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(|e| StoreError::db(&path, e))?;
         conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
             .and_then(|()| conn.execute_batch(SCHEMA))
             .map_err(|e| StoreError::db(&path, e))?;
@@ -183,7 +184,12 @@ impl Ledger {
         Ok(self.conn.last_insert_rowid())
     }
 
-    pub fn finish_run(&self, run_id: i64, status: &str, counts: RunCounts) -> Result<(), StoreError> {
+    pub fn finish_run(
+        &self,
+        run_id: i64,
+        status: &str,
+        counts: RunCounts,
+    ) -> Result<(), StoreError> {
         self.conn
             .execute(
                 "UPDATE runs SET finished_ms = ?2, status = ?3, executed = ?4, fresh = ?5, restored = ?6, failed = ?7 WHERE id = ?1",
@@ -230,24 +236,39 @@ impl Ledger {
 
     /// The newest attempt (successful or not) of every stage.
     pub fn latest_attempt_all(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
-        let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results GROUP BY stage)");
+        let sql = format!(
+            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results GROUP BY stage)"
+        );
         let records = self.query(&sql, [])?;
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
     }
 
     /// The newest successful result of `stage` under `fingerprint`.
-    pub fn find_ok(&self, stage: &str, fingerprint: &Digest) -> Result<Option<ResultRecord>, StoreError> {
+    pub fn find_ok(
+        &self,
+        stage: &str,
+        fingerprint: &Digest,
+    ) -> Result<Option<ResultRecord>, StoreError> {
         let sql = format!(
             "SELECT {RESULT_COLUMNS} FROM results WHERE stage = ?1 AND fingerprint = ?2 AND status = 'ok' ORDER BY id DESC LIMIT 1"
         );
-        Ok(self.query(&sql, params![stage, fingerprint.to_string()])?.into_iter().next())
+        Ok(self
+            .query(&sql, params![stage, fingerprint.to_string()])?
+            .into_iter()
+            .next())
     }
 
     /// Results of `stage` (or all stages), newest first.
-    pub fn results(&self, stage: Option<&str>, limit: usize) -> Result<Vec<ResultRecord>, StoreError> {
+    pub fn results(
+        &self,
+        stage: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ResultRecord>, StoreError> {
         match stage {
             Some(stage) => {
-                let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE stage = ?1 ORDER BY id DESC LIMIT ?2");
+                let sql = format!(
+                    "SELECT {RESULT_COLUMNS} FROM results WHERE stage = ?1 ORDER BY id DESC LIMIT ?2"
+                );
                 self.query(&sql, params![stage, limit as i64])
             }
             None => {
@@ -290,7 +311,10 @@ impl Ledger {
     /// workspace lock (killed) as `killed`.
     pub fn close_abandoned_runs(&self) -> Result<(), StoreError> {
         self.conn
-            .execute("UPDATE runs SET status = 'killed' WHERE status = 'running'", [])
+            .execute(
+                "UPDATE runs SET status = 'killed' WHERE status = 'running'",
+                [],
+            )
             .map_err(|e| self.db(e))?;
         Ok(())
     }
@@ -298,10 +322,18 @@ impl Ledger {
     /// Output records of every successful result (for garbage collection).
     pub fn all_ok_outputs(&self) -> Result<Vec<(String, Vec<OutputRecord>)>, StoreError> {
         let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE status = 'ok'");
-        Ok(self.query(&sql, [])?.into_iter().map(|r| (r.stage, r.outputs)).collect())
+        Ok(self
+            .query(&sql, [])?
+            .into_iter()
+            .map(|r| (r.stage, r.outputs))
+            .collect())
     }
 
-    fn query(&self, sql: &str, args: impl rusqlite::Params) -> Result<Vec<ResultRecord>, StoreError> {
+    fn query(
+        &self,
+        sql: &str,
+        args: impl rusqlite::Params,
+    ) -> Result<Vec<ResultRecord>, StoreError> {
         let mut stmt = self.conn.prepare_cached(sql).map_err(|e| self.db(e))?;
         let rows = stmt
             .query_map(args, |row| {
@@ -313,7 +345,11 @@ impl Ledger {
                     run_id: row.get(1)?,
                     stage: row.get(2)?,
                     fingerprint: fingerprint.parse().unwrap_or(Digest::of(b"")),
-                    status: if status == "ok" { ResultStatus::Ok } else { ResultStatus::Failed },
+                    status: if status == "ok" {
+                        ResultStatus::Ok
+                    } else {
+                        ResultStatus::Failed
+                    },
                     key_json: row.get(5)?,
                     outputs: serde_json::from_str(&outputs_json).unwrap_or_default(),
                     command: row.get(7)?,
@@ -337,7 +373,15 @@ impl Ledger {
             .query_map([], |row| {
                 let path: String = row.get(0)?;
                 let digest: String = row.get(6)?;
-                Ok((path, row.get::<_, i64>(1)?, row.get::<_, i64>(2)?, row.get::<_, i64>(3)?, row.get(4)?, row.get(5)?, digest))
+                Ok((
+                    path,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, i64>(2)?,
+                    row.get::<_, i64>(3)?,
+                    row.get(4)?,
+                    row.get(5)?,
+                    digest,
+                ))
             })
             .map_err(|e| self.db(e))?;
         let mut entries = Vec::new();
@@ -346,7 +390,14 @@ impl Ledger {
             if let Ok(digest) = digest.parse() {
                 entries.push((
                     PathBuf::from(path),
-                    StatEntry { dev: dev as u64, ino: ino as u64, size: size as u64, mtime_ns, ctime_ns, digest },
+                    StatEntry {
+                        dev: dev as u64,
+                        ino: ino as u64,
+                        size: size as u64,
+                        mtime_ns,
+                        ctime_ns,
+                        digest,
+                    },
                 ));
             }
         }
@@ -358,7 +409,10 @@ impl Ledger {
             return Ok(());
         }
         let path = self.path.clone();
-        let tx = self.conn.transaction().map_err(|e| StoreError::db(&path, e))?;
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| StoreError::db(&path, e))?;
         {
             let mut stmt = tx
                 .prepare("INSERT OR REPLACE INTO stat_cache (path, dev, ino, size, mtime_ns, ctime_ns, digest) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
@@ -390,7 +444,9 @@ impl Ledger {
         if let Some(record) = latest.get(stage).filter(|r| r.fingerprint == *fingerprint) {
             return Ok(Some(std::borrow::Cow::Borrowed(record)));
         }
-        Ok(self.find_ok(stage, fingerprint)?.map(std::borrow::Cow::Owned))
+        Ok(self
+            .find_ok(stage, fingerprint)?
+            .map(std::borrow::Cow::Owned))
     }
 }
 

@@ -56,7 +56,12 @@ impl LockFile {
                     .map(|o| {
                         (
                             o.name.clone(),
-                            LockedOutput { path: o.path.clone(), kind: o.kind, digest: o.digest, size: o.size },
+                            LockedOutput {
+                                path: o.path.clone(),
+                                kind: o.kind,
+                                digest: o.digest,
+                                size: o.size,
+                            },
                         )
                     })
                     .collect(),

@@ -35,10 +35,16 @@ pub enum StoreError {
 
 impl StoreError {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io { path: path.to_owned(), source }
+        Self::Io {
+            path: path.to_owned(),
+            source,
+        }
     }
 
     pub fn db(path: &Path, source: rusqlite::Error) -> Self {
-        Self::Db { path: path.to_owned(), source }
+        Self::Db {
+            path: path.to_owned(),
+            source,
+        }
     }
 }

@@ -57,7 +57,9 @@ impl ObjectStore {
     }
 
     pub fn tree_path(&self, digest: &Digest) -> PathBuf {
-        self.cache.join("trees").join(format!("{}.json", digest.hex()))
+        self.cache
+            .join("trees")
+            .join(format!("{}.json", digest.hex()))
     }
 
     pub fn objects_dir(&self) -> PathBuf {
@@ -109,7 +111,8 @@ impl ObjectStore {
                 break;
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n]).map_err(|e| StoreError::io(&temp, e))?;
+            out.write_all(&buf[..n])
+                .map_err(|e| StoreError::io(&temp, e))?;
             size += n as u64;
         }
         out.sync_all().map_err(|e| StoreError::io(&temp, e))?;
@@ -120,7 +123,13 @@ impl ObjectStore {
     }
 
     /// Stores a declared output (file or directory) found at `abs`.
-    pub fn ingest(&self, name: &str, path: &str, abs: &Path, stat: &mut StatCache) -> Result<OutputRecord, StoreError> {
+    pub fn ingest(
+        &self,
+        name: &str,
+        path: &str,
+        abs: &Path,
+        stat: &mut StatCache,
+    ) -> Result<OutputRecord, StoreError> {
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
         if !meta.is_dir() {
             let (digest, size) = self.ingest_file(abs)?;
@@ -134,7 +143,9 @@ impl ObjectStore {
                 executable: meta.permissions().mode() & 0o111 != 0,
             });
         }
-        let Content::Dir { mut entries, .. } = stat.content(abs).map_err(|e| StoreError::io(abs, e))? else {
+        let Content::Dir { mut entries, .. } =
+            stat.content(abs).map_err(|e| StoreError::io(abs, e))?
+        else {
             unreachable!("a directory has directory content");
         };
         let mut total = 0;
@@ -151,7 +162,9 @@ impl ObjectStore {
         let digest = tree_digest(&mut entries);
         let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
         let (temp, mut out) = self.temp_file()?;
-        out.write_all(&listing).and_then(|()| out.sync_all()).map_err(|e| StoreError::io(&temp, e))?;
+        out.write_all(&listing)
+            .and_then(|()| out.sync_all())
+            .map_err(|e| StoreError::io(&temp, e))?;
         drop(out);
         self.publish(&temp, &self.tree_path(&digest))?;
         Ok(OutputRecord {
@@ -169,9 +182,15 @@ impl ObjectStore {
         let path = self.tree_path(digest);
         let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
         let mut entries: Vec<TreeEntry> =
-            serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt { path: path.clone(), detail: e.to_string() })?;
+            serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
         if tree_digest(&mut entries) != *digest {
-            return Err(StoreError::Corrupt { path, detail: "tree listing does not match its digest".to_owned() });
+            return Err(StoreError::Corrupt {
+                path,
+                detail: "tree listing does not match its digest".to_owned(),
+            });
         }
         Ok(entries)
     }
@@ -218,7 +237,9 @@ impl ObjectStore {
         fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
         let staging = parent.join(format!(
             ".{}.cairn-restore-{}",
-            dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            dest.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             std::process::id()
         ));
         remove_path(&staging).map_err(|e| StoreError::io(&staging, e))?;
@@ -230,17 +251,26 @@ impl ObjectStore {
                 for entry in &entries {
                     let target = staging.join(&entry.path);
                     match entry.kind {
-                        EntryKind::Dir => fs::create_dir_all(&target).map_err(|e| StoreError::io(&target, e))?,
+                        EntryKind::Dir => {
+                            fs::create_dir_all(&target).map_err(|e| StoreError::io(&target, e))?
+                        }
                         EntryKind::File | EntryKind::Executable => {
                             if let Some(p) = target.parent() {
                                 fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
                             }
-                            self.copy_verified(&entry.digest, &target, entry.kind == EntryKind::Executable)?;
+                            self.copy_verified(
+                                &entry.digest,
+                                &target,
+                                entry.kind == EntryKind::Executable,
+                            )?;
                         }
                         EntryKind::Symlink => {
                             return Err(StoreError::Corrupt {
                                 path: dest.to_owned(),
-                                detail: format!("cannot restore symlink `{}` from the store", entry.path),
+                                detail: format!(
+                                    "cannot restore symlink `{}` from the store",
+                                    entry.path
+                                ),
                             });
                         }
                     }
@@ -251,11 +281,19 @@ impl ObjectStore {
         fs::rename(&staging, dest).map_err(|e| StoreError::io(dest, e))
     }
 
-    fn copy_verified(&self, digest: &Digest, dest: &Path, executable: bool) -> Result<(), StoreError> {
+    fn copy_verified(
+        &self,
+        digest: &Digest,
+        dest: &Path,
+        executable: bool,
+    ) -> Result<(), StoreError> {
         let source = self.object_path(digest);
         let bytes = fs::read(&source).map_err(|e| StoreError::io(&source, e))?;
         if Digest::of(&bytes) != *digest {
-            return Err(StoreError::Corrupt { path: source, detail: format!("content does not hash to {digest}") });
+            return Err(StoreError::Corrupt {
+                path: source,
+                detail: format!("content does not hash to {digest}"),
+            });
         }
         let mode = if executable { 0o755 } else { 0o644 };
         let mut out = OpenOptions::new()
@@ -265,8 +303,11 @@ impl ObjectStore {
             .mode(mode)
             .open(dest)
             .map_err(|e| StoreError::io(dest, e))?;
-        out.write_all(&bytes).and_then(|()| out.sync_all()).map_err(|e| StoreError::io(dest, e))?;
-        fs::set_permissions(dest, fs::Permissions::from_mode(mode)).map_err(|e| StoreError::io(dest, e))
+        out.write_all(&bytes)
+            .and_then(|()| out.sync_all())
+            .map_err(|e| StoreError::io(dest, e))?;
+        fs::set_permissions(dest, fs::Permissions::from_mode(mode))
+            .map_err(|e| StoreError::io(dest, e))
     }
 }
 

@@ -25,7 +25,11 @@ pub enum WhenLocked {
 impl WorkspaceLock {
     /// Takes the lock; `on_wait` is called once, with the holder's pid if
     /// known, before blocking.
-    pub fn acquire(cache: &Path, when_locked: WhenLocked, on_wait: impl FnOnce(Option<u32>)) -> Result<Self, StoreError> {
+    pub fn acquire(
+        cache: &Path,
+        when_locked: WhenLocked,
+        on_wait: impl FnOnce(Option<u32>),
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(cache).map_err(|e| StoreError::io(cache, e))?;
         let path = cache.join("lock");
         let mut file = OpenOptions::new()
@@ -39,7 +43,10 @@ impl WorkspaceLock {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 let mut text = String::new();
-                let holder = file.read_to_string(&mut text).ok().and_then(|_| text.trim().parse().ok());
+                let holder = file
+                    .read_to_string(&mut text)
+                    .ok()
+                    .and_then(|_| text.trim().parse().ok());
                 if when_locked == WhenLocked::Fail {
                     return Err(StoreError::Locked { path, holder });
                 }

@@ -28,13 +28,25 @@ impl Run {
 
     #[track_caller]
     pub fn success(&self) -> &Self {
-        assert_eq!(self.code(), 0, "expected success\n--- stdout\n{}\n--- stderr\n{}", self.stdout(), self.stderr());
+        assert_eq!(
+            self.code(),
+            0,
+            "expected success\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout(),
+            self.stderr()
+        );
         self
     }
 
     #[track_caller]
     pub fn code_is(&self, code: i32) -> &Self {
-        assert_eq!(self.code(), code, "unexpected exit code\n--- stdout\n{}\n--- stderr\n{}", self.stdout(), self.stderr());
+        assert_eq!(
+            self.code(),
+            code,
+            "unexpected exit code\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout(),
+            self.stderr()
+        );
         self
     }
 }
@@ -45,7 +57,9 @@ pub fn bin() -> &'static str {
 
 impl Project {
     pub fn new() -> Self {
-        Self { dir: tempfile::tempdir().expect("temp dir") }
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -82,12 +96,19 @@ impl Project {
 
     pub fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(bin());
-        command.args(args).current_dir(self.root()).env_remove("RUST_LOG");
+        command
+            .args(args)
+            .current_dir(self.root())
+            .env_remove("RUST_LOG");
         command
     }
 
     pub fn cairn(&self, args: &[&str]) -> Run {
-        let output = self.command(args).stdin(Stdio::null()).output().expect("run cairn");
+        let output = self
+            .command(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run cairn");
         Run { output }
     }
 }
