@@ -34,7 +34,11 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         .expect("target evaluated");
     let stage = &loaded.manifest.stages[target[0]];
     let last_ok = ctx.latest_ok.get(&stage.name);
-    let last_attempt = ctx.latest_attempt.get(&stage.name);
+    let newest = match &ctx.ledger {
+        Some(ledger) => ledger.results(Some(&stage.name), 1)?.into_iter().next(),
+        None => None,
+    };
+    let last_attempt = newest.as_ref();
 
     if args.json {
         render::json(&ShowJson {

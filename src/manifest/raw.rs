@@ -1,13 +1,14 @@
 //! The TOML document as a tree of spanned nodes.
 //!
-//! `toml_edit` keeps the byte span of every key and value. We copy its tree
-//! into [`Node`]s once, so that validation (`load.rs`) can walk one uniform
+//! The `toml` crate's `DeTable` keeps the byte span of every key and value.
+//! We copy its tree into [`Node`]s once, so that validation (`load.rs`) can walk one uniform
 //! shape and point every error at the exact bytes it is about, without
 //! serde stopping at the first problem.
 
 use std::ops::Range;
 
-use toml_edit::{Item, Table, Value};
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
 
 /// A byte range in the manifest source.
 pub type Span = Range<usize>;
@@ -81,83 +82,56 @@ pub struct SyntaxError {
     pub span: Span,
 }
 
-/// Parses `source` into a spanned tree (the root is a table).
+/// Parses `source` into a spanned tree (the root is a table). Tables keep
+/// document order, which is what stage listings follow.
 pub fn parse(source: &str) -> Result<Node, SyntaxError> {
-    let document = toml_edit::Document::parse(source).map_err(|error| SyntaxError {
+    let document = DeTable::parse(source).map_err(|error| SyntaxError {
         message: error.message().trim().to_owned(),
         span: error.span().unwrap_or(0..0),
     })?;
-    Ok(table_node(document.as_table(), 0..0))
+    let span = document.span();
+    Ok(Node {
+        span,
+        kind: NodeKind::Table(table_entries(document.get_ref())),
+    })
 }
 
-fn table_node(table: &Table, fallback: Span) -> Node {
-    let span = table.span().unwrap_or(fallback);
-    let entries = table
+fn table_entries(table: &DeTable<'_>) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = table
         .iter()
-        .filter_map(|(key, _)| table.get_key_value(key))
-        .map(|(key, item)| {
-            let key_span = key.span().unwrap_or(span.clone());
-            Entry {
-                key: key.get().to_owned(),
-                value: item_node(item, key_span.clone()),
-                key_span,
-            }
+        .map(|(key, value)| Entry {
+            key: key.get_ref().to_string(),
+            key_span: key.span(),
+            value: node(value),
         })
         .collect();
-    Node {
-        span,
-        kind: NodeKind::Table(entries),
-    }
+    entries.sort_by_key(|e| e.key_span.start);
+    entries
 }
 
-fn item_node(item: &Item, fallback: Span) -> Node {
-    match item {
-        Item::Value(value) => value_node(value, fallback),
-        Item::Table(table) => table_node(table, fallback),
-        Item::ArrayOfTables(tables) => Node {
-            span: tables.span().unwrap_or(fallback.clone()),
-            kind: NodeKind::Array(
-                tables
-                    .iter()
-                    .map(|table| table_node(table, fallback.clone()))
-                    .collect(),
-            ),
+fn node(value: &Spanned<DeValue<'_>>) -> Node {
+    let span = value.span();
+    let kind = match value.get_ref() {
+        DeValue::String(s) => NodeKind::String(s.to_string()),
+        DeValue::Integer(i) => match i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()) {
+            Ok(n) => NodeKind::Integer(n),
+            Err(_) => NodeKind::String(i.as_str().to_owned()),
         },
-        Item::None => Node {
-            span: fallback,
-            kind: NodeKind::Table(Vec::new()),
-        },
-    }
-}
-
-fn value_node(value: &Value, fallback: Span) -> Node {
-    let span = value.span().unwrap_or(fallback);
-    let kind = match value {
-        Value::String(s) => NodeKind::String(s.value().clone()),
-        Value::Integer(i) => NodeKind::Integer(*i.value()),
-        Value::Float(f) => NodeKind::Float(*f.value()),
-        Value::Boolean(b) => NodeKind::Boolean(*b.value()),
-        Value::Datetime(d) => NodeKind::Datetime(d.value().to_string()),
-        Value::Array(array) => NodeKind::Array(
-            array
-                .iter()
-                .map(|value| value_node(value, span.clone()))
-                .collect(),
-        ),
-        Value::InlineTable(table) => NodeKind::Table(
-            table
-                .iter()
-                .filter_map(|(key, _)| table.get_key_value(key))
-                .map(|(key, value)| {
-                    let key_span = key.span().unwrap_or(span.clone());
-                    Entry {
-                        key: key.get().to_owned(),
-                        value: item_node(value, key_span.clone()),
-                        key_span,
-                    }
-                })
-                .collect(),
-        ),
+        DeValue::Float(f) => NodeKind::Float(float(f.as_str())),
+        DeValue::Boolean(b) => NodeKind::Boolean(*b),
+        DeValue::Datetime(d) => NodeKind::Datetime(d.to_string()),
+        DeValue::Array(items) => NodeKind::Array(items.iter().map(node).collect()),
+        DeValue::Table(table) => NodeKind::Table(table_entries(table)),
     };
     Node { span, kind }
+}
+
+fn float(text: &str) -> f64 {
+    let clean = text.replace('_', "");
+    match clean.trim_start_matches(['+', '-']) {
+        "inf" if clean.starts_with('-') => f64::NEG_INFINITY,
+        "inf" => f64::INFINITY,
+        "nan" => f64::NAN,
+        _ => clean.parse().unwrap_or(f64::NAN),
+    }
 }

@@ -101,7 +101,7 @@ pub struct Context<'m> {
     pub ledger: Option<Ledger>,
     pub stat: StatCache,
     pub latest_ok: HashMap<String, ResultRecord>,
-    pub latest_attempt: HashMap<String, ResultRecord>,
+    pub latest_failure: HashMap<String, ResultRecord>,
     /// Digest of each upstream output path as it stands in this session.
     pub produced: HashMap<String, Digest>,
 }
@@ -112,11 +112,11 @@ impl<'m> Context<'m> {
         dag: &'m Dag,
         ledger: Option<Ledger>,
     ) -> Result<Self, ScheduleError> {
-        let (stat, latest_ok, latest_attempt) = match &ledger {
+        let (stat, latest_ok, latest_failure) = match &ledger {
             Some(ledger) => (
                 StatCache::from_entries(ledger.load_stat_cache()?),
                 ledger.latest_ok_all()?,
-                ledger.latest_attempt_all()?,
+                ledger.latest_failures()?,
             ),
             None => Default::default(),
         };
@@ -128,7 +128,7 @@ impl<'m> Context<'m> {
             ledger,
             stat,
             latest_ok,
-            latest_attempt,
+            latest_failure,
             produced: HashMap::new(),
         })
     }
@@ -185,7 +185,7 @@ impl<'m> Context<'m> {
             }
             return Ok(Freshness::Fresh(record));
         }
-        if let Some(attempt) = self.latest_attempt.get(&stage.name)
+        if let Some(attempt) = self.latest_failure.get(&stage.name)
             && attempt.status == ResultStatus::Failed
             && attempt.fingerprint == fingerprint
         {

@@ -483,8 +483,7 @@ fn commit(
         log_path: Some(log_path.into_owned()),
         error: None,
     };
-    ctx.latest_attempt
-        .insert(stage.name.clone(), record.clone());
+    ctx.latest_failure.remove(&stage.name);
     ctx.latest_ok.insert(stage.name.clone(), record);
     Ok(())
 }

@@ -72,17 +72,13 @@ pub fn evaluate(
             .collect();
         let key = ctx.key_of(i).ok();
         let previous = ctx.latest_ok.get(&name).cloned();
-        let changes = match (&key, &previous) {
-            (Some(key), Some(previous)) => key.diff(&previous.key()),
-            _ => Vec::new(),
-        };
 
         let mut status = StageStatus {
             stage: name.clone(),
             state: State::Stale,
             fingerprint: key.as_ref().map(StageKey::fingerprint),
             reason: None,
-            changes,
+            changes: Vec::new(),
             outputs_to_restore: Vec::new(),
             last_ok_ms: previous.as_ref().map(|p| p.finished_ms),
             key: key.clone(),
@@ -114,6 +110,10 @@ pub fn evaluate(
 
         if let Some(reason) = reason {
             will_run[i] = true;
+            // Decoding the previous key costs; only stale stages need the diff.
+            if let (Some(key), Some(previous)) = (&key, &previous) {
+                status.changes = key.diff(&previous.key());
+            }
             // Predict that the stage reproduces its last outputs, so that
             // downstream keys (and `why`) can still be computed.
             if let Some(previous) = &previous {

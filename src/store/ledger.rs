@@ -234,10 +234,10 @@ impl Ledger {
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
     }
 
-    /// The newest attempt (successful or not) of every stage.
-    pub fn latest_attempt_all(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
+    /// Stages whose newest attempt failed, with that attempt.
+    pub fn latest_failures(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
         let sql = format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results GROUP BY stage)"
+            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results GROUP BY stage) AND status = 'failed'"
         );
         let records = self.query(&sql, [])?;
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
