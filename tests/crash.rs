@@ -82,8 +82,7 @@ fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output()
     });
     cairn.kill().unwrap(); // SIGKILL
     cairn.wait().unwrap();
-    let slow: i32 = p.read("slow.pid").trim().parse().unwrap();
-    wait_for("the orphaned stage to die with cairn", || is_gone(slow));
+    let orphan: i32 = p.read("slow.pid").trim().parse().unwrap();
 
     let status = p.cairn(&["status"]);
     status.success();
@@ -99,8 +98,19 @@ fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output()
         "{out}"
     );
 
+    // The next run first kills what the dead one left running, then re-runs
+    // the unfinished stage from scratch.
+    std::fs::remove_file(p.path("slow.pid")).unwrap();
+    let rerun = spawn(&p, &["run"]);
+    wait_for("the orphaned stage to be killed", || is_gone(orphan));
+    wait_for("the stage to start again", || p.exists("slow.pid"));
     p.file("release", "");
-    p.cairn(&["run"]).success();
+    let output = rerun.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert_eq!(p.lines("runs.log"), ["first", "slow", "last"]);
     assert_eq!(p.read("state/3.txt"), "partial-rest");
     let log = p.cairn(&["log"]);

@@ -68,8 +68,9 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         invocation: std::env::args().collect::<Vec<_>>().join(" "),
     };
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(options.jobs.clamp(1, 4))
+    // One scheduler thread: it only waits on children and hands work out;
+    // hashing and copying run on tokio's blocking pool.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(CliError::Output)?;

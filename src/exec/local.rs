@@ -39,15 +39,14 @@ impl Drop for GroupGuard {
 
 impl Executor for LocalExecutor {
     async fn run(&self, job: &Job) -> Result<Outcome, ExecError> {
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&job.log)
-            .map_err(|e| ExecError::Log {
-                path: job.log.clone(),
-                source: e,
-            })?;
-        let log_err = log.try_clone().map_err(|e| ExecError::Log {
+        // One pipe for stdout and stderr keeps their order; the log file is
+        // created only when the first byte arrives, so quiet stages leave
+        // no empty files behind.
+        let (reader, writer) = std::io::pipe().map_err(|e| ExecError::Log {
+            path: job.log.clone(),
+            source: e,
+        })?;
+        let writer_err = writer.try_clone().map_err(|e| ExecError::Log {
             path: job.log.clone(),
             source: e,
         })?;
@@ -69,21 +68,9 @@ impl Executor for LocalExecutor {
             .envs(job.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&job.cwd)
             .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::from(writer_err))
             .process_group(0);
-        // If cairn itself dies (even by SIGKILL), its direct child is killed
-        // too rather than left running unsupervised.
-        #[cfg(target_os = "linux")]
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls prctl(2), which is async-signal-safe.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-
         let mut child = command.spawn().map_err(|source| ExecError::Spawn {
             program: match &job.command {
                 Command::Shell(_) => "/bin/sh".to_owned(),
@@ -92,6 +79,19 @@ impl Executor for LocalExecutor {
             source,
         })?;
         let mut guard = GroupGuard(child.id().map(|pid| pid as i32));
+        if let (Some(hook), Some(pid)) = (&job.on_spawn, child.id()) {
+            (hook.0)(pid);
+        }
+        // Close our copies of the pipe's write end, so the reader sees EOF.
+        drop(command);
+        let log_path = job.log.clone();
+        let receiver =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
+                .map_err(|e| ExecError::Log {
+                    path: job.log.clone(),
+                    source: e,
+                })?;
+        let drain = tokio::spawn(copy_to_log(receiver, log_path));
 
         let status = match job.timeout {
             None => child.wait().await,
@@ -100,6 +100,7 @@ impl Executor for LocalExecutor {
                 Err(_) => {
                     guard.kill();
                     let _ = child.wait().await;
+                    let _ = drain.await;
                     return Ok(Outcome::TimedOut(limit));
                 }
             },
@@ -107,6 +108,13 @@ impl Executor for LocalExecutor {
         .map_err(ExecError::Wait)?;
         // Stragglers (background processes the command left) go too.
         guard.kill();
+        drain
+            .await
+            .map_err(|e| ExecError::Wait(std::io::Error::other(e)))?
+            .map_err(|e| ExecError::Log {
+                path: job.log.clone(),
+                source: e,
+            })?;
 
         use std::os::unix::process::ExitStatusExt;
         Ok(match (status.code(), status.signal()) {
@@ -115,5 +123,28 @@ impl Executor for LocalExecutor {
             (None, Some(signal)) => Outcome::Signal(signal),
             (None, None) => Outcome::Exit(-1),
         })
+    }
+}
+
+/// Appends everything read from `reader` to the log at `path`, creating the
+/// file on the first byte.
+async fn copy_to_log(
+    mut reader: tokio::net::unix::pipe::Receiver,
+    path: std::path::PathBuf,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut log: Option<std::fs::File> = None;
+    loop {
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let file = match &mut log {
+            Some(file) => file,
+            None => log.insert(OpenOptions::new().create(true).append(true).open(&path)?),
+        };
+        file.write_all(&buf[..n])?;
     }
 }

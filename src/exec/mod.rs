@@ -21,6 +21,43 @@ pub struct Job {
     pub timeout: Option<Duration>,
     /// stdout and stderr are appended here.
     pub log: PathBuf,
+    /// Told the process id (= process group id) as soon as it exists.
+    pub on_spawn: Option<SpawnHook>,
+}
+
+/// A callback for a spawned process's id.
+#[derive(Clone)]
+pub struct SpawnHook(pub std::sync::Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for SpawnHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpawnHook")
+    }
+}
+
+/// When a process started, in clock ticks since boot (`/proc/PID/stat`
+/// field 22): with the pid, it names one process across pid reuse.
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.rsplit_once(')')?.1;
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Kills a process group left behind by a cairn process that was itself
+/// killed (`kill -9`), if it is still ours: a live leader must have the
+/// recorded start time, so a reused pid is never signalled.
+pub fn kill_orphaned_group(pgid: u32, start_ticks: Option<u64>) -> bool {
+    let leader_alive_and_ours = match process_start_ticks(pgid) {
+        Some(ticks) => start_ticks == Some(ticks),
+        // The leader is gone; while any member lives, the kernel keeps the
+        // group's id from being reused, so signalling it reaches only them.
+        None => true,
+    };
+    if !leader_alive_and_ours || pgid <= 1 {
+        return false;
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) == 0 }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,11 +11,15 @@ use tokio::task::JoinSet;
 use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
-use crate::exec::{Executor, Job, LocalExecutor, Outcome, base_environment};
+use crate::exec::{
+    Executor, Job, LocalExecutor, Outcome, SpawnHook, base_environment, kill_orphaned_group,
+    process_start_ticks,
+};
 use crate::fingerprint::StageKey;
 use crate::manifest::{Command, EnvValue, Stage};
 use crate::store::{
-    LockFile, NewResult, OutputRecord, ResultStatus, RunCounts, StoreError, now_ms, remove_path,
+    LockFile, NewResult, ObjectStore, OutputRecord, ResultStatus, RunCounts, StoreError, now_ms,
+    remove_path,
 };
 
 #[derive(Debug, Clone)]
@@ -45,13 +49,48 @@ enum Slot {
     Failed,
 }
 
-/// How a stage's command and checks ended.
+/// How a stage's command, checks and output storage ended.
 struct TaskResult {
     outcome: Outcome,
-    /// The first check that failed, with how it ended.
-    failed_check: Option<(String, Outcome)>,
+    /// Why the stage failed, if it did.
+    failure: Option<String>,
+    /// The stored outputs, when it succeeded.
+    records: Vec<OutputRecord>,
     started_ms: i64,
     elapsed: Duration,
+}
+
+/// Records a stage's process group while it runs.
+fn note_spawn(ctx: &Context<'_>, run_id: i64, i: usize, pid: u32) -> Result<(), ScheduleError> {
+    if let Some(ledger) = &ctx.ledger {
+        ledger.add_live_group(
+            pid,
+            process_start_ticks(pid),
+            run_id,
+            &ctx.manifest.stages[i].name,
+        )?;
+    }
+    Ok(())
+}
+
+/// Gives a job slot back to the dispatcher when dropped (also when the task
+/// ends early or is aborted).
+struct SlotRelease(Option<tokio::sync::mpsc::UnboundedSender<()>>);
+
+impl Drop for SlotRelease {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A declared output, as the task that stores it needs it.
+#[derive(Clone)]
+struct Declared {
+    name: String,
+    path: String,
+    abs: PathBuf,
 }
 
 pub async fn run(
@@ -62,6 +101,11 @@ pub async fn run(
     let manifest = ctx.manifest;
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
     ledger.close_abandoned_runs()?;
+    for (pgid, start_ticks) in ledger.take_live_groups()? {
+        if kill_orphaned_group(pgid, start_ticks) {
+            tracing::warn!("killed process group {pgid} left running by a cairn process that died");
+        }
+    }
     let run_id = ledger.begin_run(&options.invocation, manifest.profile.as_deref())?;
     let log_dir = manifest.cache_dir().join("logs").join(run_id.to_string());
 
@@ -96,15 +140,27 @@ pub async fn run(
         stages: options.selected.iter().filter(|s| **s).count(),
     });
 
+    std::fs::create_dir_all(&log_dir).map_err(|source| ScheduleError::Io {
+        path: log_dir.clone(),
+        source,
+    })?;
     let executor = LocalExecutor;
     let mut running: JoinSet<(usize, StageKey, Result<TaskResult, ScheduleError>)> = JoinSet::new();
+    // Job slots in use. A slot is released when a stage's command and checks
+    // end, before its outputs are stored, so storing overlaps other commands.
+    let mut busy = 0usize;
+    let (release_tx, mut release_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (spawned_tx, mut spawned_rx) = tokio::sync::mpsc::unbounded_channel::<(usize, u32)>();
     let mut stop = false;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
 
     loop {
+        while release_rx.try_recv().is_ok() {
+            busy -= 1;
+        }
         // Start everything that is ready, up to the job limit.
-        while !stop && running.len() < options.jobs.max(1) {
+        while !stop && busy < options.jobs.max(1) {
             let Some(&(rank, i)) = ready.iter().next() else {
                 break;
             };
@@ -173,7 +229,13 @@ pub async fn run(
                 reason: &reason,
             });
             let job = match prepare(ctx, stage, &log_dir) {
-                Ok(job) => job,
+                Ok(mut job) => {
+                    let tx = spawned_tx.clone();
+                    job.on_spawn = Some(SpawnHook(std::sync::Arc::new(move |pid| {
+                        let _ = tx.send((i, pid));
+                    })));
+                    job
+                }
                 Err(error) => {
                     fail(
                         ctx,
@@ -191,8 +253,20 @@ pub async fn run(
             slots[i] = Slot::Running;
             let checks = stage.checks.clone();
             let executor = executor.clone();
+            let store = ctx.store.clone();
+            let declared: Vec<Declared> = stage
+                .outputs
+                .iter()
+                .map(|o| Declared {
+                    name: o.name.clone(),
+                    path: o.path.to_string(),
+                    abs: o.path.resolve(&manifest.root),
+                })
+                .collect();
+            busy += 1;
+            let slot = SlotRelease(Some(release_tx.clone()));
             running.spawn(async move {
-                let result = execute(&executor, job, checks).await;
+                let result = execute(&executor, job, checks, store, declared, slot).await;
                 (i, key, result)
             });
         }
@@ -202,10 +276,20 @@ pub async fn run(
         }
 
         tokio::select! {
+            Some(()) = release_rx.recv() => busy -= 1,
+            Some((i, pid)) = spawned_rx.recv() => {
+                note_spawn(ctx, run_id, i, pid)?;
+            }
             joined = running.join_next() => {
                 let Some(joined) = joined else { continue };
                 let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
+                while let Ok((j, pid)) = spawned_rx.try_recv() {
+                    note_spawn(ctx, run_id, j, pid)?;
+                }
                 let stage = &manifest.stages[i];
+                if let Some(ledger) = &ctx.ledger {
+                    ledger.remove_live_groups(run_id, &stage.name)?;
+                }
                 let log = log_dir.join(format!("{}.log", stage.name));
                 match result {
                     Err(error) => {
@@ -213,16 +297,29 @@ pub async fn run(
                         fail(ctx, &mut slots, &mut summary, reporter, i, &error.to_string(), Some(log));
                         stop |= !options.keep_going;
                     }
-                    Ok(task) => match verdict(ctx, stage, &task) {
+                    Ok(task) => match &task.failure {
                         Some(message) => {
-                            record_failure(ctx, run_id, stage, &key, task.outcome.exit_code(), task.started_ms, &log, &message)?;
-                            fail(ctx, &mut slots, &mut summary, reporter, i, &message, Some(log));
+                            record_failure(
+                                ctx,
+                                run_id,
+                                stage,
+                                &key,
+                                task.outcome.exit_code(),
+                                task.started_ms,
+                                &log,
+                                message,
+                            )?;
+                            fail(ctx, &mut slots, &mut summary, reporter, i, message, Some(log));
                             stop |= !options.keep_going;
                         }
                         None => {
-                            commit(ctx, run_id, stage, &key, &task, &log)?;
+                            commit(ctx, run_id, stage, &key, task.records, task.started_ms, &log)?;
                             summary.counts.executed += 1;
-                            reporter.event(Event::StageDone { stage: &stage.name, done: Done::Ran, elapsed: task.elapsed });
+                            reporter.event(Event::StageDone {
+                                stage: &stage.name,
+                                done: Done::Ran,
+                                elapsed: task.elapsed,
+                            });
                             complete(i, ctx, options, &mut slots, &mut remaining, &mut ready, &position);
                         }
                     },
@@ -253,6 +350,21 @@ pub async fn run(
                 by: &manifest.stages[by].name,
             });
         }
+    }
+
+    let unreached = (0..n).find(|&i| {
+        options.selected[i]
+            && slots[i] == Slot::Waiting
+            && !summary.blocked.contains(&manifest.stages[i].name)
+    });
+    if let Some(i) = unreached
+        && !stop
+        && !summary.interrupted
+    {
+        return Err(ScheduleError::Task(format!(
+            "scheduler stopped before stage `{}` could run",
+            manifest.stages[i].name
+        )));
     }
 
     ctx.save_stat_cache()?;
@@ -359,12 +471,7 @@ fn prepare(
             })?;
         }
     }
-    std::fs::create_dir_all(log_dir).map_err(|source| ScheduleError::Io {
-        path: log_dir.to_owned(),
-        source,
-    })?;
     let log = log_dir.join(format!("{}.log", stage.name));
-    let _ = std::fs::remove_file(&log);
     let mut env = base_environment();
     for (name, value) in &stage.env {
         let value = match value {
@@ -382,19 +489,38 @@ fn prepare(
         env,
         timeout: stage.timeout,
         log,
+        on_spawn: None,
     })
 }
 
+/// Runs the command, then the checks; then stores the outputs (off the
+/// scheduler's thread, so other stages start meanwhile).
 async fn execute(
     executor: &LocalExecutor,
     job: Job,
     checks: Vec<Command>,
+    store: ObjectStore,
+    declared: Vec<Declared>,
+    slot: SlotRelease,
 ) -> Result<TaskResult, ScheduleError> {
     let started_ms = now_ms();
     let started = Instant::now();
     let outcome = executor.run(&job).await?;
-    let mut failed_check = None;
-    if outcome == Outcome::Success {
+    let mut task = TaskResult {
+        outcome,
+        failure: None,
+        records: Vec::new(),
+        started_ms,
+        elapsed: Duration::ZERO,
+    };
+    if outcome != Outcome::Success {
+        task.failure = Some(format!("command {}", outcome.describe()));
+    } else if let Some(missing) = declared.iter().find(|d| !d.abs.exists()) {
+        task.failure = Some(format!(
+            "command succeeded but did not create declared output `{}` ({})",
+            missing.name, missing.path
+        ));
+    } else {
         for check in checks {
             let check_job = Job {
                 command: check.clone(),
@@ -402,36 +528,28 @@ async fn execute(
             };
             let check_outcome = executor.run(&check_job).await?;
             if check_outcome != Outcome::Success {
-                failed_check = Some((check.display(), check_outcome));
+                task.failure = Some(format!(
+                    "check `{}` {}",
+                    check.display(),
+                    check_outcome.describe()
+                ));
                 break;
             }
         }
     }
-    Ok(TaskResult {
-        outcome,
-        failed_check,
-        started_ms,
-        elapsed: started.elapsed(),
-    })
-}
-
-/// `Some(message)` if the stage did not succeed.
-fn verdict(ctx: &Context<'_>, stage: &Stage, task: &TaskResult) -> Option<String> {
-    if task.outcome != Outcome::Success {
-        return Some(format!("command {}", task.outcome.describe()));
+    drop(slot);
+    if task.failure.is_none() {
+        task.records = tokio::task::spawn_blocking(move || {
+            declared
+                .iter()
+                .map(|d| store.ingest(&d.name, &d.path, &d.abs))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|e| ScheduleError::Task(e.to_string()))??;
     }
-    for output in &stage.outputs {
-        if !output.path.resolve(&ctx.manifest.root).exists() {
-            return Some(format!(
-                "command succeeded but did not create declared output `{}` ({})",
-                output.name, output.path
-            ));
-        }
-    }
-    if let Some((check, outcome)) = &task.failed_check {
-        return Some(format!("check `{check}` {}", outcome.describe()));
-    }
-    None
+    task.elapsed = started.elapsed();
+    Ok(task)
 }
 
 fn commit(
@@ -439,17 +557,10 @@ fn commit(
     run_id: i64,
     stage: &Stage,
     key: &StageKey,
-    task: &TaskResult,
+    records: Vec<OutputRecord>,
+    started_ms: i64,
     log: &std::path::Path,
 ) -> Result<(), ScheduleError> {
-    let mut records = Vec::with_capacity(stage.outputs.len());
-    for output in &stage.outputs {
-        let abs = output.path.resolve(&ctx.manifest.root);
-        records.push(
-            ctx.store
-                .ingest(&output.name, output.path.as_str(), &abs, &mut ctx.stat)?,
-        );
-    }
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
     let finished_ms = now_ms();
     let command = stage.run.display();
@@ -461,7 +572,7 @@ fn commit(
         status: ResultStatus::Ok,
         outputs: &records,
         command: &command,
-        started_ms: task.started_ms,
+        started_ms,
         finished_ms,
         exit_code: Some(0),
         log_path: Some(&log_path),
@@ -477,7 +588,7 @@ fn commit(
         key_json: serde_json::to_string(key).expect("keys serialise"),
         outputs: records,
         command,
-        started_ms: task.started_ms,
+        started_ms,
         finished_ms,
         exit_code: Some(0),
         log_path: Some(log_path.into_owned()),

@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS results (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS results_by_stage ON results(stage, fingerprint, status);
+CREATE TABLE IF NOT EXISTS live_groups (
+    pgid INTEGER NOT NULL,
+    start_ticks INTEGER,
+    run_id INTEGER NOT NULL,
+    stage TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -202,25 +208,28 @@ impl Ledger {
     pub fn record(&self, result: &NewResult<'_>) -> Result<i64, StoreError> {
         let key_json = serde_json::to_string(result.key).expect("keys serialise");
         let outputs_json = serde_json::to_string(result.outputs).expect("outputs serialise");
-        self.conn
-            .execute(
+        let mut statement = self
+            .conn
+            .prepare_cached(
                 "INSERT INTO results (run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-                params![
-                    result.run_id,
-                    result.stage,
-                    result.key.fingerprint().to_string(),
-                    result.status.as_str(),
-                    key_json,
-                    outputs_json,
-                    result.command,
-                    result.started_ms,
-                    result.finished_ms,
-                    result.exit_code,
-                    result.log_path,
-                    result.error,
-                ],
             )
+            .map_err(|e| self.db(e))?;
+        statement
+            .execute(params![
+                result.run_id,
+                result.stage,
+                result.key.fingerprint().to_string(),
+                result.status.as_str(),
+                key_json,
+                outputs_json,
+                result.command,
+                result.started_ms,
+                result.finished_ms,
+                result.exit_code,
+                result.log_path,
+                result.error,
+            ])
             .map_err(|e| self.db(e))?;
         Ok(self.conn.last_insert_rowid())
     }
@@ -317,6 +326,51 @@ impl Ledger {
             )
             .map_err(|e| self.db(e))?;
         Ok(())
+    }
+
+    /// Remembers a running stage's process group, so that a later cairn can
+    /// kill it if this one dies without cleaning up.
+    pub fn add_live_group(
+        &self,
+        pgid: u32,
+        start_ticks: Option<u64>,
+        run_id: i64,
+        stage: &str,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached("INSERT INTO live_groups (pgid, start_ticks, run_id, stage) VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![pgid, start_ticks.map(|t| t as i64), run_id, stage]))
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    pub fn remove_live_groups(&self, run_id: i64, stage: &str) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached("DELETE FROM live_groups WHERE run_id = ?1 AND stage = ?2")
+            .and_then(|mut s| s.execute(params![run_id, stage]))
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Every recorded process group, removing the records.
+    pub fn take_live_groups(&self) -> Result<Vec<(u32, Option<u64>)>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT pgid, start_ticks FROM live_groups")
+            .map_err(|e| self.db(e))?;
+        let groups = statement
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, u32>(0)?,
+                    row.get::<_, Option<i64>>(1)?.map(|t| t as u64),
+                ))
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.db(e))?;
+        self.conn
+            .execute("DELETE FROM live_groups", [])
+            .map_err(|e| self.db(e))?;
+        Ok(groups)
     }
 
     /// Output records of every successful result (for garbage collection).
@@ -441,8 +495,13 @@ impl Ledger {
         stage: &str,
         fingerprint: &Digest,
     ) -> Result<Option<std::borrow::Cow<'a, ResultRecord>>, StoreError> {
-        if let Some(record) = latest.get(stage).filter(|r| r.fingerprint == *fingerprint) {
-            return Ok(Some(std::borrow::Cow::Borrowed(record)));
+        match latest.get(stage) {
+            // No successful result at all: nothing to look up.
+            None => return Ok(None),
+            Some(record) if record.fingerprint == *fingerprint => {
+                return Ok(Some(std::borrow::Cow::Borrowed(record)));
+            }
+            Some(_) => {}
         }
         Ok(self
             .find_ok(stage, fingerprint)?

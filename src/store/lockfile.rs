@@ -75,13 +75,21 @@ impl LockFile {
     pub fn render(&self) -> String {
         use std::fmt::Write;
         let mut out = String::with_capacity(128 + self.stages.len() * 320);
-        out.push_str("# Written by cairn: the validated fingerprint and output digests of each stage.\n");
-        out.push_str("# Commit this file; a collaborator's checkout can be verified against it.\n\n");
+        out.push_str(
+            "# Written by cairn: the validated fingerprint and output digests of each stage.\n",
+        );
+        out.push_str(
+            "# Commit this file; a collaborator's checkout can be verified against it.\n\n",
+        );
         let _ = writeln!(out, "version = {}", self.version);
         let _ = writeln!(out, "pipeline = {}", quote(&self.pipeline));
         for (name, stage) in &self.stages {
             let stage_key = key(name);
-            let _ = write!(out, "\n[stages.{stage_key}]\nfingerprint = \"{}\"\n", stage.fingerprint);
+            let _ = write!(
+                out,
+                "\n[stages.{stage_key}]\nfingerprint = \"{}\"\n",
+                stage.fingerprint
+            );
             for (output, locked) in &stage.outputs {
                 let kind = match locked.kind {
                     OutputKind::File => "file",
@@ -118,7 +126,10 @@ impl LockFile {
 
 /// A TOML key: bare if it can be, quoted otherwise.
 fn key(name: &str) -> String {
-    let bare = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let bare = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     if bare { name.to_owned() } else { quote(name) }
 }
 
@@ -133,7 +144,9 @@ fn quote(text: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04X}", c as u32))
+            }
             c => out.push(c),
         }
     }

@@ -123,17 +123,10 @@ impl ObjectStore {
     }
 
     /// Stores a declared output (file or directory) found at `abs`.
-    pub fn ingest(
-        &self,
-        name: &str,
-        path: &str,
-        abs: &Path,
-        stat: &mut StatCache,
-    ) -> Result<OutputRecord, StoreError> {
+    pub fn ingest(&self, name: &str, path: &str, abs: &Path) -> Result<OutputRecord, StoreError> {
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
         if !meta.is_dir() {
             let (digest, size) = self.ingest_file(abs)?;
-            stat.record(abs, &meta, digest);
             return Ok(OutputRecord {
                 name: name.to_owned(),
                 path: path.to_owned(),
@@ -143,8 +136,9 @@ impl ObjectStore {
                 executable: meta.permissions().mode() & 0o111 != 0,
             });
         }
-        let Content::Dir { mut entries, .. } =
-            stat.content(abs).map_err(|e| StoreError::io(abs, e))?
+        let Content::Dir { mut entries, .. } = StatCache::default()
+            .content(abs)
+            .map_err(|e| StoreError::io(abs, e))?
         else {
             unreachable!("a directory has directory content");
         };
