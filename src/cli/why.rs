@@ -32,9 +32,10 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
                 fp(&status)
             );
             if !status.outputs_to_restore.is_empty() {
+                let names: Vec<String> = status.outputs_to_restore.iter().map(|o| format!("`{o}`")).collect();
                 println!(
-                    "its outputs {} differ from the store and will be restored by `cairn run`.",
-                    status.outputs_to_restore.join(", ")
+                    "the workspace copy of output {} differs from the store; `cairn run` restores it without running anything.",
+                    names.join(", ")
                 );
             }
         }

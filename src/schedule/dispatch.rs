@@ -564,7 +564,8 @@ fn commit(
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
     let finished_ms = now_ms();
     let command = stage.run.display();
-    let log_path = log.to_string_lossy();
+    // Quiet stages leave no log file; record a path only if there is one.
+    let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
     let id = ledger.record(&NewResult {
         run_id,
         stage: &stage.name,
@@ -575,7 +576,7 @@ fn commit(
         started_ms,
         finished_ms,
         exit_code: Some(0),
-        log_path: Some(&log_path),
+        log_path: log_path.as_deref(),
         error: None,
     })?;
     ctx.note_outputs(&records);
@@ -591,7 +592,7 @@ fn commit(
         started_ms,
         finished_ms,
         exit_code: Some(0),
-        log_path: Some(log_path.into_owned()),
+        log_path,
         error: None,
     };
     ctx.latest_failure.remove(&stage.name);
