@@ -32,7 +32,11 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
                 fp(&status)
             );
             if !status.outputs_to_restore.is_empty() {
-                let names: Vec<String> = status.outputs_to_restore.iter().map(|o| format!("`{o}`")).collect();
+                let names: Vec<String> = status
+                    .outputs_to_restore
+                    .iter()
+                    .map(|o| format!("`{o}`"))
+                    .collect();
                 println!(
                     "the workspace copy of output {} differs from the store; `cairn run` restores it without running anything.",
                     names.join(", ")

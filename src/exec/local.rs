@@ -79,9 +79,6 @@ impl Executor for LocalExecutor {
             source,
         })?;
         let mut guard = GroupGuard(child.id().map(|pid| pid as i32));
-        if let (Some(hook), Some(pid)) = (&job.on_spawn, child.id()) {
-            (hook.0)(pid);
-        }
         // Close our copies of the pipe's write end, so the reader sees EOF.
         drop(command);
         let log_path = job.log.clone();

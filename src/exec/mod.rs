@@ -21,43 +21,47 @@ pub struct Job {
     pub timeout: Option<Duration>,
     /// stdout and stderr are appended here.
     pub log: PathBuf,
-    /// Told the process id (= process group id) as soon as it exists.
-    pub on_spawn: Option<SpawnHook>,
 }
 
-/// A callback for a spawned process's id.
-#[derive(Clone)]
-pub struct SpawnHook(pub std::sync::Arc<dyn Fn(u32) + Send + Sync>);
+/// The variable that marks every process a run starts (its value is the
+/// run's token), inherited by their children.
+pub const RUN_MARKER: &str = "CAIRN_RUN";
 
-impl std::fmt::Debug for SpawnHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SpawnHook")
-    }
-}
-
-/// When a process started, in clock ticks since boot (`/proc/PID/stat`
-/// field 22): with the pid, it names one process across pid reuse.
-pub fn process_start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_name = stat.rsplit_once(')')?.1;
-    after_name.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Kills a process group left behind by a cairn process that was itself
-/// killed (`kill -9`), if it is still ours: a live leader must have the
-/// recorded start time, so a reused pid is never signalled.
-pub fn kill_orphaned_group(pgid: u32, start_ticks: Option<u64>) -> bool {
-    let leader_alive_and_ours = match process_start_ticks(pgid) {
-        Some(ticks) => start_ticks == Some(ticks),
-        // The leader is gone; while any member lives, the kernel keeps the
-        // group's id from being reused, so signalling it reaches only them.
-        None => true,
+/// Kills every process whose environment carries `RUN_MARKER=token`: what
+/// a cairn process that was itself killed (`kill -9`) left running. Returns
+/// how many were signalled. Processes that dropped their environment are not
+/// found; nor, on systems without `/proc`, is anything.
+pub fn kill_marked_processes(token: &str) -> usize {
+    let needle = format!("{RUN_MARKER}={token}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
     };
-    if !leader_alive_and_ours || pgid <= 1 {
-        return false;
+    let mut killed = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid <= 1 || pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|b| *b == 0)
+            .any(|var| var == needle.as_bytes())
+        {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                killed += 1;
+            }
+        }
     }
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe { libc::kill(-(pgid as i32), libc::SIGKILL) == 0 }
+    killed
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,8 +12,7 @@ use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
 use crate::exec::{
-    Executor, Job, LocalExecutor, Outcome, SpawnHook, base_environment, kill_orphaned_group,
-    process_start_ticks,
+    Executor, Job, LocalExecutor, Outcome, RUN_MARKER, base_environment, kill_marked_processes,
 };
 use crate::fingerprint::StageKey;
 use crate::manifest::{Command, EnvValue, Stage};
@@ -60,19 +59,6 @@ struct TaskResult {
     elapsed: Duration,
 }
 
-/// Records a stage's process group while it runs.
-fn note_spawn(ctx: &Context<'_>, run_id: i64, i: usize, pid: u32) -> Result<(), ScheduleError> {
-    if let Some(ledger) = &ctx.ledger {
-        ledger.add_live_group(
-            pid,
-            process_start_ticks(pid),
-            run_id,
-            &ctx.manifest.stages[i].name,
-        )?;
-    }
-    Ok(())
-}
-
 /// Gives a job slot back to the dispatcher when dropped (also when the task
 /// ends early or is aborted).
 struct SlotRelease(Option<tokio::sync::mpsc::UnboundedSender<()>>);
@@ -100,13 +86,14 @@ pub async fn run(
 ) -> Result<RunSummary, ScheduleError> {
     let manifest = ctx.manifest;
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-    ledger.close_abandoned_runs()?;
-    for (pgid, start_ticks) in ledger.take_live_groups()? {
-        if kill_orphaned_group(pgid, start_ticks) {
-            tracing::warn!("killed process group {pgid} left running by a cairn process that died");
+    for token in ledger.close_abandoned_runs()? {
+        let killed = kill_marked_processes(&token);
+        if killed > 0 {
+            tracing::warn!("killed {killed} process(es) left running by a cairn process that died");
         }
     }
-    let run_id = ledger.begin_run(&options.invocation, manifest.profile.as_deref())?;
+    let token = format!("{}-{}", std::process::id(), now_ms());
+    let run_id = ledger.begin_run(&options.invocation, manifest.profile.as_deref(), &token)?;
     let log_dir = manifest.cache_dir().join("logs").join(run_id.to_string());
 
     let n = manifest.stages.len();
@@ -150,7 +137,7 @@ pub async fn run(
     // end, before its outputs are stored, so storing overlaps other commands.
     let mut busy = 0usize;
     let (release_tx, mut release_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let (spawned_tx, mut spawned_rx) = tokio::sync::mpsc::unbounded_channel::<(usize, u32)>();
+
     let mut stop = false;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -228,14 +215,8 @@ pub async fn run(
                 stage: &stage.name,
                 reason: &reason,
             });
-            let job = match prepare(ctx, stage, &log_dir) {
-                Ok(mut job) => {
-                    let tx = spawned_tx.clone();
-                    job.on_spawn = Some(SpawnHook(std::sync::Arc::new(move |pid| {
-                        let _ = tx.send((i, pid));
-                    })));
-                    job
-                }
+            let job = match prepare(ctx, stage, &log_dir, &token) {
+                Ok(job) => job,
                 Err(error) => {
                     fail(
                         ctx,
@@ -277,19 +258,11 @@ pub async fn run(
 
         tokio::select! {
             Some(()) = release_rx.recv() => busy -= 1,
-            Some((i, pid)) = spawned_rx.recv() => {
-                note_spawn(ctx, run_id, i, pid)?;
-            }
+
             joined = running.join_next() => {
                 let Some(joined) = joined else { continue };
                 let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
-                while let Ok((j, pid)) = spawned_rx.try_recv() {
-                    note_spawn(ctx, run_id, j, pid)?;
-                }
                 let stage = &manifest.stages[i];
-                if let Some(ledger) = &ctx.ledger {
-                    ledger.remove_live_groups(run_id, &stage.name)?;
-                }
                 let log = log_dir.join(format!("{}.log", stage.name));
                 match result {
                     Err(error) => {
@@ -457,6 +430,7 @@ fn prepare(
     ctx: &Context<'_>,
     stage: &Stage,
     log_dir: &std::path::Path,
+    token: &str,
 ) -> Result<Job, ScheduleError> {
     for output in &stage.outputs {
         let abs = output.path.resolve(&ctx.manifest.root);
@@ -473,6 +447,7 @@ fn prepare(
     }
     let log = log_dir.join(format!("{}.log", stage.name));
     let mut env = base_environment();
+    env.push((RUN_MARKER.to_owned(), token.to_owned()));
     for (name, value) in &stage.env {
         let value = match value {
             EnvValue::Literal(text) => Some(text.clone()),
@@ -489,7 +464,6 @@ fn prepare(
         env,
         timeout: stage.timeout,
         log,
-        on_spawn: None,
     })
 }
 

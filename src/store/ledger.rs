@@ -24,6 +24,7 @@ CREATE TABLE IF NOT EXISTS runs (
     status TEXT NOT NULL,
     command TEXT NOT NULL,
     profile TEXT,
+    token TEXT,
     executed INTEGER NOT NULL DEFAULT 0,
     fresh INTEGER NOT NULL DEFAULT 0,
     restored INTEGER NOT NULL DEFAULT 0,
@@ -45,12 +46,6 @@ CREATE TABLE IF NOT EXISTS results (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS results_by_stage ON results(stage, fingerprint, status);
-CREATE TABLE IF NOT EXISTS live_groups (
-    pgid INTEGER NOT NULL,
-    start_ticks INTEGER,
-    run_id INTEGER NOT NULL,
-    stage TEXT NOT NULL
-);
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -180,11 +175,17 @@ impl Ledger {
         StoreError::db(&self.path, e)
     }
 
-    pub fn begin_run(&self, command: &str, profile: Option<&str>) -> Result<i64, StoreError> {
+    /// Records a new run; `token` marks the environment of its commands.
+    pub fn begin_run(
+        &self,
+        command: &str,
+        profile: Option<&str>,
+        token: &str,
+    ) -> Result<i64, StoreError> {
         self.conn
             .execute(
-                "INSERT INTO runs (started_ms, status, command, profile) VALUES (?1, 'running', ?2, ?3)",
-                params![now_ms(), command, profile],
+                "INSERT INTO runs (started_ms, status, command, profile, token) VALUES (?1, 'running', ?2, ?3, ?4)",
+                params![now_ms(), command, profile, token],
             )
             .map_err(|e| self.db(e))?;
         Ok(self.conn.last_insert_rowid())
@@ -317,60 +318,23 @@ impl Ledger {
     }
 
     /// Marks runs left `running` by a process that no longer holds the
-    /// workspace lock (killed) as `killed`.
-    pub fn close_abandoned_runs(&self) -> Result<(), StoreError> {
+    /// workspace lock (it was killed) as `killed`; returns their tokens.
+    pub fn close_abandoned_runs(&self) -> Result<Vec<String>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT token FROM runs WHERE status = 'running' AND token IS NOT NULL")
+            .map_err(|e| self.db(e))?;
+        let tokens = statement
+            .query_map([], |row| row.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.db(e))?;
         self.conn
             .execute(
                 "UPDATE runs SET status = 'killed' WHERE status = 'running'",
                 [],
             )
             .map_err(|e| self.db(e))?;
-        Ok(())
-    }
-
-    /// Remembers a running stage's process group, so that a later cairn can
-    /// kill it if this one dies without cleaning up.
-    pub fn add_live_group(
-        &self,
-        pgid: u32,
-        start_ticks: Option<u64>,
-        run_id: i64,
-        stage: &str,
-    ) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached("INSERT INTO live_groups (pgid, start_ticks, run_id, stage) VALUES (?1, ?2, ?3, ?4)")
-            .and_then(|mut s| s.execute(params![pgid, start_ticks.map(|t| t as i64), run_id, stage]))
-            .map_err(|e| self.db(e))?;
-        Ok(())
-    }
-
-    pub fn remove_live_groups(&self, run_id: i64, stage: &str) -> Result<(), StoreError> {
-        self.conn
-            .prepare_cached("DELETE FROM live_groups WHERE run_id = ?1 AND stage = ?2")
-            .and_then(|mut s| s.execute(params![run_id, stage]))
-            .map_err(|e| self.db(e))?;
-        Ok(())
-    }
-
-    /// Every recorded process group, removing the records.
-    pub fn take_live_groups(&self) -> Result<Vec<(u32, Option<u64>)>, StoreError> {
-        let mut statement = self
-            .conn
-            .prepare("SELECT pgid, start_ticks FROM live_groups")
-            .map_err(|e| self.db(e))?;
-        let groups = statement
-            .query_map([], |row| {
-                Ok((
-                    row.get::<_, u32>(0)?,
-                    row.get::<_, Option<i64>>(1)?.map(|t| t as u64),
-                ))
-            })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| self.db(e))?;
-        self.conn
-            .execute("DELETE FROM live_groups", [])
-            .map_err(|e| self.db(e))?;
-        Ok(groups)
+        Ok(tokens)
     }
 
     /// Output records of every successful result (for garbage collection).
