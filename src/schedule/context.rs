@@ -40,7 +40,11 @@ impl DirtyReason {
             DirtyReason::NeverRun => "never run".to_owned(),
             DirtyReason::Forced => "forced".to_owned(),
             DirtyReason::Changed { changes } => {
-                let names: Vec<String> = changes.iter().map(describe_component_change).collect();
+                const SHOWN: usize = 3;
+                let mut names: Vec<String> = changes.iter().take(SHOWN).map(describe_component_change).collect();
+                if changes.len() > SHOWN {
+                    names.push(format!("{} more", changes.len() - SHOWN));
+                }
                 format!("changed: {}", names.join(", "))
             }
             DirtyReason::Failed { exit_code, error } => match (error, exit_code) {

@@ -59,6 +59,12 @@ struct TaskResult {
     elapsed: Duration,
 }
 
+/// Where a task announces that its outputs' digests are known.
+struct Hashed {
+    tx: tokio::sync::mpsc::UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+    stage: usize,
+}
+
 /// Gives a job slot back to the dispatcher when dropped (also when the task
 /// ends early or is aborted).
 struct SlotRelease(Option<tokio::sync::mpsc::UnboundedSender<()>>);
@@ -137,6 +143,11 @@ pub async fn run(
     // end, before its outputs are stored, so storing overlaps other commands.
     let mut busy = 0usize;
     let (release_tx, mut release_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    // A stage's output digests are final once its outputs are copied into
+    // the store's temporary area; downstream stages may start then, while
+    // the copies are made durable (their fingerprints depend on content,
+    // not on the upstream result being recorded first).
+    let (hashed_tx, mut hashed_rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
 
     let mut stop = false;
     let ctrl_c = tokio::signal::ctrl_c();
@@ -246,8 +257,9 @@ pub async fn run(
                 .collect();
             busy += 1;
             let slot = SlotRelease(Some(release_tx.clone()));
+            let hashed = Hashed { tx: hashed_tx.clone(), stage: i };
             running.spawn(async move {
-                let result = execute(&executor, job, checks, store, declared, slot).await;
+                let result = execute(&executor, job, checks, store, declared, slot, hashed).await;
                 (i, key, result)
             });
         }
@@ -258,10 +270,16 @@ pub async fn run(
 
         tokio::select! {
             Some(()) = release_rx.recv() => busy -= 1,
+            Some((i, records, elapsed)) = hashed_rx.recv() => {
+                outputs_known(ctx, options, reporter, &mut slots, &mut remaining, &mut ready, &position, i, &records, elapsed);
+            }
 
             joined = running.join_next() => {
                 let Some(joined) = joined else { continue };
                 let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
+                while let Ok((j, records, elapsed)) = hashed_rx.try_recv() {
+                    outputs_known(ctx, options, reporter, &mut slots, &mut remaining, &mut ready, &position, j, &records, elapsed);
+                }
                 let stage = &manifest.stages[i];
                 let log = log_dir.join(format!("{}.log", stage.name));
                 match result {
@@ -288,12 +306,6 @@ pub async fn run(
                         None => {
                             commit(ctx, run_id, stage, &key, task.records, task.started_ms, &log)?;
                             summary.counts.executed += 1;
-                            reporter.event(Event::StageDone {
-                                stage: &stage.name,
-                                done: Done::Ran,
-                                elapsed: task.elapsed,
-                            });
-                            complete(i, ctx, options, &mut slots, &mut remaining, &mut ready, &position);
                         }
                     },
                 }
@@ -383,6 +395,29 @@ fn bring_back(
         }
     }
     Ok(Ok(restored))
+}
+
+/// A stage's outputs are hashed: report it done and release downstream.
+#[allow(clippy::too_many_arguments)]
+fn outputs_known(
+    ctx: &mut Context<'_>,
+    options: &RunOptions,
+    reporter: &mut dyn Reporter,
+    slots: &mut [Slot],
+    remaining: &mut [usize],
+    ready: &mut BTreeSet<(usize, usize)>,
+    position: &[usize],
+    i: usize,
+    records: &[OutputRecord],
+    elapsed: Duration,
+) {
+    ctx.note_outputs(records);
+    reporter.event(Event::StageDone {
+        stage: &ctx.manifest.stages[i].name,
+        done: Done::Ran,
+        elapsed,
+    });
+    complete(i, ctx, options, slots, remaining, ready, position);
 }
 
 fn complete(
@@ -476,6 +511,7 @@ async fn execute(
     store: ObjectStore,
     declared: Vec<Declared>,
     slot: SlotRelease,
+    hashed: Hashed,
 ) -> Result<TaskResult, ScheduleError> {
     let started_ms = now_ms();
     let started = Instant::now();
@@ -513,14 +549,16 @@ async fn execute(
     }
     drop(slot);
     if task.failure.is_none() {
-        task.records = tokio::task::spawn_blocking(move || {
-            declared
-                .iter()
-                .map(|d| store.ingest(&d.name, &d.path, &d.abs))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .await
-        .map_err(|e| ScheduleError::Task(e.to_string()))??;
+        let outputs: Vec<(String, String, PathBuf)> =
+            declared.into_iter().map(|d| (d.name, d.path, d.abs)).collect();
+        let staging_store = store.clone();
+        let staged = tokio::task::spawn_blocking(move || staging_store.stage(&outputs))
+            .await
+            .map_err(|e| ScheduleError::Task(e.to_string()))??;
+        let _ = hashed.tx.send((hashed.stage, staged.records.clone(), started.elapsed()));
+        task.records = tokio::task::spawn_blocking(move || store.publish(staged))
+            .await
+            .map_err(|e| ScheduleError::Task(e.to_string()))??;
     }
     task.elapsed = started.elapsed();
     Ok(task)

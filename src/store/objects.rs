@@ -17,6 +17,22 @@ use serde::{Deserialize, Serialize};
 use super::StoreError;
 use crate::fingerprint::{Content, Digest, EntryKind, StatCache, TreeEntry, tree_digest};
 
+/// Outputs copied and hashed into the store's temporary area, waiting for
+/// [`ObjectStore::publish`]. Dropped unpublished, its files are removed.
+#[derive(Debug)]
+pub struct Staged {
+    pub records: Vec<OutputRecord>,
+    pending: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for (temp, _) in &self.pending {
+            let _ = fs::remove_file(temp);
+        }
+    }
+}
+
 /// A stored output: what to restore, and how to check it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputRecord {
@@ -91,15 +107,16 @@ impl ObjectStore {
     /// Moves a finished temp file to `dest`. An existing object is replaced
     /// (atomically, by rename) rather than trusted: the new bytes were just
     /// hashed, the old ones may have been damaged since.
-    fn publish(&self, temp: &Path, dest: &Path) -> Result<(), StoreError> {
+    fn rename_into_place(&self, temp: &Path, dest: &Path) -> Result<(), StoreError> {
         if let Some(parent) = dest.parent() {
             fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
         }
         fs::rename(temp, dest).map_err(|e| StoreError::io(dest, e))
     }
 
-    /// Copies one workspace file into the store, hashing the bytes it copies.
-    pub fn ingest_file(&self, src: &Path) -> Result<(Digest, u64), StoreError> {
+    /// Copies one workspace file into a temporary file of the store,
+    /// hashing the bytes it copies. Not yet durable nor visible.
+    fn copy_in(&self, src: &Path, staged: &mut Staged) -> Result<(Digest, u64), StoreError> {
         let mut input = File::open(src).map_err(|e| StoreError::io(src, e))?;
         let (temp, mut out) = self.temp_file()?;
         let mut hasher = blake3::Hasher::new();
@@ -111,22 +128,30 @@ impl ObjectStore {
                 break;
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .map_err(|e| StoreError::io(&temp, e))?;
+            out.write_all(&buf[..n]).map_err(|e| StoreError::io(&temp, e))?;
             size += n as u64;
         }
-        out.sync_all().map_err(|e| StoreError::io(&temp, e))?;
-        drop(out);
         let digest = Digest::from_hash(hasher.finalize());
-        self.publish(&temp, &self.object_path(&digest))?;
+        staged.pending.push((temp, self.object_path(&digest)));
         Ok((digest, size))
     }
 
-    /// Stores a declared output (file or directory) found at `abs`.
-    pub fn ingest(&self, name: &str, path: &str, abs: &Path) -> Result<OutputRecord, StoreError> {
+    /// Copies a stage's declared outputs (files or directories) into the
+    /// store's temporary area and hashes them. The digests are final; the
+    /// objects become durable and visible only through [`Self::publish`].
+    pub fn stage(&self, outputs: &[(String, String, PathBuf)]) -> Result<Staged, StoreError> {
+        let mut staged = Staged { records: Vec::with_capacity(outputs.len()), pending: Vec::new() };
+        for (name, path, abs) in outputs {
+            let record = self.stage_one(name, path, abs, &mut staged)?;
+            staged.records.push(record);
+        }
+        Ok(staged)
+    }
+
+    fn stage_one(&self, name: &str, path: &str, abs: &Path, staged: &mut Staged) -> Result<OutputRecord, StoreError> {
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
         if !meta.is_dir() {
-            let (digest, size) = self.ingest_file(abs)?;
+            let (digest, size) = self.copy_in(abs, staged)?;
             return Ok(OutputRecord {
                 name: name.to_owned(),
                 path: path.to_owned(),
@@ -145,7 +170,7 @@ impl ObjectStore {
         let mut total = 0;
         for entry in entries.iter_mut() {
             if matches!(entry.kind, EntryKind::File | EntryKind::Executable) {
-                let (digest, size) = self.ingest_file(&abs.join(&entry.path))?;
+                let (digest, size) = self.copy_in(&abs.join(&entry.path), staged)?;
                 // The bytes stored are the truth, even if the file changed
                 // since it was listed.
                 entry.digest = digest;
@@ -156,11 +181,8 @@ impl ObjectStore {
         let digest = tree_digest(&mut entries);
         let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
         let (temp, mut out) = self.temp_file()?;
-        out.write_all(&listing)
-            .and_then(|()| out.sync_all())
-            .map_err(|e| StoreError::io(&temp, e))?;
-        drop(out);
-        self.publish(&temp, &self.tree_path(&digest))?;
+        out.write_all(&listing).map_err(|e| StoreError::io(&temp, e))?;
+        staged.pending.push((temp, self.tree_path(&digest)));
         Ok(OutputRecord {
             name: name.to_owned(),
             path: path.to_owned(),
@@ -169,6 +191,24 @@ impl ObjectStore {
             size: total,
             executable: false,
         })
+    }
+
+    /// Makes staged objects durable (fsync) and visible (rename), and
+    /// returns their records: only now may a result refer to them.
+    pub fn publish(&self, mut staged: Staged) -> Result<Vec<OutputRecord>, StoreError> {
+        for (temp, _) in &staged.pending {
+            File::open(temp).and_then(|f| f.sync_all()).map_err(|e| StoreError::io(temp, e))?;
+        }
+        for (temp, dest) in std::mem::take(&mut staged.pending) {
+            self.rename_into_place(&temp, &dest)?;
+        }
+        Ok(std::mem::take(&mut staged.records))
+    }
+
+    /// Copies one file into the store: stage, then publish.
+    pub fn ingest(&self, name: &str, path: &str, abs: &Path) -> Result<OutputRecord, StoreError> {
+        let staged = self.stage(&[(name.to_owned(), path.to_owned(), abs.to_owned())])?;
+        Ok(self.publish(staged)?.remove(0))
     }
 
     /// The tree listing of a stored directory.
