@@ -212,32 +212,89 @@ fn edited_output_is_restored_from_the_store_without_rerunning() {
     assert_eq!(p.read("state/other.txt"), "b\n");
 }
 
+/// Flips the first byte of every stored object: files under
+/// `cache/objects/` and the small objects kept inline in the ledger.
+fn damage_every_stored_object(p: &Project) -> usize {
+    let mut damaged = 0;
+    if let Ok(shards) = std::fs::read_dir(p.path("cache/objects")) {
+        for shard in shards {
+            for object in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+                let path = object.unwrap().path();
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes[0] ^= 0x01;
+                std::fs::write(&path, bytes).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let mut rows: Vec<(Vec<u8>, Vec<u8>)> = db
+        .prepare("SELECT digest, bytes FROM objects")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (digest, bytes) in &mut rows {
+        bytes[0] ^= 0x01;
+        db.execute(
+            "UPDATE objects SET bytes = ?1 WHERE digest = ?2",
+            rusqlite::params![&*bytes, &*digest],
+        )
+        .unwrap();
+        damaged += 1;
+    }
+    damaged
+}
+
 #[test]
 fn corrupt_store_object_is_not_a_cache_hit() {
     let p = diamond();
+    // One output large enough to be stored as a file, the rest inline.
+    p.file("data/a.txt", &"a".repeat(40_000));
     p.cairn(&["run"]).success();
-    // Damage every stored object, then the workspace copy of one output.
-    for shard in std::fs::read_dir(p.path("cache/objects")).unwrap() {
-        for object in std::fs::read_dir(shard.unwrap().path()).unwrap() {
-            let path = object.unwrap().path();
-            let mut bytes = std::fs::read(&path).unwrap();
-            bytes[0] ^= 0x01;
-            std::fs::write(&path, bytes).unwrap();
-        }
-    }
+    assert!(damage_every_stored_object(&p) >= 4);
     std::fs::remove_file(p.path("state/left.txt")).unwrap();
+    std::fs::remove_file(p.path("state/right.txt")).unwrap();
     let run = p.cairn(&["run"]);
     run.success();
-    // The damaged object was refused and the stage re-ran.
+    // The damaged objects were refused and their stages re-ran.
     let runs = p.lines("runs.log");
-    assert_eq!(runs.len(), 5, "{runs:?}");
-    assert_eq!(runs[4], "left");
-    assert_eq!(p.read("state/left.txt"), "a\n");
-    // Re-running healed the stored copy: the next restore needs no run.
+    assert_eq!(runs.len(), 6, "{runs:?}");
+    let mut reran = runs[4..].to_vec();
+    reran.sort();
+    assert_eq!(reran, ["left", "right"]);
+    assert_eq!(p.read("state/left.txt"), "a".repeat(40_000));
+    // Re-running healed the stored copies: the next restores need no run.
     std::fs::remove_file(p.path("state/left.txt")).unwrap();
+    std::fs::remove_file(p.path("state/right.txt")).unwrap();
     p.cairn(&["run"]).success();
-    assert_eq!(p.lines("runs.log").len(), 5);
-    assert_eq!(p.read("state/left.txt"), "a\n");
+    assert_eq!(p.lines("runs.log").len(), 6);
+    assert_eq!(p.read("state/right.txt"), "a".repeat(80_000));
+}
+
+#[test]
+fn large_and_small_outputs_are_both_restored() {
+    let p = diamond();
+    p.file("data/a.txt", &"x".repeat(20_000));
+    p.cairn(&["run"]).success();
+    assert!(
+        p.path("cache/objects").exists(),
+        "a 20 kB output is stored as a file"
+    );
+    for f in [
+        "state/left.txt",
+        "state/right.txt",
+        "state/join.txt",
+        "state/other.txt",
+    ] {
+        std::fs::remove_file(p.path(f)).unwrap();
+    }
+    let run = p.cairn(&["run"]);
+    assert!(run.stderr().contains("4 restored"), "{}", run.stderr());
+    assert_eq!(p.lines("runs.log").len(), 4);
+    assert_eq!(p.read("state/join.txt").len(), 60_000);
+    assert_eq!(p.read("state/other.txt"), "b\n");
 }
 
 #[test]
@@ -491,7 +548,8 @@ fn gc_drops_only_unreferenced_objects() {
     let dry = p.cairn(&["gc", "--dry-run"]);
     dry.success();
     assert!(
-        dry.stdout().contains("would free 1 file(s)"),
+        dry.stdout()
+            .contains("would free 0 file(s) and 1 inline object(s)"),
         "{}",
         dry.stdout()
     );

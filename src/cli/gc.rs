@@ -30,9 +30,14 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
 
     let mut live_objects: HashSet<Digest> = HashSet::new();
     let mut live_trees: HashSet<Digest> = HashSet::new();
+    let mut live_inline: HashSet<Digest> = HashSet::new();
     for stage in &loaded.manifest.stages {
         if let Some(record) = latest.get(&stage.name) {
             for output in &record.outputs {
+                if output.inline {
+                    live_inline.insert(output.digest);
+                    continue;
+                }
                 if output.kind == OutputKind::Dir {
                     live_trees.insert(output.digest);
                 }
@@ -74,7 +79,8 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
         dead.push((temp.clone(), size(&temp)));
     }
 
-    let bytes: u64 = dead.iter().map(|(_, s)| s).sum();
+    let (inline_count, inline_bytes) = ledger.drop_inline_objects(&live_inline, args.dry_run)?;
+    let bytes: u64 = dead.iter().map(|(_, s)| s).sum::<u64>() + inline_bytes;
     for (path, _) in &dead {
         if args.dry_run {
             println!("would remove {}", path.display());
@@ -84,9 +90,9 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
     }
     let verb = if args.dry_run { "would free" } else { "freed" };
     println!(
-        "{verb} {} file(s), {bytes} bytes; kept {} object(s)",
+        "{verb} {} file(s) and {inline_count} inline object(s), {bytes} bytes; kept {} object(s)",
         dead.len(),
-        live_objects.len()
+        live_objects.len() + live_inline.len()
     );
     Ok(())
 }

@@ -41,7 +41,11 @@ impl DirtyReason {
             DirtyReason::Forced => "forced".to_owned(),
             DirtyReason::Changed { changes } => {
                 const SHOWN: usize = 3;
-                let mut names: Vec<String> = changes.iter().take(SHOWN).map(describe_component_change).collect();
+                let mut names: Vec<String> = changes
+                    .iter()
+                    .take(SHOWN)
+                    .map(describe_component_change)
+                    .collect();
                 if changes.len() > SHOWN {
                     names.push(format!("{} more", changes.len() - SHOWN));
                 }

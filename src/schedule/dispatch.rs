@@ -17,8 +17,8 @@ use crate::exec::{
 use crate::fingerprint::StageKey;
 use crate::manifest::{Command, EnvValue, Stage};
 use crate::store::{
-    LockFile, NewResult, ObjectStore, OutputRecord, ResultStatus, RunCounts, StoreError, now_ms,
-    remove_path,
+    LockFile, NewResult, ObjectStore, OutputRecord, Published, ResultStatus, RunCounts, StoreError,
+    now_ms, remove_path,
 };
 
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ struct TaskResult {
     /// Why the stage failed, if it did.
     failure: Option<String>,
     /// The stored outputs, when it succeeded.
-    records: Vec<OutputRecord>,
+    published: Option<Published>,
     started_ms: i64,
     elapsed: Duration,
 }
@@ -147,7 +147,8 @@ pub async fn run(
     // the store's temporary area; downstream stages may start then, while
     // the copies are made durable (their fingerprints depend on content,
     // not on the upstream result being recorded first).
-    let (hashed_tx, mut hashed_rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
+    let (hashed_tx, mut hashed_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
 
     let mut stop = false;
     let ctrl_c = tokio::signal::ctrl_c();
@@ -257,7 +258,10 @@ pub async fn run(
                 .collect();
             busy += 1;
             let slot = SlotRelease(Some(release_tx.clone()));
-            let hashed = Hashed { tx: hashed_tx.clone(), stage: i };
+            let hashed = Hashed {
+                tx: hashed_tx.clone(),
+                stage: i,
+            };
             running.spawn(async move {
                 let result = execute(&executor, job, checks, store, declared, slot, hashed).await;
                 (i, key, result)
@@ -304,7 +308,8 @@ pub async fn run(
                             stop |= !options.keep_going;
                         }
                         None => {
-                            commit(ctx, run_id, stage, &key, task.records, task.started_ms, &log)?;
+                            let published = task.published.expect("a successful task has published outputs");
+                            commit(ctx, run_id, stage, &key, published, task.started_ms, &log)?;
                             summary.counts.executed += 1;
                         }
                     },
@@ -379,7 +384,8 @@ fn bring_back(
         if ctx.workspace_matches(output) {
             continue;
         }
-        match ctx.store.restore(output, &ctx.abs(&output.path)) {
+        let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        match ctx.store.restore(output, &ctx.abs(&output.path), ledger) {
             Ok(()) => restored = true,
             Err(StoreError::Corrupt { path, detail }) => {
                 tracing::warn!(
@@ -519,7 +525,7 @@ async fn execute(
     let mut task = TaskResult {
         outcome,
         failure: None,
-        records: Vec::new(),
+        published: None,
         started_ms,
         elapsed: Duration::ZERO,
     };
@@ -549,16 +555,22 @@ async fn execute(
     }
     drop(slot);
     if task.failure.is_none() {
-        let outputs: Vec<(String, String, PathBuf)> =
-            declared.into_iter().map(|d| (d.name, d.path, d.abs)).collect();
+        let outputs: Vec<(String, String, PathBuf)> = declared
+            .into_iter()
+            .map(|d| (d.name, d.path, d.abs))
+            .collect();
         let staging_store = store.clone();
         let staged = tokio::task::spawn_blocking(move || staging_store.stage(&outputs))
             .await
             .map_err(|e| ScheduleError::Task(e.to_string()))??;
-        let _ = hashed.tx.send((hashed.stage, staged.records.clone(), started.elapsed()));
-        task.records = tokio::task::spawn_blocking(move || store.publish(staged))
-            .await
-            .map_err(|e| ScheduleError::Task(e.to_string()))??;
+        let _ = hashed
+            .tx
+            .send((hashed.stage, staged.records.clone(), started.elapsed()));
+        task.published = Some(
+            tokio::task::spawn_blocking(move || store.publish(staged))
+                .await
+                .map_err(|e| ScheduleError::Task(e.to_string()))??,
+        );
     }
     task.elapsed = started.elapsed();
     Ok(task)
@@ -569,28 +581,32 @@ fn commit(
     run_id: i64,
     stage: &Stage,
     key: &StageKey,
-    records: Vec<OutputRecord>,
+    published: Published,
     started_ms: i64,
     log: &std::path::Path,
 ) -> Result<(), ScheduleError> {
+    let Published { records, inline } = published;
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
     let finished_ms = now_ms();
     let command = stage.run.display();
     // Quiet stages leave no log file; record a path only if there is one.
     let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
-    let id = ledger.record(&NewResult {
-        run_id,
-        stage: &stage.name,
-        key,
-        status: ResultStatus::Ok,
-        outputs: &records,
-        command: &command,
-        started_ms,
-        finished_ms,
-        exit_code: Some(0),
-        log_path: log_path.as_deref(),
-        error: None,
-    })?;
+    let id = ledger.record(
+        &NewResult {
+            run_id,
+            stage: &stage.name,
+            key,
+            status: ResultStatus::Ok,
+            outputs: &records,
+            command: &command,
+            started_ms,
+            finished_ms,
+            exit_code: Some(0),
+            log_path: log_path.as_deref(),
+            error: None,
+        },
+        &inline,
+    )?;
     ctx.note_outputs(&records);
     let record = crate::store::ResultRecord {
         id,
@@ -625,19 +641,22 @@ fn record_failure(
 ) -> Result<(), ScheduleError> {
     let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
     let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
-    ledger.record(&NewResult {
-        run_id,
-        stage: &stage.name,
-        key,
-        status: ResultStatus::Failed,
-        outputs: &[],
-        command: &stage.run.display(),
-        started_ms,
-        finished_ms: now_ms(),
-        exit_code,
-        log_path: log_path.as_deref(),
-        error: Some(message),
-    })?;
+    ledger.record(
+        &NewResult {
+            run_id,
+            stage: &stage.name,
+            key,
+            status: ResultStatus::Failed,
+            outputs: &[],
+            command: &stage.run.display(),
+            started_ms,
+            finished_ms: now_ms(),
+            exit_code,
+            log_path: log_path.as_deref(),
+            error: Some(message),
+        },
+        &[],
+    )?;
     Ok(())
 }
 

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use super::StoreError;
@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS results (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS results_by_stage ON results(stage, fingerprint, status);
+CREATE TABLE IF NOT EXISTS objects (
+    digest BLOB PRIMARY KEY,
+    bytes BLOB NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -206,9 +210,26 @@ impl Ledger {
         Ok(())
     }
 
-    pub fn record(&self, result: &NewResult<'_>) -> Result<i64, StoreError> {
+    /// Records a result and, in the same transaction, the small objects
+    /// its outputs keep inline.
+    pub fn record(
+        &self,
+        result: &NewResult<'_>,
+        inline: &[(Digest, Vec<u8>)],
+    ) -> Result<i64, StoreError> {
         let key_json = serde_json::to_string(result.key).expect("keys serialise");
         let outputs_json = serde_json::to_string(result.outputs).expect("outputs serialise");
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        if !inline.is_empty() {
+            let mut insert = tx
+                .prepare_cached("INSERT OR REPLACE INTO objects (digest, bytes) VALUES (?1, ?2)")
+                .map_err(|e| self.db(e))?;
+            for (digest, bytes) in inline {
+                insert
+                    .execute(params![&digest.as_bytes()[..], bytes])
+                    .map_err(|e| self.db(e))?;
+            }
+        }
         let mut statement = self
             .conn
             .prepare_cached(
@@ -232,7 +253,59 @@ impl Ledger {
                 result.error,
             ])
             .map_err(|e| self.db(e))?;
-        Ok(self.conn.last_insert_rowid())
+        drop(statement);
+        let id = self.conn.last_insert_rowid();
+        tx.commit().map_err(|e| self.db(e))?;
+        Ok(id)
+    }
+
+    /// The bytes of a small object kept in the ledger.
+    pub fn inline_object(&self, digest: &Digest) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT bytes FROM objects WHERE digest = ?1")
+            .and_then(|mut s| {
+                s.query_row(params![&digest.as_bytes()[..]], |row| row.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.db(e))
+    }
+
+    /// Deletes inline objects not in `live`; returns (count, bytes) removed
+    /// (or that would be, with `dry_run`).
+    pub fn drop_inline_objects(
+        &self,
+        live: &std::collections::HashSet<Digest>,
+        dry_run: bool,
+    ) -> Result<(usize, u64), StoreError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT digest, length(bytes) FROM objects")
+            .map_err(|e| self.db(e))?;
+        let rows: Vec<(Vec<u8>, i64)> = statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.db(e))?;
+        let dead: Vec<(Vec<u8>, i64)> = rows
+            .into_iter()
+            .filter(|(d, _)| {
+                <[u8; 32]>::try_from(d.as_slice()).map_or(true, |b| {
+                    !live.contains(&Digest::from_hash(blake3::Hash::from_bytes(b)))
+                })
+            })
+            .collect();
+        if !dry_run {
+            let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+            for (digest, _) in &dead {
+                tx.execute("DELETE FROM objects WHERE digest = ?1", params![digest])
+                    .map_err(|e| self.db(e))?;
+            }
+            tx.commit().map_err(|e| self.db(e))?;
+        }
+        Ok((dead.len(), dead.iter().map(|(_, n)| *n as u64).sum()))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The newest successful result of every stage.

@@ -169,6 +169,7 @@ mod tests {
                 digest: Digest::of(b"a"),
                 size: 1,
                 executable: false,
+                inline: false,
             },
             OutputRecord {
                 name: "with.dot".into(),
@@ -177,6 +178,7 @@ mod tests {
                 digest: Digest::of(b"b"),
                 size: 2,
                 executable: false,
+                inline: false,
             },
         ];
         lock.insert("stage.with.dots", Digest::of(b"fp"), &outputs);

@@ -8,7 +8,9 @@ mod workspace_lock;
 
 pub use ledger::{Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms};
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};
-pub use objects::{ObjectStore, OutputKind, OutputRecord, Staged, remove_path};
+pub use objects::{
+    INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,
+};
 pub use workspace_lock::{WhenLocked, WorkspaceLock};
 
 use std::path::{Path, PathBuf};

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
+use super::ledger::Ledger;
 use crate::fingerprint::{Content, Digest, EntryKind, StatCache, TreeEntry, tree_digest};
 
 /// Outputs copied and hashed into the store's temporary area, waiting for
@@ -23,6 +24,15 @@ use crate::fingerprint::{Content, Digest, EntryKind, StatCache, TreeEntry, tree_
 pub struct Staged {
     pub records: Vec<OutputRecord>,
     pending: Vec<(PathBuf, PathBuf)>,
+    inline: Vec<(Digest, Vec<u8>)>,
+}
+
+/// Published outputs: their records, and the small objects the ledger must
+/// store with the result.
+#[derive(Debug)]
+pub struct Published {
+    pub records: Vec<OutputRecord>,
+    pub inline: Vec<(Digest, Vec<u8>)>,
 }
 
 impl Drop for Staged {
@@ -44,7 +54,15 @@ pub struct OutputRecord {
     pub size: u64,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub executable: bool,
+    /// A small file kept inside the ledger rather than in `objects/`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inline: bool,
 }
+
+/// Files up to this size are stored inside the ledger, in the same
+/// transaction as the result that refers to them: no file, no fsync, no
+/// rename, and the object exists exactly when its result does.
+pub const INLINE_MAX: u64 = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -128,7 +146,8 @@ impl ObjectStore {
                 break;
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n]).map_err(|e| StoreError::io(&temp, e))?;
+            out.write_all(&buf[..n])
+                .map_err(|e| StoreError::io(&temp, e))?;
             size += n as u64;
         }
         let digest = Digest::from_hash(hasher.finalize());
@@ -140,7 +159,11 @@ impl ObjectStore {
     /// store's temporary area and hashes them. The digests are final; the
     /// objects become durable and visible only through [`Self::publish`].
     pub fn stage(&self, outputs: &[(String, String, PathBuf)]) -> Result<Staged, StoreError> {
-        let mut staged = Staged { records: Vec::with_capacity(outputs.len()), pending: Vec::new() };
+        let mut staged = Staged {
+            records: Vec::with_capacity(outputs.len()),
+            pending: Vec::new(),
+            inline: Vec::new(),
+        };
         for (name, path, abs) in outputs {
             let record = self.stage_one(name, path, abs, &mut staged)?;
             staged.records.push(record);
@@ -148,8 +171,32 @@ impl ObjectStore {
         Ok(staged)
     }
 
-    fn stage_one(&self, name: &str, path: &str, abs: &Path, staged: &mut Staged) -> Result<OutputRecord, StoreError> {
+    fn stage_one(
+        &self,
+        name: &str,
+        path: &str,
+        abs: &Path,
+        staged: &mut Staged,
+    ) -> Result<OutputRecord, StoreError> {
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
+        let executable = meta.permissions().mode() & 0o111 != 0;
+        if !meta.is_dir() && meta.len() <= INLINE_MAX {
+            let bytes = fs::read(abs).map_err(|e| StoreError::io(abs, e))?;
+            if bytes.len() as u64 <= INLINE_MAX {
+                let digest = Digest::of(&bytes);
+                let size = bytes.len() as u64;
+                staged.inline.push((digest, bytes));
+                return Ok(OutputRecord {
+                    name: name.to_owned(),
+                    path: path.to_owned(),
+                    kind: OutputKind::File,
+                    digest,
+                    size,
+                    executable,
+                    inline: true,
+                });
+            }
+        }
         if !meta.is_dir() {
             let (digest, size) = self.copy_in(abs, staged)?;
             return Ok(OutputRecord {
@@ -158,7 +205,8 @@ impl ObjectStore {
                 kind: OutputKind::File,
                 digest,
                 size,
-                executable: meta.permissions().mode() & 0o111 != 0,
+                executable,
+                inline: false,
             });
         }
         let Content::Dir { mut entries, .. } = StatCache::default()
@@ -181,7 +229,8 @@ impl ObjectStore {
         let digest = tree_digest(&mut entries);
         let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
         let (temp, mut out) = self.temp_file()?;
-        out.write_all(&listing).map_err(|e| StoreError::io(&temp, e))?;
+        out.write_all(&listing)
+            .map_err(|e| StoreError::io(&temp, e))?;
         staged.pending.push((temp, self.tree_path(&digest)));
         Ok(OutputRecord {
             name: name.to_owned(),
@@ -190,25 +239,26 @@ impl ObjectStore {
             digest,
             size: total,
             executable: false,
+            inline: false,
         })
     }
 
-    /// Makes staged objects durable (fsync) and visible (rename), and
-    /// returns their records: only now may a result refer to them.
-    pub fn publish(&self, mut staged: Staged) -> Result<Vec<OutputRecord>, StoreError> {
+    /// Makes staged file objects durable (fsync) and visible (rename). Only
+    /// then may a result refer to them; inline objects travel with the
+    /// result into the ledger.
+    pub fn publish(&self, mut staged: Staged) -> Result<Published, StoreError> {
         for (temp, _) in &staged.pending {
-            File::open(temp).and_then(|f| f.sync_all()).map_err(|e| StoreError::io(temp, e))?;
+            File::open(temp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StoreError::io(temp, e))?;
         }
         for (temp, dest) in std::mem::take(&mut staged.pending) {
             self.rename_into_place(&temp, &dest)?;
         }
-        Ok(std::mem::take(&mut staged.records))
-    }
-
-    /// Copies one file into the store: stage, then publish.
-    pub fn ingest(&self, name: &str, path: &str, abs: &Path) -> Result<OutputRecord, StoreError> {
-        let staged = self.stage(&[(name.to_owned(), path.to_owned(), abs.to_owned())])?;
-        Ok(self.publish(staged)?.remove(0))
+        Ok(Published {
+            records: std::mem::take(&mut staged.records),
+            inline: std::mem::take(&mut staged.inline),
+        })
     }
 
     /// The tree listing of a stored directory.
@@ -236,6 +286,8 @@ impl ObjectStore {
             fs::metadata(self.object_path(digest)).is_ok_and(|m| m.len() == size)
         };
         match record.kind {
+            // Committed in the same transaction as the result itself.
+            OutputKind::File if record.inline => true,
             OutputKind::File => present(&record.digest, record.size),
             OutputKind::Dir => self.tree(&record.digest).is_ok_and(|entries| {
                 entries
@@ -266,7 +318,12 @@ impl ObjectStore {
     /// Rewrites the workspace copy of an output from the store, verifying
     /// each object's bytes; the old copy is replaced only once the new one
     /// is complete.
-    pub fn restore(&self, record: &OutputRecord, dest: &Path) -> Result<(), StoreError> {
+    pub fn restore(
+        &self,
+        record: &OutputRecord,
+        dest: &Path,
+        ledger: &Ledger,
+    ) -> Result<(), StoreError> {
         let parent = dest.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
         let staging = parent.join(format!(
@@ -278,6 +335,22 @@ impl ObjectStore {
         ));
         remove_path(&staging).map_err(|e| StoreError::io(&staging, e))?;
         match record.kind {
+            OutputKind::File if record.inline => {
+                let bytes =
+                    ledger
+                        .inline_object(&record.digest)?
+                        .ok_or_else(|| StoreError::Corrupt {
+                            path: ledger.path().to_owned(),
+                            detail: format!("inline object {} is missing", record.digest),
+                        })?;
+                write_verified(
+                    &bytes,
+                    &record.digest,
+                    ledger.path(),
+                    &staging,
+                    record.executable,
+                )?
+            }
             OutputKind::File => self.copy_verified(&record.digest, &staging, record.executable)?,
             OutputKind::Dir => {
                 let entries = self.tree(&record.digest)?;
@@ -323,26 +396,37 @@ impl ObjectStore {
     ) -> Result<(), StoreError> {
         let source = self.object_path(digest);
         let bytes = fs::read(&source).map_err(|e| StoreError::io(&source, e))?;
-        if Digest::of(&bytes) != *digest {
-            return Err(StoreError::Corrupt {
-                path: source,
-                detail: format!("content does not hash to {digest}"),
-            });
-        }
-        let mode = if executable { 0o755 } else { 0o644 };
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(dest)
-            .map_err(|e| StoreError::io(dest, e))?;
-        out.write_all(&bytes)
-            .and_then(|()| out.sync_all())
-            .map_err(|e| StoreError::io(dest, e))?;
-        fs::set_permissions(dest, fs::Permissions::from_mode(mode))
-            .map_err(|e| StoreError::io(dest, e))
+        write_verified(&bytes, digest, &source, dest, executable)
     }
+}
+
+/// Writes `bytes` to `dest` if they hash to `digest`; `source` names where
+/// they came from in the error otherwise.
+fn write_verified(
+    bytes: &[u8],
+    digest: &Digest,
+    source: &Path,
+    dest: &Path,
+    executable: bool,
+) -> Result<(), StoreError> {
+    if Digest::of(bytes) != *digest {
+        return Err(StoreError::Corrupt {
+            path: source.to_owned(),
+            detail: format!("content does not hash to {digest}"),
+        });
+    }
+    let mode = if executable { 0o755 } else { 0o644 };
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(dest)
+        .map_err(|e| StoreError::io(dest, e))?;
+    out.write_all(bytes)
+        .and_then(|()| out.sync_all())
+        .map_err(|e| StoreError::io(dest, e))?;
+    fs::set_permissions(dest, fs::Permissions::from_mode(mode)).map_err(|e| StoreError::io(dest, e))
 }
 
 /// Removes a file or directory tree; absent is fine.

@@ -55,6 +55,35 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cairn")
 }
 
+impl Drop for Project {
+    /// Kills any process still working in this project (e.g. a stage
+    /// orphaned by a test that failed half-way), so nothing outlives it.
+    fn drop(&mut self) {
+        let Ok(root) = self.dir.path().canonicalize() else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(&root))
+            {
+                // SAFETY: kill(2) has no memory-safety preconditions.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
 impl Project {
     pub fn new() -> Self {
         Self {
