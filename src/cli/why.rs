@@ -53,11 +53,11 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
     for change in &status.changes {
         println!("\n  {}", change.component);
         match &change.old {
-            Some(old) => println!("    - {}", old.detail),
+            Some(old) => println!("    - {}", old.shown()),
             None => println!("    - (absent)"),
         }
         match &change.new {
-            Some(new) => println!("    + {}", new.detail),
+            Some(new) => println!("    + {}", new.shown()),
             None => println!("    + (absent)"),
         }
     }

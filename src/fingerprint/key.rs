@@ -32,6 +32,16 @@ impl Component {
         }
     }
 
+    /// What to show for the value: the detail, or the digest when the
+    /// digest is the value (inputs).
+    pub fn shown(&self) -> String {
+        if self.detail.is_empty() {
+            self.digest.to_string()
+        } else {
+            self.detail.clone()
+        }
+    }
+
     /// A component that is already a content digest (an input file).
     pub fn of_digest(digest: Digest, detail: impl Into<String>) -> Self {
         Self {

@@ -89,7 +89,7 @@ pub fn stage_key(
     for (input, digest) in stage.inputs.iter().zip(input_digests) {
         key.insert(
             format!("input:{}", input.path),
-            Component::of_digest(*digest, digest.to_string()),
+            Component::of_digest(*digest, String::new()),
         );
     }
     if let Some(version) = &stage.version {

@@ -205,9 +205,17 @@ impl<'m> Context<'m> {
         Ok(Freshness::Dirty(match self.latest_ok.get(&stage.name) {
             None => DirtyReason::NeverRun,
             Some(previous) => DirtyReason::Changed {
-                changes: key.diff(&previous.key()),
+                changes: key.diff(&self.recorded_key(previous)?),
             },
         }))
+    }
+
+    /// The key recorded with a result.
+    pub fn recorded_key(&self, record: &ResultRecord) -> Result<StageKey, ScheduleError> {
+        match &self.ledger {
+            Some(ledger) => Ok(ledger.key(record.id)?),
+            None => Ok(StageKey::default()),
+        }
     }
 
     /// Records the outputs of a stage as this session's upstream digests.

@@ -614,7 +614,6 @@ fn commit(
         stage: stage.name.clone(),
         fingerprint: key.fingerprint(),
         status: ResultStatus::Ok,
-        key_json: serde_json::to_string(key).expect("keys serialise"),
         outputs: records,
         command,
         started_ms,

@@ -112,7 +112,7 @@ pub fn evaluate(
             will_run[i] = true;
             // Decoding the previous key costs; only stale stages need the diff.
             if let (Some(key), Some(previous)) = (&key, &previous) {
-                status.changes = key.diff(&previous.key());
+                status.changes = key.diff(&ctx.recorded_key(previous)?);
             }
             // Predict that the stage reproduces its last outputs, so that
             // downstream keys (and `why`) can still be computed.

@@ -16,6 +16,9 @@ use super::StoreError;
 use super::objects::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
+/// Bumped on any change to the tables below.
+pub const LEDGER_SCHEMA_VERSION: i64 = 1;
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
@@ -46,6 +49,13 @@ CREATE TABLE IF NOT EXISTS results (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS results_by_stage ON results(stage, fingerprint, status);
+-- The newest successful result and the newest attempt of each stage, kept
+-- with every insert, so that reading them costs O(stages), not O(history).
+CREATE TABLE IF NOT EXISTS heads (
+    stage TEXT PRIMARY KEY,
+    ok_id INTEGER,
+    attempt_id INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS objects (
     digest BLOB PRIMARY KEY,
     bytes BLOB NOT NULL
@@ -85,8 +95,6 @@ pub struct ResultRecord {
     pub stage: String,
     pub fingerprint: Digest,
     pub status: ResultStatus,
-    #[serde(skip)]
-    pub key_json: String,
     pub outputs: Vec<OutputRecord>,
     pub command: String,
     pub started_ms: i64,
@@ -94,12 +102,6 @@ pub struct ResultRecord {
     pub exit_code: Option<i32>,
     pub log_path: Option<String>,
     pub error: Option<String>,
-}
-
-impl ResultRecord {
-    pub fn key(&self) -> StageKey {
-        serde_json::from_str(&self.key_json).unwrap_or_default()
-    }
 }
 
 /// A result about to be recorded.
@@ -145,7 +147,9 @@ pub struct Ledger {
     path: PathBuf,
 }
 
-const RESULT_COLUMNS: &str = "id, run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error";
+/// The columns a [`ResultRecord`] is read from. The key (large: one
+/// component per input) is left out and read on demand by [`Ledger::key`].
+const RESULT_COLUMNS: &str = "id, run_id, stage, fingerprint, status, NULL, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error";
 
 impl Ledger {
     /// Opens (creating if needed) the ledger in `cache`.
@@ -167,10 +171,34 @@ impl Ledger {
     }
 
     fn setup(conn: Connection, path: PathBuf) -> Result<Self, StoreError> {
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(|e| StoreError::db(&path, e))?;
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| StoreError::db(&path, e))?;
+        if version != LEDGER_SCHEMA_VERSION && !(version == 0 && tables == 0) {
+            return Err(StoreError::LedgerVersion {
+                path,
+                found: version,
+                expected: LEDGER_SCHEMA_VERSION,
+            });
+        }
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(|e| StoreError::db(&path, e))?;
         conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
-            .and_then(|()| conn.execute_batch(SCHEMA))
+            .and_then(|()| {
+                if version == LEDGER_SCHEMA_VERSION {
+                    Ok(())
+                } else {
+                    conn.execute_batch(SCHEMA)?;
+                    conn.execute_batch(&format!("PRAGMA user_version = {LEDGER_SCHEMA_VERSION}"))
+                }
+            })
             .map_err(|e| StoreError::db(&path, e))?;
         Ok(Self { conn, path })
     }
@@ -255,8 +283,34 @@ impl Ledger {
             .map_err(|e| self.db(e))?;
         drop(statement);
         let id = self.conn.last_insert_rowid();
+        let head = match result.status {
+            ResultStatus::Ok => {
+                "INSERT INTO heads (stage, ok_id, attempt_id) VALUES (?1, ?2, ?2)
+                 ON CONFLICT(stage) DO UPDATE SET ok_id = ?2, attempt_id = ?2"
+            }
+            ResultStatus::Failed => {
+                "INSERT INTO heads (stage, ok_id, attempt_id) VALUES (?1, NULL, ?2)
+                 ON CONFLICT(stage) DO UPDATE SET attempt_id = ?2"
+            }
+        };
+        tx.prepare_cached(head)
+            .and_then(|mut s| s.execute(params![result.stage, id]))
+            .map_err(|e| self.db(e))?;
         tx.commit().map_err(|e| self.db(e))?;
         Ok(id)
+    }
+
+    /// The full key recorded with a result, for diffs.
+    pub fn key(&self, result_id: i64) -> Result<StageKey, StoreError> {
+        let json: String = self
+            .conn
+            .prepare_cached("SELECT key_json FROM results WHERE id = ?1")
+            .and_then(|mut s| s.query_row(params![result_id], |row| row.get(0)))
+            .map_err(|e| self.db(e))?;
+        serde_json::from_str(&json).map_err(|e| StoreError::Corrupt {
+            path: self.path.clone(),
+            detail: format!("result {result_id} has an unreadable key: {e}"),
+        })
     }
 
     /// The bytes of a small object kept in the ledger.
@@ -311,7 +365,7 @@ impl Ledger {
     /// The newest successful result of every stage.
     pub fn latest_ok_all(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
         let sql = format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results WHERE status = 'ok' GROUP BY stage)"
+            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT ok_id FROM heads WHERE ok_id IS NOT NULL)"
         );
         let records = self.query(&sql, [])?;
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
@@ -320,7 +374,7 @@ impl Ledger {
     /// Stages whose newest attempt failed, with that attempt.
     pub fn latest_failures(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
         let sql = format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT MAX(id) FROM results GROUP BY stage) AND status = 'failed'"
+            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT attempt_id FROM heads) AND status = 'failed'"
         );
         let records = self.query(&sql, [])?;
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
@@ -441,7 +495,6 @@ impl Ledger {
                     } else {
                         ResultStatus::Failed
                     },
-                    key_json: row.get(5)?,
                     outputs: serde_json::from_str(&outputs_json).unwrap_or_default(),
                     command: row.get(7)?,
                     started_ms: row.get(8)?,

@@ -31,6 +31,15 @@ pub enum StoreError {
     },
     #[error("store entry `{}` is corrupt: {detail}", path.display())]
     Corrupt { path: PathBuf, detail: String },
+    #[error(
+        "the ledger `{}` has schema version {found}, this cairn reads version {expected}; move `cache/` aside (outputs will be rebuilt) or use the cairn that wrote it",
+        path.display()
+    )]
+    LedgerVersion {
+        path: PathBuf,
+        found: i64,
+        expected: i64,
+    },
     #[error("another cairn process{} holds the workspace lock `{}`", holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), path.display())]
     Locked { path: PathBuf, holder: Option<u32> },
 }
