@@ -17,8 +17,8 @@ use crate::exec::{
 use crate::fingerprint::StageKey;
 use crate::manifest::{Command, EnvValue, Stage};
 use crate::store::{
-    LockFile, NewResult, ObjectStore, OutputRecord, Published, ResultStatus, RunCounts, StoreError,
-    now_ms, remove_path,
+    INLINE_MAX, LockFile, NewResult, ObjectStore, OutputRecord, Published, ResultStatus, RunCounts,
+    StoreError, now_ms, remove_path,
 };
 
 #[derive(Debug, Clone)]
@@ -559,18 +559,30 @@ async fn execute(
             .into_iter()
             .map(|d| (d.name, d.path, d.abs))
             .collect();
-        let staging_store = store.clone();
-        let staged = tokio::task::spawn_blocking(move || staging_store.stage(&outputs))
-            .await
-            .map_err(|e| ScheduleError::Task(e.to_string()))??;
+        // Small files go inline into the ledger: a read of a few kilobytes,
+        // not worth a trip to the blocking pool. Anything bigger is copied
+        // and fsynced there.
+        let small = outputs.iter().all(|(_, _, abs)| {
+            std::fs::metadata(abs).is_ok_and(|m| m.is_file() && m.len() <= INLINE_MAX)
+        });
+        let staged = if small {
+            store.stage(&outputs)?
+        } else {
+            let staging_store = store.clone();
+            tokio::task::spawn_blocking(move || staging_store.stage(&outputs))
+                .await
+                .map_err(|e| ScheduleError::Task(e.to_string()))??
+        };
         let _ = hashed
             .tx
             .send((hashed.stage, staged.records.clone(), started.elapsed()));
-        task.published = Some(
+        task.published = Some(if small {
+            store.publish(staged)?
+        } else {
             tokio::task::spawn_blocking(move || store.publish(staged))
                 .await
-                .map_err(|e| ScheduleError::Task(e.to_string()))??,
-        );
+                .map_err(|e| ScheduleError::Task(e.to_string()))??
+        });
     }
     task.elapsed = started.elapsed();
     Ok(task)
