@@ -598,3 +598,28 @@ outputs = { o = "state/arg.txt" }
     p.cairn(&["run"]).success();
     assert_eq!(p.read("state/arg.txt"), "a b;c");
 }
+
+#[test]
+fn a_closed_stdout_pipe_is_not_an_error() {
+    let p = diamond();
+    p.cairn(&["run"]).success();
+    let mut child = p
+        .command(&["status"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end at once: every write to stdout fails with EPIPE.
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -70,6 +70,6 @@ pub fn dag(global: &Global, args: &DagArgs) -> Result<(), CliError> {
             }
         }
     }
-    print!("{out}");
+    out!("{out}");
     Ok(())
 }

@@ -17,7 +17,7 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
     let cache = loaded.manifest.cache_dir();
     if !cache.exists() {
-        println!("nothing to collect: no cache at {}", cache.display());
+        outln!("nothing to collect: no cache at {}", cache.display());
         return Ok(());
     }
     let _lock = WorkspaceLock::acquire(&cache, WhenLocked::Wait, |holder| {
@@ -83,13 +83,13 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
     let bytes: u64 = dead.iter().map(|(_, s)| s).sum::<u64>() + inline_bytes;
     for (path, _) in &dead {
         if args.dry_run {
-            println!("would remove {}", path.display());
+            outln!("would remove {}", path.display());
         } else {
             std::fs::remove_file(path).map_err(|e| StoreError::io(path, e))?;
         }
     }
     let verb = if args.dry_run { "would free" } else { "freed" };
-    println!(
+    outln!(
         "{verb} {} file(s) and {inline_count} inline object(s), {bytes} bytes; kept {} object(s)",
         dead.len(),
         live_objects.len() + live_inline.len()

@@ -12,7 +12,7 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
         if args.json {
             render::json(&Vec::<()>::new())?;
         } else {
-            println!("no runs recorded yet; `cairn run` records one");
+            outln!("no runs recorded yet; `cairn run` records one");
         }
         return Ok(());
     };
@@ -44,7 +44,7 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
                         .unwrap_or_default(),
                 ]);
             }
-            print!("{}", render::table(&rows));
+            out!("{}", render::table(&rows));
         }
         Some(stage) => {
             if loaded.manifest.stage(stage).is_none() {
@@ -56,7 +56,7 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
                 return Ok(());
             }
             if results.is_empty() {
-                println!("stage `{stage}` has not run yet");
+                outln!("stage `{stage}` has not run yet");
                 return Ok(());
             }
             let mut rows = vec![
@@ -88,7 +88,7 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
                         .unwrap_or_default(),
                 ]);
             }
-            print!("{}", render::table(&rows));
+            out!("{}", render::table(&rows));
         }
     }
     Ok(())

@@ -1,5 +1,22 @@
 //! The `cairn` command line.
 
+/// `println!` to stdout that returns write errors (a closed pipe is then a
+/// quiet success, see `cli::main`) instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
+/// `print!` to stdout that returns write errors.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
 mod args;
 mod dag;
 mod error;

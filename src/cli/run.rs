@@ -23,10 +23,10 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
             match (&status.reason, status.state) {
                 (Some(reason), _) => {
                     would += 1;
-                    println!("would run  {} ({})", status.stage, reason.summary());
+                    outln!("would run  {} ({})", status.stage, reason.summary());
                 }
                 (None, State::Fresh) if !status.outputs_to_restore.is_empty() => {
-                    println!(
+                    outln!(
                         "would restore  {} ({})",
                         status.stage,
                         status.outputs_to_restore.join(", ")
@@ -36,7 +36,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
             }
         }
         if would == 0 {
-            println!("nothing to run: {} stage(s) fresh", statuses.len());
+            outln!("nothing to run: {} stage(s) fresh", statuses.len());
         }
         return Ok(());
     }

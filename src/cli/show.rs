@@ -56,40 +56,43 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         })?;
         return Ok(());
     }
-    println!("stage        {}", stage.name);
+    outln!("stage        {}", stage.name);
     if let Some(description) = &stage.description {
-        println!("description  {description}");
+        outln!("description  {description}");
     }
-    println!("command      {}", stage.run.display());
+    outln!("command      {}", stage.run.display());
     let state = match &status.reason {
         Some(reason) => format!("{} ({})", status.state.as_str(), reason.summary()),
         None => status.state.as_str().to_owned(),
     };
-    println!("state        {state}");
+    outln!("state        {state}");
     if let Some(fp) = status.fingerprint {
-        println!("fingerprint  {fp}");
+        outln!("fingerprint  {fp}");
     }
     if !stage.inputs.is_empty() {
-        println!("inputs");
+        outln!("inputs");
         for input in &stage.inputs {
-            println!("  {:<12} {}", input.name, input.path);
+            outln!("  {:<12} {}", input.name, input.path);
         }
     }
     match last_ok {
-        None => println!("outputs      (no successful run yet)"),
+        None => outln!("outputs      (no successful run yet)"),
         Some(record) => {
-            println!("outputs");
+            outln!("outputs");
             for output in &record.outputs {
                 let kind = match output.kind {
                     crate::store::OutputKind::File => "file",
                     crate::store::OutputKind::Dir => "dir",
                 };
-                println!(
+                outln!(
                     "  {:<12} {}  {kind}  {} bytes  {}",
-                    output.name, output.path, output.size, output.digest
+                    output.name,
+                    output.path,
+                    output.size,
+                    output.digest
                 );
             }
-            println!(
+            outln!(
                 "last ok      run {} at {}, took {}",
                 record.run_id,
                 render::time(record.finished_ms),
@@ -98,7 +101,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         }
     }
     if let Some(attempt) = last_attempt.filter(|a| a.status == crate::store::ResultStatus::Failed) {
-        println!(
+        outln!(
             "last failure run {} at {}: {}",
             attempt.run_id,
             render::time(attempt.finished_ms),
@@ -106,7 +109,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         );
     }
     if let Some(log) = last_attempt.and_then(|a| a.log_path.as_deref()) {
-        println!("log          {log}");
+        outln!("log          {log}");
     }
     Ok(())
 }

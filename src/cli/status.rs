@@ -57,12 +57,12 @@ pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
             detail,
         ]);
     }
-    print!("{}", render::table(&rows));
+    out!("{}", render::table(&rows));
     let pending = statuses.iter().filter(|s| s.reason.is_some()).count();
     if pending == 0 {
-        println!("\nall {} stage(s) fresh", statuses.len());
+        outln!("\nall {} stage(s) fresh", statuses.len());
     } else {
-        println!(
+        outln!(
             "\n{pending} of {} stage(s) would run; `cairn why STAGE` explains one",
             statuses.len()
         );

@@ -26,7 +26,7 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
     }
     match &status.reason {
         None => {
-            println!(
+            outln!(
                 "`{}` is fresh: its fingerprint {} matches a validated result.",
                 status.stage,
                 fp(&status)
@@ -37,32 +37,32 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
                     .iter()
                     .map(|o| format!("`{o}`"))
                     .collect();
-                println!(
+                outln!(
                     "the workspace copy of output {} differs from the store; `cairn run` restores it without running anything.",
                     names.join(", ")
                 );
             }
         }
         Some(reason) => {
-            println!("`{}` would run: {}", status.stage, reason.summary());
+            outln!("`{}` would run: {}", status.stage, reason.summary());
             if matches!(reason, DirtyReason::UpstreamStale { .. }) && !status.changes.is_empty() {
-                println!("(and even if upstream reproduces its last outputs:)");
+                outln!("(and even if upstream reproduces its last outputs:)");
             }
         }
     }
     for change in &status.changes {
-        println!("\n  {}", change.component);
+        outln!("\n  {}", change.component);
         match &change.old {
-            Some(old) => println!("    - {}", old.shown()),
-            None => println!("    - (absent)"),
+            Some(old) => outln!("    - {}", old.shown()),
+            None => outln!("    - (absent)"),
         }
         match &change.new {
-            Some(new) => println!("    + {}", new.shown()),
-            None => println!("    + (absent)"),
+            Some(new) => outln!("    + {}", new.shown()),
+            None => outln!("    + (absent)"),
         }
     }
     if let Some(DirtyReason::Failed { .. }) = &status.reason {
-        println!("\nsee the log with `cairn show {}`", status.stage);
+        outln!("\nsee the log with `cairn show {}`", status.stage);
     }
     Ok(())
 }
