@@ -1,24 +1,24 @@
 //! The dispatcher: runs the selected stages in dependency order, at most
 //! `jobs` at a time, skipping what is validated and committing each result
-//! as soon as it is complete.
+//! as soon as it is complete. It owns the run's state; tasks (`task.rs`)
+//! report back through channels, and reporters see [`Event`]s.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinSet;
 
 use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
-use crate::exec::{
-    Executor, Job, LocalExecutor, Outcome, RUN_MARKER, base_environment, kill_marked_processes,
-};
+use super::task::{StageTask, TaskLinks, TaskResult};
+use crate::exec::{LocalExecutor, kill_marked_processes};
 use crate::fingerprint::StageKey;
-use crate::manifest::{Command, EnvValue, Stage};
 use crate::store::{
-    INLINE_MAX, LockFile, NewResult, ObjectStore, OutputRecord, Published, ResultStatus, RunCounts,
-    StoreError, now_ms, remove_path,
+    LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus, RunCounts,
+    StoreError, now_ms,
 };
 
 #[derive(Debug, Clone)]
@@ -48,627 +48,490 @@ enum Slot {
     Failed,
 }
 
-/// How a stage's command, checks and output storage ended.
-struct TaskResult {
-    outcome: Outcome,
-    /// Why the stage failed, if it did.
-    failure: Option<String>,
-    /// The stored outputs, when it succeeded.
-    published: Option<Published>,
-    started_ms: i64,
-    elapsed: Duration,
-}
+type Joined = (usize, StageKey, Result<TaskResult, ScheduleError>);
 
-/// Where a task announces that its outputs' digests are known.
-struct Hashed {
-    tx: tokio::sync::mpsc::UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
-    stage: usize,
-}
-
-/// Gives a job slot back to the dispatcher when dropped (also when the task
-/// ends early or is aborted).
-struct SlotRelease(Option<tokio::sync::mpsc::UnboundedSender<()>>);
-
-impl Drop for SlotRelease {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// A declared output, as the task that stores it needs it.
-#[derive(Clone)]
-struct Declared {
-    name: String,
-    path: String,
-    abs: PathBuf,
-}
-
+/// Runs the selected stages; see the module documentation.
 pub async fn run(
     ctx: &mut Context<'_>,
     options: &RunOptions,
     reporter: &mut dyn Reporter,
 ) -> Result<RunSummary, ScheduleError> {
-    let manifest = ctx.manifest;
-    let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-    for token in ledger.close_abandoned_runs()? {
-        let killed = kill_marked_processes(&token);
-        if killed > 0 {
-            tracing::warn!("killed {killed} process(es) left running by a cairn process that died");
+    let mut dispatcher = Dispatcher::begin(ctx, options, reporter)?;
+    dispatcher.drive().await?;
+    dispatcher.end()
+}
+
+struct Dispatcher<'a, 'm> {
+    ctx: &'a mut Context<'m>,
+    options: &'a RunOptions,
+    reporter: &'a mut dyn Reporter,
+    run_id: i64,
+    /// Marks the environment of every command of this run.
+    token: String,
+    log_dir: PathBuf,
+    /// Each stage's rank in the topological order (ready stages start in it).
+    rank: Vec<usize>,
+    slots: Vec<Slot>,
+    /// Unfinished selected upstream stages, per stage.
+    remaining: Vec<usize>,
+    ready: BTreeSet<(usize, usize)>,
+    /// Job slots in use. A slot is freed when a stage's command and checks
+    /// end, before its outputs are stored, so storing overlaps other work.
+    busy: usize,
+    stop: bool,
+    summary: RunSummary,
+}
+
+impl<'a, 'm> Dispatcher<'a, 'm> {
+    /// Reaps what a killed cairn left running, opens a run in the ledger.
+    fn begin(
+        ctx: &'a mut Context<'m>,
+        options: &'a RunOptions,
+        reporter: &'a mut dyn Reporter,
+    ) -> Result<Self, ScheduleError> {
+        let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        for token in ledger.close_abandoned_runs()? {
+            let killed = kill_marked_processes(&token);
+            if killed > 0 {
+                tracing::warn!(
+                    "killed {killed} process(es) left running by a cairn process that died"
+                );
+            }
+        }
+        let token = format!("{}-{}", std::process::id(), now_ms());
+        let run_id =
+            ledger.begin_run(&options.invocation, ctx.manifest.profile.as_deref(), &token)?;
+        let log_dir = ctx
+            .manifest
+            .cache_dir()
+            .join("logs")
+            .join(run_id.to_string());
+        std::fs::create_dir_all(&log_dir).map_err(|source| ScheduleError::Io {
+            path: log_dir.clone(),
+            source,
+        })?;
+
+        let n = ctx.manifest.stages.len();
+        let mut rank = vec![0; n];
+        for (r, &i) in ctx.dag.order().iter().enumerate() {
+            rank[i] = r;
+        }
+        let remaining: Vec<usize> = (0..n)
+            .map(|i| {
+                ctx.dag
+                    .upstream(i)
+                    .iter()
+                    .filter(|&&u| options.selected[u])
+                    .count()
+            })
+            .collect();
+        let ready = (0..n)
+            .filter(|&i| options.selected[i] && remaining[i] == 0)
+            .map(|i| (rank[i], i))
+            .collect();
+        reporter.event(Event::RunStarted {
+            run_id,
+            stages: options.selected.iter().filter(|s| **s).count(),
+        });
+        Ok(Self {
+            ctx,
+            options,
+            reporter,
+            run_id,
+            token,
+            log_dir,
+            rank,
+            slots: vec![Slot::Waiting; n],
+            remaining,
+            ready,
+            busy: 0,
+            stop: false,
+            summary: RunSummary {
+                run_id,
+                ..Default::default()
+            },
+        })
+    }
+
+    /// The event loop: start what is ready, then wait for a task to report,
+    /// a task to end, or Ctrl-C.
+    async fn drive(&mut self) -> Result<(), ScheduleError> {
+        let executor = LocalExecutor;
+        let mut running: JoinSet<Joined> = JoinSet::new();
+        let (release_tx, mut release_rx) = unbounded_channel::<()>();
+        let (hashed_tx, mut hashed_rx) =
+            unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+
+        loop {
+            while release_rx.try_recv().is_ok() {
+                self.busy -= 1;
+            }
+            self.start_ready(&executor, &mut running, &release_tx, &hashed_tx)?;
+            if running.is_empty() {
+                return Ok(());
+            }
+            tokio::select! {
+                Some(()) = release_rx.recv() => self.busy -= 1,
+                Some((i, records, elapsed)) = hashed_rx.recv() => self.outputs_known(i, &records, elapsed),
+                joined = running.join_next() => {
+                    let Some(joined) = joined else { continue };
+                    let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
+                    // A task reports its digests before it ends.
+                    self.drain_hashed(&mut hashed_rx);
+                    self.finished(i, &key, result)?;
+                }
+                _ = &mut ctrl_c => {
+                    running.abort_all();
+                    while running.join_next().await.is_some() {}
+                    self.summary.interrupted = true;
+                    self.reporter.event(Event::Interrupted);
+                    return Ok(());
+                }
+            }
         }
     }
-    let token = format!("{}-{}", std::process::id(), now_ms());
-    let run_id = ledger.begin_run(&options.invocation, manifest.profile.as_deref(), &token)?;
-    let log_dir = manifest.cache_dir().join("logs").join(run_id.to_string());
 
-    let n = manifest.stages.len();
-    let position: Vec<usize> = {
-        let mut p = vec![0; n];
-        for (rank, &i) in ctx.dag.order().iter().enumerate() {
-            p[i] = rank;
+    fn drain_hashed(
+        &mut self,
+        hashed_rx: &mut UnboundedReceiver<(usize, Vec<OutputRecord>, Duration)>,
+    ) {
+        while let Ok((i, records, elapsed)) = hashed_rx.try_recv() {
+            self.outputs_known(i, &records, elapsed);
         }
-        p
-    };
-    let mut slots = vec![Slot::Waiting; n];
-    let mut remaining: Vec<usize> = (0..n)
-        .map(|i| {
-            ctx.dag
-                .upstream(i)
-                .iter()
-                .filter(|&&u| options.selected[u])
-                .count()
-        })
-        .collect();
-    let mut ready: BTreeSet<(usize, usize)> = (0..n)
-        .filter(|&i| options.selected[i] && remaining[i] == 0)
-        .map(|i| (position[i], i))
-        .collect();
-    let mut summary = RunSummary {
-        run_id,
-        ..Default::default()
-    };
-    reporter.event(Event::RunStarted {
-        run_id,
-        stages: options.selected.iter().filter(|s| **s).count(),
-    });
+    }
 
-    std::fs::create_dir_all(&log_dir).map_err(|source| ScheduleError::Io {
-        path: log_dir.clone(),
-        source,
-    })?;
-    let executor = LocalExecutor;
-    let mut running: JoinSet<(usize, StageKey, Result<TaskResult, ScheduleError>)> = JoinSet::new();
-    // Job slots in use. A slot is released when a stage's command and checks
-    // end, before its outputs are stored, so storing overlaps other commands.
-    let mut busy = 0usize;
-    let (release_tx, mut release_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    // A stage's output digests are final once its outputs are copied into
-    // the store's temporary area; downstream stages may start then, while
-    // the copies are made durable (their fingerprints depend on content,
-    // not on the upstream result being recorded first).
-    let (hashed_tx, mut hashed_rx) =
-        tokio::sync::mpsc::unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
-
-    let mut stop = false;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-
-    loop {
-        while release_rx.try_recv().is_ok() {
-            busy -= 1;
-        }
-        // Start everything that is ready, up to the job limit.
-        while !stop && busy < options.jobs.max(1) {
-            let Some(&(rank, i)) = ready.iter().next() else {
-                break;
+    /// Starts ready stages while job slots are free; fresh stages complete
+    /// on the spot.
+    fn start_ready(
+        &mut self,
+        executor: &LocalExecutor,
+        running: &mut JoinSet<Joined>,
+        release: &UnboundedSender<()>,
+        hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+    ) -> Result<(), ScheduleError> {
+        while !self.stop && self.busy < self.options.jobs.max(1) {
+            let Some(&(rank, i)) = self.ready.iter().next() else {
+                return Ok(());
             };
-            ready.remove(&(rank, i));
-            let stage = &manifest.stages[i];
-            let started = Instant::now();
-            let key = match ctx.key_of(i) {
-                Ok(key) => key,
-                Err(error) => {
-                    fail(
-                        ctx,
-                        &mut slots,
-                        &mut summary,
-                        reporter,
-                        i,
-                        &error.to_string(),
-                        None,
-                    );
-                    stop |= !options.keep_going;
-                    continue;
-                }
+            self.ready.remove(&(rank, i));
+            let Some((key, reason)) = self.evaluate(i)? else {
+                continue;
             };
-            let reason = if options.forced.contains(&i) {
-                DirtyReason::Forced
-            } else {
-                match ctx.freshness(i, &key)? {
-                    Freshness::Fresh(record) => {
-                        let record = record.into_owned();
-                        match bring_back(ctx, &record.outputs)? {
-                            Err(reason) => reason,
-                            Ok(restored) => {
-                                ctx.note_outputs(&record.outputs);
-                                let done = if restored {
-                                    Done::Restored
-                                } else {
-                                    Done::Fresh
-                                };
-                                if restored {
-                                    summary.counts.restored += 1;
-                                } else {
-                                    summary.counts.fresh += 1;
-                                }
-                                reporter.event(Event::StageDone {
-                                    stage: &stage.name,
-                                    done,
-                                    elapsed: started.elapsed(),
-                                });
-                                complete(
-                                    i,
-                                    ctx,
-                                    options,
-                                    &mut slots,
-                                    &mut remaining,
-                                    &mut ready,
-                                    &position,
-                                );
-                                continue;
-                            }
-                        }
-                    }
-                    Freshness::Dirty(reason) => reason,
-                }
-            };
-            reporter.event(Event::StageStarted {
+            let stage = &self.ctx.manifest.stages[i];
+            self.reporter.event(Event::StageStarted {
                 stage: &stage.name,
                 reason: &reason,
             });
-            let job = match prepare(ctx, stage, &log_dir, &token) {
-                Ok(job) => job,
+            let task = match StageTask::prepare(self.ctx, stage, &self.log_dir, &self.token) {
+                Ok(task) => task,
                 Err(error) => {
-                    fail(
-                        ctx,
-                        &mut slots,
-                        &mut summary,
-                        reporter,
-                        i,
-                        &error.to_string(),
-                        None,
-                    );
-                    stop |= !options.keep_going;
+                    self.fail(i, &error.to_string(), None);
                     continue;
                 }
             };
-            slots[i] = Slot::Running;
-            let checks = stage.checks.clone();
-            let executor = executor.clone();
-            let store = ctx.store.clone();
-            let declared: Vec<Declared> = stage
-                .outputs
-                .iter()
-                .map(|o| Declared {
-                    name: o.name.clone(),
-                    path: o.path.to_string(),
-                    abs: o.path.resolve(&manifest.root),
-                })
-                .collect();
-            busy += 1;
-            let slot = SlotRelease(Some(release_tx.clone()));
-            let hashed = Hashed {
-                tx: hashed_tx.clone(),
+            self.slots[i] = Slot::Running;
+            self.busy += 1;
+            let links = TaskLinks {
                 stage: i,
+                release: release.clone(),
+                hashed: hashed.clone(),
             };
-            running.spawn(async move {
-                let result = execute(&executor, job, checks, store, declared, slot, hashed).await;
-                (i, key, result)
-            });
+            let executor = executor.clone();
+            running.spawn(async move { (i, key, task.run(executor, links).await) });
         }
+        Ok(())
+    }
 
-        if running.is_empty() {
-            break;
-        }
-
-        tokio::select! {
-            Some(()) = release_rx.recv() => busy -= 1,
-            Some((i, records, elapsed)) = hashed_rx.recv() => {
-                outputs_known(ctx, options, reporter, &mut slots, &mut remaining, &mut ready, &position, i, &records, elapsed);
+    /// The stage's key and why it must run, or `None` if it is fresh (its
+    /// outputs then match the store, restored if need be).
+    fn evaluate(&mut self, i: usize) -> Result<Option<(StageKey, DirtyReason)>, ScheduleError> {
+        let started = Instant::now();
+        let key = match self.ctx.key_of(i) {
+            Ok(key) => key,
+            Err(error) => {
+                self.fail(i, &error.to_string(), None);
+                return Ok(None);
             }
-
-            joined = running.join_next() => {
-                let Some(joined) = joined else { continue };
-                let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
-                while let Ok((j, records, elapsed)) = hashed_rx.try_recv() {
-                    outputs_known(ctx, options, reporter, &mut slots, &mut remaining, &mut ready, &position, j, &records, elapsed);
-                }
-                let stage = &manifest.stages[i];
-                let log = log_dir.join(format!("{}.log", stage.name));
-                match result {
-                    Err(error) => {
-                        record_failure(ctx, run_id, stage, &key, None, now_ms(), &log, &error.to_string())?;
-                        fail(ctx, &mut slots, &mut summary, reporter, i, &error.to_string(), Some(log));
-                        stop |= !options.keep_going;
-                    }
-                    Ok(task) => match &task.failure {
-                        Some(message) => {
-                            record_failure(
-                                ctx,
-                                run_id,
-                                stage,
-                                &key,
-                                task.outcome.exit_code(),
-                                task.started_ms,
-                                &log,
-                                message,
-                            )?;
-                            fail(ctx, &mut slots, &mut summary, reporter, i, message, Some(log));
-                            stop |= !options.keep_going;
-                        }
-                        None => {
-                            let published = task.published.expect("a successful task has published outputs");
-                            commit(ctx, run_id, stage, &key, published, task.started_ms, &log)?;
-                            summary.counts.executed += 1;
-                        }
-                    },
-                }
-            }
-            _ = &mut ctrl_c => {
-                running.abort_all();
-                while running.join_next().await.is_some() {}
-                summary.interrupted = true;
-                reporter.event(Event::Interrupted);
-                break;
-            }
-        }
-    }
-
-    // Stages never reached because something upstream failed.
-    for &i in ctx.dag.order() {
-        if options.selected[i]
-            && slots[i] == Slot::Waiting
-            && !summary.interrupted
-            && let Some(&by) = ctx.dag.upstream(i).iter().find(|&&u| {
-                slots[u] == Slot::Failed || summary.blocked.contains(&manifest.stages[u].name)
-            })
-        {
-            summary.blocked.push(manifest.stages[i].name.clone());
-            reporter.event(Event::StageBlocked {
-                stage: &manifest.stages[i].name,
-                by: &manifest.stages[by].name,
-            });
-        }
-    }
-
-    let unreached = (0..n).find(|&i| {
-        options.selected[i]
-            && slots[i] == Slot::Waiting
-            && !summary.blocked.contains(&manifest.stages[i].name)
-    });
-    if let Some(i) = unreached
-        && !stop
-        && !summary.interrupted
-    {
-        return Err(ScheduleError::Task(format!(
-            "scheduler stopped before stage `{}` could run",
-            manifest.stages[i].name
-        )));
-    }
-
-    ctx.save_stat_cache()?;
-    write_lock_file(ctx)?;
-    let status = if summary.interrupted {
-        "interrupted"
-    } else if summary.failed.is_empty() {
-        "ok"
-    } else {
-        "failed"
-    };
-    if let Some(ledger) = &ctx.ledger {
-        ledger.finish_run(run_id, status, summary.counts)?;
-    }
-    Ok(summary)
-}
-
-/// Makes the workspace copies of a fresh stage's outputs match the store.
-/// `Ok(true)` if anything was restored; `Err(reason)` if a stored object is
-/// damaged, so the result cannot be trusted and the stage must run.
-fn bring_back(
-    ctx: &mut Context<'_>,
-    outputs: &[OutputRecord],
-) -> Result<Result<bool, DirtyReason>, ScheduleError> {
-    let mut restored = false;
-    for output in outputs {
-        if ctx.workspace_matches(output) {
-            continue;
-        }
-        let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        match ctx.store.restore(output, &ctx.abs(&output.path), ledger) {
-            Ok(()) => restored = true,
-            Err(StoreError::Corrupt { path, detail }) => {
-                tracing::warn!(
-                    "stored copy of `{}` is damaged ({}: {detail}); re-running",
-                    output.path,
-                    path.display()
-                );
-                return Ok(Err(DirtyReason::StoreIncomplete {
-                    output: output.name.clone(),
-                }));
-            }
-            Err(other) => return Err(other.into()),
-        }
-    }
-    Ok(Ok(restored))
-}
-
-/// A stage's outputs are hashed: report it done and release downstream.
-#[allow(clippy::too_many_arguments)]
-fn outputs_known(
-    ctx: &mut Context<'_>,
-    options: &RunOptions,
-    reporter: &mut dyn Reporter,
-    slots: &mut [Slot],
-    remaining: &mut [usize],
-    ready: &mut BTreeSet<(usize, usize)>,
-    position: &[usize],
-    i: usize,
-    records: &[OutputRecord],
-    elapsed: Duration,
-) {
-    ctx.note_outputs(records);
-    reporter.event(Event::StageDone {
-        stage: &ctx.manifest.stages[i].name,
-        done: Done::Ran,
-        elapsed,
-    });
-    complete(i, ctx, options, slots, remaining, ready, position);
-}
-
-fn complete(
-    i: usize,
-    ctx: &Context<'_>,
-    options: &RunOptions,
-    slots: &mut [Slot],
-    remaining: &mut [usize],
-    ready: &mut BTreeSet<(usize, usize)>,
-    position: &[usize],
-) {
-    slots[i] = Slot::Ok;
-    for &d in ctx.dag.downstream(i) {
-        if options.selected[d] {
-            remaining[d] -= 1;
-            if remaining[d] == 0 {
-                ready.insert((position[d], d));
-            }
-        }
-    }
-}
-
-fn fail(
-    ctx: &Context<'_>,
-    slots: &mut [Slot],
-    summary: &mut RunSummary,
-    reporter: &mut dyn Reporter,
-    i: usize,
-    message: &str,
-    log: Option<PathBuf>,
-) {
-    slots[i] = Slot::Failed;
-    summary.counts.failed += 1;
-    let name = &ctx.manifest.stages[i].name;
-    summary.failed.push(name.clone());
-    reporter.event(Event::StageFailed {
-        stage: name,
-        message,
-        log: log.as_deref(),
-    });
-}
-
-/// Removes stale outputs, creates their parent directories, opens the log.
-fn prepare(
-    ctx: &Context<'_>,
-    stage: &Stage,
-    log_dir: &std::path::Path,
-    token: &str,
-) -> Result<Job, ScheduleError> {
-    for output in &stage.outputs {
-        let abs = output.path.resolve(&ctx.manifest.root);
-        remove_path(&abs).map_err(|source| ScheduleError::Io {
-            path: abs.clone(),
-            source,
-        })?;
-        if let Some(parent) = abs.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io {
-                path: parent.to_owned(),
-                source,
-            })?;
-        }
-    }
-    let log = log_dir.join(format!("{}.log", stage.name));
-    let mut env = base_environment();
-    env.push((RUN_MARKER.to_owned(), token.to_owned()));
-    for (name, value) in &stage.env {
-        let value = match value {
-            EnvValue::Literal(text) => Some(text.clone()),
-            EnvValue::PassThrough => std::env::var(name).ok(),
         };
-        env.retain(|(k, _)| k != name);
-        if let Some(value) = value {
-            env.push((name.clone(), value));
+        if self.options.forced.contains(&i) {
+            return Ok(Some((key, DirtyReason::Forced)));
         }
+        let record = match self.ctx.freshness(i, &key)? {
+            Freshness::Dirty(reason) => return Ok(Some((key, reason))),
+            Freshness::Fresh(record) => record.into_owned(),
+        };
+        let done = match self.bring_back(&record)? {
+            Err(reason) => return Ok(Some((key, reason))),
+            Ok(true) => {
+                self.summary.counts.restored += 1;
+                Done::Restored
+            }
+            Ok(false) => {
+                self.summary.counts.fresh += 1;
+                Done::Fresh
+            }
+        };
+        self.ctx.note_outputs(&record.outputs);
+        self.reporter.event(Event::StageDone {
+            stage: &self.ctx.manifest.stages[i].name,
+            done,
+            elapsed: started.elapsed(),
+        });
+        self.complete(i);
+        Ok(None)
     }
-    Ok(Job {
-        command: stage.run.clone(),
-        cwd: ctx.manifest.root.clone(),
-        env,
-        timeout: stage.timeout,
-        log,
-    })
-}
 
-/// Runs the command, then the checks; then stores the outputs (off the
-/// scheduler's thread, so other stages start meanwhile).
-async fn execute(
-    executor: &LocalExecutor,
-    job: Job,
-    checks: Vec<Command>,
-    store: ObjectStore,
-    declared: Vec<Declared>,
-    slot: SlotRelease,
-    hashed: Hashed,
-) -> Result<TaskResult, ScheduleError> {
-    let started_ms = now_ms();
-    let started = Instant::now();
-    let outcome = executor.run(&job).await?;
-    let mut task = TaskResult {
-        outcome,
-        failure: None,
-        published: None,
-        started_ms,
-        elapsed: Duration::ZERO,
-    };
-    if outcome != Outcome::Success {
-        task.failure = Some(format!("command {}", outcome.describe()));
-    } else if let Some(missing) = declared.iter().find(|d| !d.abs.exists()) {
-        task.failure = Some(format!(
-            "command succeeded but did not create declared output `{}` ({})",
-            missing.name, missing.path
-        ));
-    } else {
-        for check in checks {
-            let check_job = Job {
-                command: check.clone(),
-                ..job.clone()
-            };
-            let check_outcome = executor.run(&check_job).await?;
-            if check_outcome != Outcome::Success {
-                task.failure = Some(format!(
-                    "check `{}` {}",
-                    check.display(),
-                    check_outcome.describe()
+    /// Makes the workspace copies of a fresh stage's outputs match the
+    /// store. `Ok(true)` if anything was restored; `Err(reason)` if a stored
+    /// object is damaged, so the result cannot be trusted and must be rebuilt.
+    fn bring_back(
+        &mut self,
+        record: &ResultRecord,
+    ) -> Result<Result<bool, DirtyReason>, ScheduleError> {
+        let mut restored = false;
+        for output in &record.outputs {
+            if self.ctx.workspace_matches(output) {
+                continue;
+            }
+            let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+            match self
+                .ctx
+                .store
+                .restore(output, &self.ctx.abs(&output.path), ledger)
+            {
+                Ok(()) => restored = true,
+                Err(StoreError::Corrupt { path, detail }) => {
+                    tracing::warn!(
+                        "stored copy of `{}` is damaged ({}: {detail}); re-running",
+                        output.path,
+                        path.display()
+                    );
+                    return Ok(Err(DirtyReason::StoreIncomplete {
+                        output: output.name.clone(),
+                    }));
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Ok(Ok(restored))
+    }
+
+    /// A task's output digests are final: the stage is done for everything
+    /// downstream (its result is recorded when its objects are durable).
+    fn outputs_known(&mut self, i: usize, records: &[OutputRecord], elapsed: Duration) {
+        self.ctx.note_outputs(records);
+        self.reporter.event(Event::StageDone {
+            stage: &self.ctx.manifest.stages[i].name,
+            done: Done::Ran,
+            elapsed,
+        });
+        self.complete(i);
+    }
+
+    /// A task ended: record its result, or its failure.
+    fn finished(
+        &mut self,
+        i: usize,
+        key: &StageKey,
+        result: Result<TaskResult, ScheduleError>,
+    ) -> Result<(), ScheduleError> {
+        let log = self
+            .log_dir
+            .join(format!("{}.log", self.ctx.manifest.stages[i].name));
+        let task = match result {
+            Ok(task) => task,
+            Err(error) => {
+                let message = error.to_string();
+                self.record_failure(i, key, None, now_ms(), &log, &message)?;
+                self.fail(i, &message, Some(log));
+                return Ok(());
+            }
+        };
+        match (task.failure, task.published) {
+            (Some(message), _) => {
+                self.record_failure(
+                    i,
+                    key,
+                    task.outcome.exit_code(),
+                    task.started_ms,
+                    &log,
+                    &message,
+                )?;
+                self.fail(i, &message, Some(log));
+            }
+            (None, Some(published)) => {
+                self.commit(i, key, published, task.started_ms, &log)?;
+                self.summary.counts.executed += 1;
+            }
+            (None, None) => {
+                return Err(ScheduleError::Task(
+                    "a successful task stored no outputs".to_owned(),
                 ));
-                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a stage done and readies the downstream stages it unblocks.
+    fn complete(&mut self, i: usize) {
+        self.slots[i] = Slot::Ok;
+        for &d in self.ctx.dag.downstream(i) {
+            if self.options.selected[d] {
+                self.remaining[d] -= 1;
+                if self.remaining[d] == 0 {
+                    self.ready.insert((self.rank[d], d));
+                }
             }
         }
     }
-    drop(slot);
-    if task.failure.is_none() {
-        let outputs: Vec<(String, String, PathBuf)> = declared
-            .into_iter()
-            .map(|d| (d.name, d.path, d.abs))
-            .collect();
-        // Small files go inline into the ledger: a read of a few kilobytes,
-        // not worth a trip to the blocking pool. Anything bigger is copied
-        // and fsynced there.
-        let small = outputs.iter().all(|(_, _, abs)| {
-            std::fs::metadata(abs).is_ok_and(|m| m.is_file() && m.len() <= INLINE_MAX)
-        });
-        let staged = if small {
-            store.stage(&outputs)?
-        } else {
-            let staging_store = store.clone();
-            tokio::task::spawn_blocking(move || staging_store.stage(&outputs))
-                .await
-                .map_err(|e| ScheduleError::Task(e.to_string()))??
-        };
-        let _ = hashed
-            .tx
-            .send((hashed.stage, staged.records.clone(), started.elapsed()));
-        task.published = Some(if small {
-            store.publish(staged)?
-        } else {
-            tokio::task::spawn_blocking(move || store.publish(staged))
-                .await
-                .map_err(|e| ScheduleError::Task(e.to_string()))??
+
+    fn fail(&mut self, i: usize, message: &str, log: Option<PathBuf>) {
+        self.slots[i] = Slot::Failed;
+        self.summary.counts.failed += 1;
+        self.stop |= !self.options.keep_going;
+        let name = &self.ctx.manifest.stages[i].name;
+        self.summary.failed.push(name.clone());
+        self.reporter.event(Event::StageFailed {
+            stage: name,
+            message,
+            log: log.as_deref(),
         });
     }
-    task.elapsed = started.elapsed();
-    Ok(task)
-}
 
-fn commit(
-    ctx: &mut Context<'_>,
-    run_id: i64,
-    stage: &Stage,
-    key: &StageKey,
-    published: Published,
-    started_ms: i64,
-    log: &std::path::Path,
-) -> Result<(), ScheduleError> {
-    let Published { records, inline } = published;
-    let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-    let finished_ms = now_ms();
-    let command = stage.run.display();
-    // Quiet stages leave no log file; record a path only if there is one.
-    let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
-    let id = ledger.record(
-        &NewResult {
-            run_id,
-            stage: &stage.name,
-            key,
+    /// Records a successful result, with its inline objects, in one
+    /// transaction.
+    fn commit(
+        &mut self,
+        i: usize,
+        key: &StageKey,
+        published: Published,
+        started_ms: i64,
+        log: &std::path::Path,
+    ) -> Result<(), ScheduleError> {
+        let stage = &self.ctx.manifest.stages[i];
+        let Published { records, inline } = published;
+        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        let finished_ms = now_ms();
+        let command = stage.run.display();
+        // Quiet stages leave no log file; record a path only if there is one.
+        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
+        let id = ledger.record(
+            &NewResult {
+                run_id: self.run_id,
+                stage: &stage.name,
+                key,
+                status: ResultStatus::Ok,
+                outputs: &records,
+                command: &command,
+                started_ms,
+                finished_ms,
+                exit_code: Some(0),
+                log_path: log_path.as_deref(),
+                error: None,
+            },
+            &inline,
+        )?;
+        let record = ResultRecord {
+            id,
+            run_id: self.run_id,
+            stage: stage.name.clone(),
+            fingerprint: key.fingerprint(),
             status: ResultStatus::Ok,
-            outputs: &records,
-            command: &command,
+            outputs: records,
+            command,
             started_ms,
             finished_ms,
             exit_code: Some(0),
-            log_path: log_path.as_deref(),
+            log_path,
             error: None,
-        },
-        &inline,
-    )?;
-    ctx.note_outputs(&records);
-    let record = crate::store::ResultRecord {
-        id,
-        run_id,
-        stage: stage.name.clone(),
-        fingerprint: key.fingerprint(),
-        status: ResultStatus::Ok,
-        outputs: records,
-        command,
-        started_ms,
-        finished_ms,
-        exit_code: Some(0),
-        log_path,
-        error: None,
-    };
-    ctx.latest_failure.remove(&stage.name);
-    ctx.latest_ok.insert(stage.name.clone(), record);
-    Ok(())
-}
+        };
+        let name = stage.name.clone();
+        self.ctx.note_outputs(&record.outputs);
+        self.ctx.latest_failure.remove(&name);
+        self.ctx.latest_ok.insert(name, record);
+        Ok(())
+    }
 
-#[allow(clippy::too_many_arguments)]
-fn record_failure(
-    ctx: &mut Context<'_>,
-    run_id: i64,
-    stage: &Stage,
-    key: &StageKey,
-    exit_code: Option<i32>,
-    started_ms: i64,
-    log: &std::path::Path,
-    message: &str,
-) -> Result<(), ScheduleError> {
-    let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-    let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
-    ledger.record(
-        &NewResult {
-            run_id,
-            stage: &stage.name,
-            key,
-            status: ResultStatus::Failed,
-            outputs: &[],
-            command: &stage.run.display(),
-            started_ms,
-            finished_ms: now_ms(),
-            exit_code,
-            log_path: log_path.as_deref(),
-            error: Some(message),
-        },
-        &[],
-    )?;
-    Ok(())
+    fn record_failure(
+        &self,
+        i: usize,
+        key: &StageKey,
+        exit_code: Option<i32>,
+        started_ms: i64,
+        log: &std::path::Path,
+        message: &str,
+    ) -> Result<(), ScheduleError> {
+        let stage = &self.ctx.manifest.stages[i];
+        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
+        ledger.record(
+            &NewResult {
+                run_id: self.run_id,
+                stage: &stage.name,
+                key,
+                status: ResultStatus::Failed,
+                outputs: &[],
+                command: &stage.run.display(),
+                started_ms,
+                finished_ms: now_ms(),
+                exit_code,
+                log_path: log_path.as_deref(),
+                error: Some(message),
+            },
+            &[],
+        )?;
+        Ok(())
+    }
+
+    /// Reports stages never reached, persists the stat cache and the lock
+    /// file, and closes the run.
+    fn end(mut self) -> Result<RunSummary, ScheduleError> {
+        let manifest = self.ctx.manifest;
+        if !self.summary.interrupted {
+            for &i in self.ctx.dag.order() {
+                if !self.options.selected[i] || self.slots[i] != Slot::Waiting {
+                    continue;
+                }
+                let blocked_by = self.ctx.dag.upstream(i).iter().copied().find(|&u| {
+                    self.slots[u] == Slot::Failed
+                        || self.summary.blocked.contains(&manifest.stages[u].name)
+                });
+                match blocked_by {
+                    Some(by) => {
+                        self.summary.blocked.push(manifest.stages[i].name.clone());
+                        self.reporter.event(Event::StageBlocked {
+                            stage: &manifest.stages[i].name,
+                            by: &manifest.stages[by].name,
+                        });
+                    }
+                    // Not started because a failure stopped the run.
+                    None if self.stop => {}
+                    None => {
+                        return Err(ScheduleError::Task(format!(
+                            "scheduler stopped before stage `{}` could run",
+                            manifest.stages[i].name
+                        )));
+                    }
+                }
+            }
+        }
+
+        self.ctx.save_stat_cache()?;
+        write_lock_file(self.ctx)?;
+        let status = if self.summary.interrupted {
+            "interrupted"
+        } else if self.summary.failed.is_empty() {
+            "ok"
+        } else {
+            "failed"
+        };
+        if let Some(ledger) = &self.ctx.ledger {
+            ledger.finish_run(self.run_id, status, self.summary.counts)?;
+        }
+        Ok(self.summary)
+    }
 }
 
 /// Rewrites the lock file from the newest successful result of each stage.

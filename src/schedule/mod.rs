@@ -8,6 +8,7 @@ mod context;
 mod dispatch;
 mod events;
 mod status;
+mod task;
 
 pub use context::{Context, DirtyReason, Freshness};
 pub use dispatch::{RunOptions, RunSummary, run, write_lock_file};
