@@ -119,12 +119,21 @@ fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output()
 
 #[test]
 fn ctrl_c_kills_running_commands_and_records_the_run_as_interrupted() {
+    interrupt_with(libc::SIGINT);
+}
+
+#[test]
+fn sigterm_interrupts_like_ctrl_c() {
+    interrupt_with(libc::SIGTERM);
+}
+
+fn interrupt_with(sig: i32) {
     let p = half_writer();
     let cairn = spawn(&p, &["run"]);
     wait_for("the slow stage to start", || {
         p.exists("slow.pid") && !p.read("slow.pid").is_empty()
     });
-    signal(cairn.id() as i32, libc::SIGINT);
+    signal(cairn.id() as i32, sig);
     let output = cairn.wait_with_output().unwrap();
     assert_eq!(
         output.status.code(),

@@ -62,7 +62,21 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
         }
     }
     if let Some(DirtyReason::Failed { .. }) = &status.reason {
-        outln!("\nsee the log with `cairn show {}`", status.stage);
+        let log = ctx
+            .latest_failure
+            .get(&status.stage)
+            .and_then(|attempt| attempt.log_path.as_deref());
+        match log.and_then(|path| {
+            render::log_tail(std::path::Path::new(path), 20).map(|tail| (path, tail))
+        }) {
+            Some((path, tail)) => {
+                outln!("\nlast lines of {path}:");
+                for line in tail.lines() {
+                    outln!("  │ {line}");
+                }
+            }
+            None => outln!("\nthe failed attempt printed nothing"),
+        }
     }
     Ok(())
 }

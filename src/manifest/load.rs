@@ -784,10 +784,18 @@ impl<'s> Checker<'s> {
                         input.span.clone(),
                         "missing",
                     )
-                    .help(format!(
-                        "create `{}`, or add a stage whose `outputs` include it",
-                        input.path.resolve(root).display()
-                    )),
+                    .help(
+                        self.did_you_mean(
+                            input.path.as_str(),
+                            stages
+                                .iter()
+                                .flat_map(|s| s.outputs.iter().map(|o| o.path.as_str())),
+                            &format!(
+                                "create `{}`, or add a stage whose `outputs` include it",
+                                input.path.resolve(root).display()
+                            ),
+                        ),
+                    ),
                 );
             }
         }

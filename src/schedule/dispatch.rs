@@ -161,8 +161,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let (release_tx, mut release_rx) = unbounded_channel::<()>();
         let (hashed_tx, mut hashed_rx) =
             unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
+        // Ctrl-C and SIGTERM both interrupt the run.
         let ctrl_c = tokio::signal::ctrl_c();
         tokio::pin!(ctrl_c);
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|e| ScheduleError::Task(format!("cannot listen for SIGTERM: {e}")))?;
 
         loop {
             while release_rx.try_recv().is_ok() {
@@ -182,7 +186,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
                 }
-                _ = &mut ctrl_c => {
+                _ = async { tokio::select! { _ = &mut ctrl_c => {}, _ = terminate.recv() => {} } } => {
                     running.abort_all();
                     while running.join_next().await.is_some() {}
                     self.summary.interrupted = true;
