@@ -8,6 +8,27 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use super::render;
 use crate::schedule::{Done, Event, Reporter};
 
+/// The bar on screen, if any, so that log lines can be printed above it
+/// instead of through it.
+static ACTIVE_BAR: std::sync::OnceLock<ProgressBar> = std::sync::OnceLock::new();
+
+/// A `tracing` writer for stderr that suspends the progress bar while it
+/// writes.
+pub struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match ACTIVE_BAR.get() {
+            Some(bar) => bar.suspend(|| std::io::stderr().write(buf)),
+            None => std::io::stderr().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 pub struct HumanReporter {
     bar: ProgressBar,
     quiet: bool,
@@ -26,6 +47,7 @@ impl HumanReporter {
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            let _ = ACTIVE_BAR.set(bar.clone());
             bar
         } else {
             ProgressBar::hidden()

@@ -99,6 +99,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
         }
         let token = format!("{}-{}", std::process::id(), now_ms());
+        tracing::info!(
+            stages = options.selected.iter().filter(|s| **s).count(),
+            jobs = options.jobs,
+            "starting run"
+        );
         let run_id =
             ledger.begin_run(&options.invocation, ctx.manifest.profile.as_deref(), &token)?;
         let log_dir = ctx
@@ -259,11 +264,16 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 return Ok(None);
             }
         };
+        let name = &self.ctx.manifest.stages[i].name;
+        tracing::debug!(stage = %name, fingerprint = %key.fingerprint(), "evaluated");
         if self.options.forced.contains(&i) {
             return Ok(Some((key, DirtyReason::Forced)));
         }
         let record = match self.ctx.freshness(i, &key)? {
-            Freshness::Dirty(reason) => return Ok(Some((key, reason))),
+            Freshness::Dirty(reason) => {
+                tracing::debug!(stage = %name, reason = %reason.summary(), "must run");
+                return Ok(Some((key, reason)));
+            }
             Freshness::Fresh(record) => record.into_owned(),
         };
         let done = match self.bring_back(&record)? {
@@ -452,6 +462,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             error: None,
         };
         let name = stage.name.clone();
+        tracing::info!(stage = %name, result = id, "recorded");
         self.ctx.note_outputs(&record.outputs);
         self.ctx.latest_failure.remove(&name);
         self.ctx.latest_ok.insert(name, record);
