@@ -166,3 +166,70 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+/// Fragments that combine into (mostly) broken manifests.
+const PIECES: &[&str] = &[
+    "[pipeline]\n",
+    "name = \"x\"\n",
+    "root = \"..\"\n",
+    "[params]\n",
+    "n = 1\n",
+    "s = \"a\"\n",
+    "[profiles.p]\n",
+    "params = { n = 2 }\n",
+    "[stages.a]\n",
+    "[stages.b]\n",
+    "run = \"echo {params.n} > {out.o}\"\n",
+    "run = [\"cat\", \"{in.i}\"]\n",
+    "run = 5\n",
+    "run = []\n",
+    "outputs = { o = \"o.txt\" }\n",
+    "outputs = [\"../x\", \"/abs\"]\n",
+    "inputs = { i = \"o.txt\" }\n",
+    "inputs = [\"missing\"]\n",
+    "needs = [\"a\", \"b\", \"c\"]\n",
+    "env = { A = \"1\", B = true, C = 3 }\n",
+    "timeout = \"-1s\"\n",
+    "timeout = 0\n",
+    "version = 1.5\n",
+    "checks = [1, [\"x\"]]\n",
+    "stages = 3\n",
+    "[stages]\n",
+    "x = {\n",
+    "\"\"\"\n",
+    "{{params.n}}\n",
+    "run = \"{\"\n",
+    "run = \"{params.}\"\n",
+    "ünïcödé = \"é\"\n",
+    "[[stages.c]]\n",
+    "params = [\"n\", \"zz\"]\n",
+    "description = 7\n",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any combination is either a valid manifest or a list of located
+    /// problems; loading never panics.
+    #[test]
+    fn loading_arbitrary_manifests_never_panics(picks in prop::collection::vec(0..PIECES.len(), 0..24), noise in "[ -~\n]{0,40}") {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text: String = picks.iter().map(|&i| PIECES[i]).collect();
+        text.push_str(&noise);
+        let path = dir.path().join("cairn.toml");
+        match load_str(&path, text, None) {
+            Ok(manifest) => {
+                // A valid manifest also builds a graph or names a cycle.
+                let _ = cairn::graph::Dag::build(&manifest);
+            }
+            Err(cairn::manifest::LoadError::Invalid(errors)) => {
+                prop_assert!(!errors.problems.is_empty());
+                let rendered = errors.render(false);
+                for problem in &errors.problems {
+                    prop_assert!(rendered.contains(&errors.location(problem)));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
