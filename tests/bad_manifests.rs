@@ -162,6 +162,18 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "the manifest defines no stages",
         "cairn.toml:1:1",
     ),
+    (
+        "undeclared resource",
+        "[pipeline]\nname = \"x\"\n[resources]\ncluster-window = 1\n[stages.a]\nrun = \"true\"\nresources = [\"cluster-windw\"]\n",
+        "holds undeclared resource `cluster-windw`",
+        "cairn.toml:7:14",
+    ),
+    (
+        "zero capacity",
+        "[pipeline]\nname = \"x\"\n[resources]\nwindow = 0\n[stages.a]\nrun = \"true\"\n",
+        "resource `window` needs a capacity of at least 1",
+        "cairn.toml:4:10",
+    ),
 ];
 
 #[test]

@@ -9,7 +9,7 @@ use super::interpolate::{Placeholder, interpolate};
 use super::model::{Command, EnvValue, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Stage};
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
-const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "stages"];
+const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "resources", "stages"];
 const PIPELINE_KEYS: &[&str] = &["name", "root", "description"];
 const PROFILE_KEYS: &[&str] = &["params", "description"];
 const STAGE_KEYS: &[&str] = &[
@@ -23,6 +23,7 @@ const STAGE_KEYS: &[&str] = &[
     "version",
     "checks",
     "timeout",
+    "resources",
 ];
 
 /// Reads, parses and validates the manifest at `path` under `profile`.
@@ -101,6 +102,7 @@ impl<'s> Checker<'s> {
             .unwrap_or(Path::new("."));
         let (name, root) = self.pipeline(entries, tree, manifest_dir);
         let mut params = self.params(entries);
+        let resources = self.resources(entries);
         let profiles = self.profiles(entries, &params);
         if let Some(wanted) = profile {
             match profiles.get(wanted) {
@@ -140,6 +142,7 @@ impl<'s> Checker<'s> {
         if let Some(root) = &root {
             self.cross_stage(&stages, root);
         }
+        self.check_resource_names(&stages, &resources);
 
         let (Some(name), Some(root)) = (name, root) else {
             return Ok(None);
@@ -151,8 +154,61 @@ impl<'s> Checker<'s> {
             root,
             profile: profile.map(str::to_owned),
             params,
+            resources,
             stages,
         }))
+    }
+
+    /// `[resources]`: named capacities (positive integers).
+    fn resources(&mut self, entries: &[Entry]) -> BTreeMap<String, u32> {
+        let mut resources = BTreeMap::new();
+        let Some(entry) = find(entries, "resources") else {
+            return resources;
+        };
+        let Some(table) = self.expect_table(&entry.value, "`resources`") else {
+            return resources;
+        };
+        for resource in table {
+            match resource.value.kind {
+                NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => {
+                    resources.insert(resource.key.clone(), n as u32);
+                }
+                _ => self.problems.push(
+                    Problem::new(
+                        format!("resource `{}` needs a capacity of at least 1", resource.key),
+                        resource.value.span.clone(),
+                        "not a positive integer",
+                    )
+                    .help("write how many holders may use it at once, e.g. `cluster-window = 1`"),
+                ),
+            }
+        }
+        resources
+    }
+
+    fn check_resource_names(&mut self, stages: &[Stage], resources: &BTreeMap<String, u32>) {
+        for stage in stages {
+            for held in &stage.resources {
+                if !resources.contains_key(&held.name) {
+                    let help = self.did_you_mean(
+                        &held.name,
+                        resources.keys().map(String::as_str),
+                        &format!("declare it under `[resources]`, e.g. `{} = 1`", held.name),
+                    );
+                    self.problems.push(
+                        Problem::new(
+                            format!(
+                                "stage `{}` holds undeclared resource `{}`",
+                                stage.name, held.name
+                            ),
+                            held.span.clone(),
+                            "not in `[resources]`",
+                        )
+                        .help(help),
+                    );
+                }
+            }
+        }
     }
 
     fn pipeline(
@@ -385,6 +441,9 @@ impl<'s> Checker<'s> {
             },
         };
         let timeout = find(table, "timeout").and_then(|e| self.timeout(&e.value));
+        let resources = find(table, "resources")
+            .map(|e| self.named_list(&e.value, "`resources`"))
+            .unwrap_or_default();
 
         Some(Draft {
             stage: Stage {
@@ -400,6 +459,7 @@ impl<'s> Checker<'s> {
                 version,
                 checks: Vec::new(),
                 timeout,
+                resources,
             },
             run,
             checks,

@@ -19,6 +19,8 @@ pub struct Manifest {
     pub profile: Option<String>,
     /// Param values after the profile's overrides.
     pub params: BTreeMap<String, serde_json::Value>,
+    /// `[resources]`: name → capacity.
+    pub resources: BTreeMap<String, u32>,
     /// Stages in document order.
     pub stages: Vec<Stage>,
 }
@@ -39,6 +41,8 @@ pub struct Stage {
     pub version: Option<String>,
     pub checks: Vec<Command>,
     pub timeout: Option<Duration>,
+    /// Named resources held while the command and checks run.
+    pub resources: Vec<Named>,
 }
 
 /// A name written in the manifest, with where it was written.

@@ -3,7 +3,7 @@
 //! as soon as it is complete. It owns the run's state; tasks (`task.rs`)
 //! report back through channels, and reporters see [`Event`]s.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,13 @@ struct Dispatcher<'a, 'm> {
     /// Job slots in use. A slot is freed when a stage's command and checks
     /// end, before its outputs are stored, so storing overlaps other work.
     busy: usize,
+    /// Per `[resources]` entry: capacity and holders now.
+    capacity: Vec<u32>,
+    in_use: Vec<u32>,
+    /// Per stage: the resources it holds while it runs (indices).
+    holds: Vec<Vec<usize>>,
+    /// Stages that must run but wait for a resource, with their key.
+    parked: BTreeMap<(usize, usize), (StageKey, DirtyReason)>,
     stop: bool,
     summary: RunSummary,
 }
@@ -134,6 +141,20 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             .filter(|&i| options.selected[i] && remaining[i] == 0)
             .map(|i| (rank[i], i))
             .collect();
+        let names: Vec<&String> = ctx.manifest.resources.keys().collect();
+        let capacity: Vec<u32> = ctx.manifest.resources.values().copied().collect();
+        let holds = ctx
+            .manifest
+            .stages
+            .iter()
+            .map(|stage| {
+                stage
+                    .resources
+                    .iter()
+                    .filter_map(|held| names.iter().position(|n| **n == held.name))
+                    .collect()
+            })
+            .collect();
         reporter.event(Event::RunStarted {
             run_id,
             stages: options.selected.iter().filter(|s| **s).count(),
@@ -150,6 +171,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             remaining,
             ready,
             busy: 0,
+            in_use: vec![0; capacity.len()],
+            capacity,
+            holds,
+            parked: BTreeMap::new(),
             stop: false,
             summary: RunSummary {
                 run_id,
@@ -163,7 +188,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     async fn drive(&mut self) -> Result<(), ScheduleError> {
         let executor = LocalExecutor;
         let mut running: JoinSet<Joined> = JoinSet::new();
-        let (release_tx, mut release_rx) = unbounded_channel::<()>();
+        let (release_tx, mut release_rx) = unbounded_channel::<usize>();
         let (hashed_tx, mut hashed_rx) =
             unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
         // Ctrl-C and SIGTERM both interrupt the run.
@@ -174,15 +199,15 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 .map_err(|e| ScheduleError::Task(format!("cannot listen for SIGTERM: {e}")))?;
 
         loop {
-            while release_rx.try_recv().is_ok() {
-                self.busy -= 1;
+            while let Ok(i) = release_rx.try_recv() {
+                self.release(i);
             }
             self.start_ready(&executor, &mut running, &release_tx, &hashed_tx)?;
             if running.is_empty() {
                 return Ok(());
             }
             tokio::select! {
-                Some(()) = release_rx.recv() => self.busy -= 1,
+                Some(i) = release_rx.recv() => self.release(i),
                 Some((i, records, elapsed)) = hashed_rx.recv() => self.outputs_known(i, &records, elapsed),
                 joined = running.join_next() => {
                     let Some(joined) = joined else { continue };
@@ -217,16 +242,36 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         &mut self,
         executor: &LocalExecutor,
         running: &mut JoinSet<Joined>,
-        release: &UnboundedSender<()>,
+        release: &UnboundedSender<usize>,
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
     ) -> Result<(), ScheduleError> {
         while !self.stop && self.busy < self.options.jobs.max(1) {
-            let Some(&(rank, i)) = self.ready.iter().next() else {
-                return Ok(());
-            };
-            self.ready.remove(&(rank, i));
-            let Some((key, reason)) = self.evaluate(i)? else {
-                continue;
+            // Parked stages first, in order, as soon as their resources free.
+            let unparked = self
+                .parked
+                .keys()
+                .copied()
+                .find(|&(_, i)| self.resources_free(i));
+            let (i, key, reason) = match unparked {
+                Some(slot) => {
+                    let (key, reason) = self.parked.remove(&slot).expect("found above");
+                    (slot.1, key, reason)
+                }
+                None => {
+                    let Some(&(rank, i)) = self.ready.iter().next() else {
+                        return Ok(());
+                    };
+                    self.ready.remove(&(rank, i));
+                    let Some((key, reason)) = self.evaluate(i)? else {
+                        continue;
+                    };
+                    if !self.resources_free(i) {
+                        tracing::debug!(stage = %self.ctx.manifest.stages[i].name, "waits for a resource");
+                        self.parked.insert((rank, i), (key, reason));
+                        continue;
+                    }
+                    (i, key, reason)
+                }
             };
             let stage = &self.ctx.manifest.stages[i];
             self.reporter.event(Event::StageStarted {
@@ -242,6 +287,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             };
             self.slots[i] = Slot::Running;
             self.busy += 1;
+            for &r in &self.holds[i] {
+                self.in_use[r] += 1;
+            }
             let links = TaskLinks {
                 stage: i,
                 release: release.clone(),
@@ -251,6 +299,21 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             running.spawn(async move { (i, key, task.run(executor, links).await) });
         }
         Ok(())
+    }
+
+    fn resources_free(&self, i: usize) -> bool {
+        self.holds[i]
+            .iter()
+            .all(|&r| self.in_use[r] < self.capacity[r])
+    }
+
+    /// A stage's command and checks ended: its job slot and resources are
+    /// free for others.
+    fn release(&mut self, i: usize) {
+        self.busy -= 1;
+        for &r in &self.holds[i] {
+            self.in_use[r] -= 1;
+        }
     }
 
     /// The stage's key and why it must run, or `None` if it is fresh (its

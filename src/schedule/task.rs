@@ -26,8 +26,9 @@ pub struct TaskResult {
 /// What a running task tells the dispatcher before it ends.
 pub struct TaskLinks {
     pub stage: usize,
-    /// Told once the command and checks are over: the job slot is free.
-    pub release: UnboundedSender<()>,
+    /// Told (the stage's index) once the command and checks are over: its
+    /// job slot and resources are free.
+    pub release: UnboundedSender<usize>,
     /// Told the output digests as soon as they are final, so downstream
     /// stages can start while the objects are made durable.
     pub hashed: UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
@@ -35,12 +36,12 @@ pub struct TaskLinks {
 
 /// Frees the job slot when dropped: after the checks, or when the task ends
 /// early or is aborted.
-struct SlotRelease(Option<UnboundedSender<()>>);
+struct SlotRelease(Option<UnboundedSender<usize>>, usize);
 
 impl Drop for SlotRelease {
     fn drop(&mut self) {
         if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
+            let _ = tx.send(self.1);
         }
     }
 }
@@ -112,7 +113,7 @@ impl StageTask {
         executor: LocalExecutor,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
-        let slot = SlotRelease(Some(links.release));
+        let slot = SlotRelease(Some(links.release), links.stage);
         let started_ms = now_ms();
         let started = Instant::now();
         let outcome = executor.run(&self.job).await?;

@@ -1,0 +1,70 @@
+//! `[resources]`: stages that hold one resource never overlap beyond its
+//! capacity.
+
+mod common;
+
+use common::Project;
+
+/// Two independent stages that each record when they start and end.
+fn window_pipeline(resources: &str) -> Project {
+    let p = Project::new();
+    let stage = |name: &str| {
+        format!(
+            "[stages.{name}]\nrun = \"date +%s%N >> times/{name}; sleep 0.4; date +%s%N >> times/{name}; echo {name} > {{out.o}}\"\noutputs = {{ o = \"state/{name}.txt\" }}\n{resources}\n"
+        )
+    };
+    let mut manifest =
+        String::from("[pipeline]\nname = \"windows\"\n\n[resources]\ncluster-window = 1\n\n");
+    manifest.push_str(&stage("oracle"));
+    manifest.push_str(&stage("canary"));
+    p.file("cairn.toml", &manifest);
+    std::fs::create_dir_all(p.path("times")).unwrap();
+    p
+}
+
+fn interval(p: &Project, name: &str) -> (u128, u128) {
+    let times: Vec<u128> = p
+        .lines(&format!("times/{name}"))
+        .iter()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(times.len(), 2, "{name}: {times:?}");
+    (times[0], times[1])
+}
+
+fn overlap(a: (u128, u128), b: (u128, u128)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+#[test]
+fn stages_sharing_a_capacity_one_resource_never_overlap() {
+    let p = window_pipeline("resources = [\"cluster-window\"]");
+    p.cairn(&["run", "-j", "2"]).success();
+    let (oracle, canary) = (interval(&p, "oracle"), interval(&p, "canary"));
+    assert!(
+        !overlap(oracle, canary),
+        "oracle {oracle:?} and canary {canary:?} overlapped"
+    );
+}
+
+/// The control: without the resource the same stages do run side by side,
+/// so the test above can fail.
+#[test]
+fn without_the_resource_the_same_stages_overlap() {
+    let p = window_pipeline("");
+    p.cairn(&["run", "-j", "2"]).success();
+    assert!(overlap(interval(&p, "oracle"), interval(&p, "canary")));
+}
+
+#[test]
+fn a_fresh_stage_does_not_wait_for_its_resource() {
+    let p = window_pipeline("resources = [\"cluster-window\"]");
+    p.cairn(&["run"]).success();
+    let second = p.cairn(&["run"]);
+    second.success();
+    assert!(
+        second.stderr().contains("0 ran, 2 fresh"),
+        "{}",
+        second.stderr()
+    );
+}
