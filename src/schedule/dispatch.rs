@@ -3,7 +3,7 @@
 //! as soon as it is complete. It owns the run's state; tasks (`task.rs`)
 //! report back through channels, and reporters see [`Event`]s.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
+use super::limits::Limits;
 use super::task::{StageTask, TaskLinks, TaskResult};
 use crate::exec::{LocalExecutor, kill_marked_processes};
 use crate::fingerprint::StageKey;
@@ -75,16 +76,10 @@ struct Dispatcher<'a, 'm> {
     /// Unfinished selected upstream stages, per stage.
     remaining: Vec<usize>,
     ready: BTreeSet<(usize, usize)>,
-    /// Job slots in use. A slot is freed when a stage's command and checks
-    /// end, before its outputs are stored, so storing overlaps other work.
-    busy: usize,
-    /// Per `[resources]` entry: capacity and holders now.
-    capacity: Vec<u32>,
-    in_use: Vec<u32>,
+    /// Job slots and resources, shared with the running tasks.
+    limits: Limits,
     /// Per stage: the resources it holds while it runs (indices).
     holds: Vec<Vec<usize>>,
-    /// Stages that must run but wait for a resource, with their key.
-    parked: BTreeMap<(usize, usize), (StageKey, DirtyReason)>,
     stop: bool,
     summary: RunSummary,
 }
@@ -142,7 +137,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             .map(|i| (rank[i], i))
             .collect();
         let names: Vec<&String> = ctx.manifest.resources.keys().collect();
-        let capacity: Vec<u32> = ctx.manifest.resources.values().copied().collect();
+        let limits = Limits::new(options.jobs, ctx.manifest.resources.values().copied());
         let holds = ctx
             .manifest
             .stages
@@ -170,11 +165,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             slots: vec![Slot::Waiting; n],
             remaining,
             ready,
-            busy: 0,
-            in_use: vec![0; capacity.len()],
-            capacity,
+            limits,
             holds,
-            parked: BTreeMap::new(),
             stop: false,
             summary: RunSummary {
                 run_id,
@@ -188,7 +180,6 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     async fn drive(&mut self) -> Result<(), ScheduleError> {
         let executor = LocalExecutor;
         let mut running: JoinSet<Joined> = JoinSet::new();
-        let (release_tx, mut release_rx) = unbounded_channel::<usize>();
         let (hashed_tx, mut hashed_rx) =
             unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
         // Ctrl-C and SIGTERM both interrupt the run.
@@ -199,15 +190,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 .map_err(|e| ScheduleError::Task(format!("cannot listen for SIGTERM: {e}")))?;
 
         loop {
-            while let Ok(i) = release_rx.try_recv() {
-                self.release(i);
-            }
-            self.start_ready(&executor, &mut running, &release_tx, &hashed_tx)?;
+            self.start_ready(&executor, &mut running, &hashed_tx)?;
             if running.is_empty() {
                 return Ok(());
             }
             tokio::select! {
-                Some(i) = release_rx.recv() => self.release(i),
                 Some((i, records, elapsed)) = hashed_rx.recv() => self.outputs_known(i, &records, elapsed),
                 joined = running.join_next() => {
                     let Some(joined) = joined else { continue };
@@ -236,49 +223,35 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
     }
 
-    /// Starts ready stages while job slots are free; fresh stages complete
-    /// on the spot.
+    /// Starts every ready stage: fresh ones complete on the spot, the
+    /// others become tasks that wait for a job slot and their resources.
     fn start_ready(
         &mut self,
         executor: &LocalExecutor,
         running: &mut JoinSet<Joined>,
-        release: &UnboundedSender<usize>,
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
     ) -> Result<(), ScheduleError> {
-        while !self.stop && self.busy < self.options.jobs.max(1) {
-            // Parked stages first, in order, as soon as their resources free.
-            let unparked = self
-                .parked
-                .keys()
-                .copied()
-                .find(|&(_, i)| self.resources_free(i));
-            let (i, key, reason) = match unparked {
-                Some(slot) => {
-                    let (key, reason) = self.parked.remove(&slot).expect("found above");
-                    (slot.1, key, reason)
-                }
-                None => {
-                    let Some(&(rank, i)) = self.ready.iter().next() else {
-                        return Ok(());
-                    };
-                    self.ready.remove(&(rank, i));
-                    let Some((key, reason)) = self.evaluate(i)? else {
-                        continue;
-                    };
-                    if !self.resources_free(i) {
-                        tracing::debug!(stage = %self.ctx.manifest.stages[i].name, "waits for a resource");
-                        self.parked.insert((rank, i), (key, reason));
-                        continue;
-                    }
-                    (i, key, reason)
-                }
+        while !self.stop {
+            let Some((_, i)) = self.ready.pop_first() else {
+                return Ok(());
+            };
+            let Some((key, reason)) = self.evaluate(i)? else {
+                continue;
             };
             let stage = &self.ctx.manifest.stages[i];
             self.reporter.event(Event::StageStarted {
                 stage: &stage.name,
                 reason: &reason,
             });
-            let task = match StageTask::prepare(self.ctx, stage, &self.log_dir, &self.token) {
+            let task = match StageTask::prepare(
+                self.ctx,
+                stage,
+                &self.log_dir,
+                &self.token,
+                self.limits.clone(),
+                self.holds[i].clone(),
+                self.rank[i] as u64,
+            ) {
                 Ok(task) => task,
                 Err(error) => {
                     self.fail(i, &error.to_string(), None);
@@ -286,34 +259,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 }
             };
             self.slots[i] = Slot::Running;
-            self.busy += 1;
-            for &r in &self.holds[i] {
-                self.in_use[r] += 1;
-            }
             let links = TaskLinks {
                 stage: i,
-                release: release.clone(),
                 hashed: hashed.clone(),
             };
             let executor = executor.clone();
             running.spawn(async move { (i, key, task.run(executor, links).await) });
         }
         Ok(())
-    }
-
-    fn resources_free(&self, i: usize) -> bool {
-        self.holds[i]
-            .iter()
-            .all(|&r| self.in_use[r] < self.capacity[r])
-    }
-
-    /// A stage's command and checks ended: its job slot and resources are
-    /// free for others.
-    fn release(&mut self, i: usize) {
-        self.busy -= 1;
-        for &r in &self.holds[i] {
-            self.in_use[r] -= 1;
-        }
     }
 
     /// The stage's key and why it must run, or `None` if it is fresh (its
@@ -418,6 +371,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             .log_dir
             .join(format!("{}.log", self.ctx.manifest.stages[i].name));
         let task = match result {
+            // The run stopped before this stage got a job slot.
+            Ok(task) if !task.started => {
+                self.slots[i] = Slot::Waiting;
+                return Ok(());
+            }
             Ok(task) => task,
             Err(error) => {
                 let message = error.to_string();
@@ -467,7 +425,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     fn fail(&mut self, i: usize, message: &str, log: Option<PathBuf>) {
         self.slots[i] = Slot::Failed;
         self.summary.counts.failed += 1;
-        self.stop |= !self.options.keep_going;
+        if !self.options.keep_going {
+            self.stop = true;
+            self.limits.stop();
+        }
         let name = &self.ctx.manifest.stages[i].name;
         self.summary.failed.push(name.clone());
         self.reporter.event(Event::StageFailed {

@@ -7,6 +7,7 @@
 mod context;
 mod dispatch;
 mod events;
+mod limits;
 mod status;
 mod task;
 

@@ -9,12 +9,15 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::ScheduleError;
 use super::context::Context;
+use super::limits::Limits;
 use crate::exec::{Executor, Job, LocalExecutor, Outcome, RUN_MARKER, base_environment};
 use crate::manifest::{Command, EnvValue, Stage};
 use crate::store::{INLINE_MAX, ObjectStore, OutputRecord, Published, now_ms, remove_path};
 
 /// How a stage's command, checks and output storage ended.
 pub struct TaskResult {
+    /// False if the run stopped before the command could start.
+    pub started: bool,
     pub outcome: Outcome,
     /// Why the stage failed, if it did.
     pub failure: Option<String>,
@@ -26,24 +29,9 @@ pub struct TaskResult {
 /// What a running task tells the dispatcher before it ends.
 pub struct TaskLinks {
     pub stage: usize,
-    /// Told (the stage's index) once the command and checks are over: its
-    /// job slot and resources are free.
-    pub release: UnboundedSender<usize>,
     /// Told the output digests as soon as they are final, so downstream
     /// stages can start while the objects are made durable.
     pub hashed: UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
-}
-
-/// Frees the job slot when dropped: after the checks, or when the task ends
-/// early or is aborted.
-struct SlotRelease(Option<UnboundedSender<usize>>, usize);
-
-impl Drop for SlotRelease {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(self.1);
-        }
-    }
 }
 
 /// A declared output: (name, path as written, absolute path).
@@ -55,32 +43,36 @@ pub struct StageTask {
     checks: Vec<Command>,
     store: ObjectStore,
     outputs: Vec<Declared>,
+    limits: Limits,
+    /// Indices of the resources the stage holds.
+    holds: Vec<usize>,
+    /// The stage's rank in the topological order: earlier goes first.
+    priority: u64,
 }
 
 impl StageTask {
-    /// Removes the stage's stale outputs, creates their parent directories
-    /// and builds its job: the command, the project root, the environment.
+    /// Builds the stage's job: the command, the project root, the
+    /// environment.
     pub fn prepare(
         ctx: &Context<'_>,
         stage: &Stage,
         log_dir: &Path,
         run_token: &str,
+        limits: Limits,
+        holds: Vec<usize>,
+        priority: u64,
     ) -> Result<Self, ScheduleError> {
-        let mut outputs = Vec::with_capacity(stage.outputs.len());
-        for output in &stage.outputs {
-            let abs = output.path.resolve(&ctx.manifest.root);
-            remove_path(&abs).map_err(|source| ScheduleError::Io {
-                path: abs.clone(),
-                source,
-            })?;
-            if let Some(parent) = abs.parent() {
-                std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io {
-                    path: parent.to_owned(),
-                    source,
-                })?;
-            }
-            outputs.push((output.name.clone(), output.path.to_string(), abs));
-        }
+        let outputs = stage
+            .outputs
+            .iter()
+            .map(|output| {
+                (
+                    output.name.clone(),
+                    output.path.to_string(),
+                    output.path.resolve(&ctx.manifest.root),
+                )
+            })
+            .collect();
         let mut env = base_environment();
         env.push((RUN_MARKER.to_owned(), run_token.to_owned()));
         for (name, value) in &stage.env {
@@ -104,7 +96,28 @@ impl StageTask {
             checks: stage.checks.clone(),
             store: ctx.store.clone(),
             outputs,
+            limits,
+            holds,
+            priority,
         })
+    }
+
+    /// Removes the stage's stale outputs and creates their parent
+    /// directories.
+    fn clear_outputs(&self) -> Result<(), ScheduleError> {
+        for (_, _, abs) in &self.outputs {
+            remove_path(abs).map_err(|source| ScheduleError::Io {
+                path: abs.clone(),
+                source,
+            })?;
+            if let Some(parent) = abs.parent() {
+                std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io {
+                    path: parent.to_owned(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Runs the command, then the checks; then stores the outputs.
@@ -113,18 +126,29 @@ impl StageTask {
         executor: LocalExecutor,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
-        let slot = SlotRelease(Some(links.release), links.stage);
+        let Some(permits) = self.limits.acquire(self.priority, &self.holds).await else {
+            return Ok(TaskResult {
+                started: false,
+                outcome: Outcome::Success,
+                failure: None,
+                published: None,
+                started_ms: now_ms(),
+            });
+        };
+        self.clear_outputs()?;
         let started_ms = now_ms();
         let started = Instant::now();
         let outcome = executor.run(&self.job).await?;
         let mut task = TaskResult {
+            started: true,
             outcome,
             failure: None,
             published: None,
             started_ms,
         };
         task.failure = self.verdict(&executor, outcome).await?;
-        drop(slot);
+        // The job slot and resources are free while the outputs are stored.
+        drop(permits);
         if task.failure.is_some() {
             return Ok(task);
         }

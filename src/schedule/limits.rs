@@ -1,0 +1,204 @@
+//! How many commands may run at once (`-j`), and the named `[resources]`.
+//!
+//! Every command (a stage's, or one item's) asks for one job slot and the
+//! resources it holds, with a priority: its stage's rank in the topological
+//! order (then the order it asked in). Waiters are served in priority order;
+//! one whose resources are taken is passed over for now, so a busy cluster
+//! window never holds back work that does not need it. Dropping the
+//! [`Permits`] gives everything back.
+//!
+//! Serving by rank rather than first-come matters: a stage on the critical
+//! path (everything downstream waits on it) must not queue behind hundreds
+//! of independent stages that became ready earlier.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+#[derive(Clone)]
+pub struct Limits {
+    state: Arc<Mutex<State>>,
+}
+
+struct State {
+    free_jobs: usize,
+    free: Vec<u32>,
+    waiters: BTreeMap<(u64, u64), Waiter>,
+    next: u64,
+    stopping: bool,
+}
+
+struct Waiter {
+    resources: Vec<usize>,
+    tx: oneshot::Sender<Permits>,
+}
+
+/// Held while a command and its checks run.
+pub struct Permits {
+    limits: Limits,
+    resources: Vec<usize>,
+}
+
+impl Drop for Permits {
+    fn drop(&mut self) {
+        let mut state = self.limits.lock();
+        state.free_jobs += 1;
+        for &r in &self.resources {
+            state.free[r] += 1;
+        }
+        self.limits.grant(&mut state);
+    }
+}
+
+impl Limits {
+    pub fn new(jobs: usize, capacities: impl IntoIterator<Item = u32>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State {
+                free_jobs: jobs.max(1),
+                free: capacities.into_iter().collect(),
+                waiters: BTreeMap::new(),
+                next: 0,
+                stopping: false,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves plain counters behind.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits for a job slot and the resources (indices into `[resources]`);
+    /// lower `priority` goes first. `None` if the run stopped meanwhile.
+    pub async fn acquire(&self, priority: u64, resources: &[usize]) -> Option<Permits> {
+        let mut wanted = resources.to_vec();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let rx = {
+            let mut state = self.lock();
+            if state.stopping {
+                return None;
+            }
+            let (tx, rx) = oneshot::channel();
+            let seq = state.next;
+            state.next += 1;
+            state.waiters.insert(
+                (priority, seq),
+                Waiter {
+                    resources: wanted,
+                    tx,
+                },
+            );
+            self.grant(&mut state);
+            rx
+        };
+        rx.await.ok()
+    }
+
+    /// Hands out what is free to the waiters, in priority order.
+    fn grant(&self, state: &mut State) {
+        let keys: Vec<(u64, u64)> = state.waiters.keys().copied().collect();
+        for key in keys {
+            if state.free_jobs == 0 {
+                return;
+            }
+            let fits = state.waiters[&key]
+                .resources
+                .iter()
+                .all(|&r| state.free[r] > 0);
+            if !fits {
+                continue;
+            }
+            let waiter = state.waiters.remove(&key).expect("listed above");
+            state.free_jobs -= 1;
+            for &r in &waiter.resources {
+                state.free[r] -= 1;
+            }
+            let permits = Permits {
+                limits: self.clone(),
+                resources: waiter.resources,
+            };
+            if let Err(unclaimed) = waiter.tx.send(permits) {
+                // The waiter gave up (its task was aborted): take the
+                // grant back by hand, since dropping it would lock again.
+                state.free_jobs += 1;
+                for &r in &unclaimed.resources {
+                    state.free[r] += 1;
+                }
+                std::mem::forget(unclaimed);
+            }
+        }
+    }
+
+    /// Starts nothing more: every waiter, and every later caller, gets
+    /// `None`.
+    pub fn stop(&self) {
+        let mut state = self.lock();
+        state.stopping = true;
+        state.waiters.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn passes_over_a_waiter_whose_resource_is_busy() {
+        let limits = Limits::new(2, [1]);
+        let window = limits.acquire(5, &[0]).await.expect("free");
+        // First in line, but its resource is held.
+        let blocked = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.acquire(1, &[0]).await.is_some() }
+        });
+        tokio::task::yield_now().await;
+        // Second in line, needs only a job slot: served at once.
+        let free = limits.acquire(2, &[]).await;
+        assert!(free.is_some());
+        assert!(!blocked.is_finished());
+        drop(free);
+        drop(window);
+        assert!(blocked.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn serves_waiters_by_priority() {
+        let limits = Limits::new(1, []);
+        let held = limits.acquire(0, &[]).await.expect("free");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for priority in [9, 3, 7] {
+            let (limits, order) = (limits.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let permit = limits.acquire(priority, &[]).await;
+                order.lock().unwrap().push(priority);
+                drop(permit);
+            }));
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [3, 7, 9]);
+    }
+
+    #[tokio::test]
+    async fn stop_releases_every_waiter_with_none() {
+        let limits = Limits::new(1, []);
+        let held = limits.acquire(0, &[]).await.expect("free");
+        let waiter = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.acquire(1, &[]).await.is_none() }
+        });
+        tokio::task::yield_now().await;
+        limits.stop();
+        assert!(waiter.await.unwrap());
+        drop(held);
+        assert!(limits.acquire(0, &[]).await.is_none());
+    }
+}
