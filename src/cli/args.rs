@@ -77,6 +77,12 @@ pub struct RunArgs {
     /// Fail at once if another cairn process holds the workspace.
     #[arg(long)]
     pub no_wait: bool,
+    /// Per-item stages run at most N of their unfinished items (a batch).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Per-item stages run only items in this state.
+    #[arg(long, value_enum)]
+    pub only: Option<crate::schedule::Only>,
 }
 
 #[derive(Debug, Args)]

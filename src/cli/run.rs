@@ -66,6 +66,8 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         forced,
         selected,
         invocation: std::env::args().collect::<Vec<_>>().join(" "),
+        limit: args.limit,
+        only: args.only,
     };
 
     // One scheduler thread: it only waits on children and hands work out;
@@ -87,6 +89,9 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         }
         if c.failed > 0 {
             parts.push(format!("{} failed", c.failed));
+        }
+        if !summary.partial.is_empty() {
+            parts.push(format!("{} partial", summary.partial.len()));
         }
         if !summary.blocked.is_empty() {
             parts.push(format!("{} not attempted", summary.blocked.len()));

@@ -51,6 +51,10 @@ pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
                 .map(|ms| format!("since {}", render::time(ms)))
                 .unwrap_or_default(),
         };
+        let detail = match &status.items {
+            Some(items) => format!("{detail} [{}]", items.summary()),
+            None => detail,
+        };
         rows.push(vec![
             status.stage.clone(),
             status.state.as_str().to_owned(),

@@ -45,12 +45,20 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
         }
         Some(reason) => {
             outln!("`{}` would run: {}", status.stage, reason.summary());
-            if matches!(reason, DirtyReason::UpstreamStale { .. }) && !status.changes.is_empty() {
+            if matches!(reason, DirtyReason::UpstreamStale { .. }) && status.changes.iter().any(|c| c.component != "items") {
                 outln!("(and even if upstream reproduces its last outputs:)");
             }
         }
     }
-    for change in &status.changes {
+    if let Some(items) = &status.items {
+        outln!("\n  items: {}", items.summary());
+        if !status.unfinished_items.is_empty() {
+            let more = items.unfinished().saturating_sub(status.unfinished_items.len());
+            let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+            outln!("  to run: {}{tail}", status.unfinished_items.join(", "));
+        }
+    }
+    for change in status.changes.iter().filter(|c| c.component != "items") {
         outln!("\n  {}", change.component);
         match &change.old {
             Some(old) => outln!("    - {}", old.shown()),

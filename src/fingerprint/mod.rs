@@ -92,6 +92,19 @@ pub fn stage_key(
             Component::of_digest(*digest, String::new()),
         );
     }
+    if let Some(foreach) = &stage.foreach {
+        // How items are identified, what they read and how their outcomes
+        // are classified change what a result means; the item list itself
+        // does not enter here: each item has its own fingerprint.
+        let rules: Vec<&str> = foreach.classify.iter().map(|r| r.text.as_str()).collect();
+        let spec = serde_json::json!({
+            "key": foreach.key,
+            "item_inputs": foreach.item_inputs,
+            "classify": rules,
+        });
+        let encoded = canonical_json(&spec);
+        key.insert("foreach", Component::of_value("foreach", encoded.as_bytes(), encoded.clone()));
+    }
     if let Some(version) = &stage.version {
         key.insert(
             "version",
@@ -117,4 +130,20 @@ fn command_json(command: &Command) -> serde_json::Value {
 pub fn canonical_json(value: &serde_json::Value) -> String {
     // serde_json's default map is a BTreeMap: keys serialise sorted.
     serde_json::to_string(value).expect("JSON values serialise")
+}
+
+/// An item's fingerprint: its stage's template fingerprint, the item's
+/// canonical JSON and the content of the paths it reads.
+pub fn item_fingerprint(template: &Digest, canonical_item: &str, inputs: &[(String, Digest)]) -> Digest {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"cairn.item\0");
+    hasher.update(template.as_bytes());
+    hasher.update(&(canonical_item.len() as u64).to_le_bytes());
+    hasher.update(canonical_item.as_bytes());
+    for (path, digest) in inputs {
+        hasher.update(&(path.len() as u64).to_le_bytes());
+        hasher.update(path.as_bytes());
+        hasher.update(digest.as_bytes());
+    }
+    Digest::from_hash(hasher.finalize())
 }

@@ -57,10 +57,11 @@ impl Dag {
                     add(j, i, EdgeKind::Needs, &mut edges);
                 }
             }
-            for input in &stage.inputs {
-                readers.entry(input.path.as_str()).or_default().push(i);
-                if let Some((j, _)) = outputs.producer_of(&input.path) {
-                    add(j, i, EdgeKind::Path(input.path.to_string()), &mut edges);
+            let items = stage.foreach.as_ref().map(|f| &f.items);
+            for path in stage.inputs.iter().map(|input| &input.path).chain(items) {
+                readers.entry(path.as_str()).or_default().push(i);
+                if let Some((j, _)) = outputs.producer_of(path) {
+                    add(j, i, EdgeKind::Path(path.to_string()), &mut edges);
                 }
             }
         }

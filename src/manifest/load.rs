@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::interpolate::{Placeholder, interpolate};
-use super::model::{Command, EnvValue, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Stage};
+use super::model::{
+    ClassifyRule, Command, EnvValue, Foreach, ItemClass, Manifest, Named, OutputIndex, PathDecl,
+    ProjectPath, Retry, Stage,
+};
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
 const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "resources", "stages"];
@@ -24,7 +27,18 @@ const STAGE_KEYS: &[&str] = &[
     "checks",
     "timeout",
     "resources",
+    "foreach",
+    "item_inputs",
+    "classify",
+    "retry",
+    "allow_errors",
+    "jobs",
 ];
+const FOREACH_KEYS: &[&str] = &["items", "key"];
+const CLASSIFY_KEYS: &[&str] = &["exit", "output", "as"];
+const RETRY_KEYS: &[&str] = &["max", "on", "backoff"];
+/// Stage keys that only mean something for a `foreach` stage.
+const ITEM_ONLY_KEYS: &[&str] = &["item_inputs", "classify", "retry", "allow_errors", "jobs"];
 
 /// Reads, parses and validates the manifest at `path` under `profile`.
 pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {
@@ -81,6 +95,8 @@ struct Checker<'s> {
 /// A stage before interpolation.
 struct Draft<'n> {
     stage: Stage,
+    /// `foreach.items` as written, resolved once every stage is known.
+    items: Option<(String, Span)>,
     run: Option<&'n Node>,
     checks: Vec<&'n Node>,
     referenced_params: Vec<String>,
@@ -134,10 +150,16 @@ impl<'s> Checker<'s> {
         }
 
         let mut stages: Vec<Stage> = Vec::new();
-        for draft in drafts {
+        let mut items_refs = Vec::new();
+        for mut draft in drafts {
+            let items = draft.items.take();
             if let Some(stage) = self.interpolate_stage(draft, &params) {
+                items_refs.push(items);
                 stages.push(stage);
             }
+        }
+        if let Some(root) = &root {
+            self.resolve_items(&mut stages, items_refs, root);
         }
         if let Some(root) = &root {
             self.cross_stage(&stages, root);
@@ -157,6 +179,242 @@ impl<'s> Checker<'s> {
             resources,
             stages,
         }))
+    }
+
+    /// `foreach = { items, key }` and the per-item keys of a stage.
+    fn foreach(&mut self, name: &str, table: &[Entry], span: &Span) -> (Option<Foreach>, Option<(String, Span)>) {
+        let Some(entry) = find(table, "foreach") else {
+            for key in ITEM_ONLY_KEYS {
+                if let Some(e) = find(table, key) {
+                    self.problems.push(
+                        Problem::new(format!("`{key}` in stage `{name}`, which is not a per-item stage"), e.key_span.clone(), "needs `foreach`")
+                            .help("add `foreach = { items = \"path/to/items.jsonl\", key = \"id\" }`, or remove this key"),
+                    );
+                }
+            }
+            return (None, None);
+        };
+        let Some(spec) = self.expect_table(&entry.value, "`foreach`") else {
+            return (None, None);
+        };
+        self.unknown_keys(spec, FOREACH_KEYS, "`foreach`");
+        let items = match find(spec, "items") {
+            Some(e) => self.string(&e.value, "`foreach.items`").map(|s| (s, e.value.span.clone())),
+            None => {
+                self.problems.push(
+                    Problem::new(format!("`foreach` of stage `{name}` has no `items`"), entry.key_span.clone(), "here")
+                        .help("name the item list: `items = \"path.jsonl\"` or `items = \"{STAGE.out.NAME}\"`"),
+                );
+                None
+            }
+        };
+        let key = match find(spec, "key") {
+            Some(e) => self.string(&e.value, "`foreach.key`"),
+            None => {
+                self.problems.push(
+                    Problem::new(format!("`foreach` of stage `{name}` has no `key`"), entry.key_span.clone(), "here")
+                        .help("name the field that identifies an item, e.g. `key = \"task_id\"`"),
+                );
+                None
+            }
+        };
+        let item_inputs = match find(table, "item_inputs") {
+            Some(e) => self.named_list(&e.value, "`item_inputs`").into_iter().map(|n| n.name).collect(),
+            None => Vec::new(),
+        };
+        let classify = match find(table, "classify") {
+            None => Vec::new(),
+            Some(e) => match e.value.as_array() {
+                Some(rules) => rules.iter().filter_map(|rule| self.classify_rule(rule)).collect(),
+                None => {
+                    self.type_error(&e.value, "`classify`", "an array of rules like `{ exit = 75, as = \"infra\" }`");
+                    Vec::new()
+                }
+            },
+        };
+        let retry = find(table, "retry").map(|e| self.retry(&e.value)).unwrap_or_default();
+        let allow_errors = find(table, "allow_errors").and_then(|e| self.count(&e.value, "`allow_errors`", 0)).unwrap_or(0);
+        let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
+        let foreach = key.map(|key| Foreach {
+            items: ProjectPath::new(String::new()),
+            items_span: items.as_ref().map(|(_, s)| s.clone()).unwrap_or(span.clone()),
+            key,
+            item_inputs,
+            classify,
+            retry,
+            allow_errors,
+            jobs,
+        });
+        (foreach, items)
+    }
+
+    fn classify_rule(&mut self, node: &Node) -> Option<ClassifyRule> {
+        let table = self.expect_table(node, "a `classify` rule")?;
+        self.unknown_keys(table, CLASSIFY_KEYS, "a `classify` rule");
+        let text = self.source.get(node.span.clone()).unwrap_or("").to_owned();
+        let exit = match find(table, "exit").map(|e| &e.value) {
+            None => Vec::new(),
+            Some(Node { kind: NodeKind::Integer(code), .. }) => vec![*code as i32],
+            Some(other) => match other.as_array() {
+                Some(codes) => codes
+                    .iter()
+                    .filter_map(|c| match c.kind {
+                        NodeKind::Integer(code) => Some(code as i32),
+                        _ => {
+                            self.type_error(c, "an exit code", "an integer");
+                            None
+                        }
+                    })
+                    .collect(),
+                None => {
+                    self.type_error(other, "`exit`", "an exit code or a list of exit codes");
+                    return None;
+                }
+            },
+        };
+        let output = match find(table, "output") {
+            None => None,
+            Some(e) => {
+                let pattern = self.string(&e.value, "`output`")?;
+                match regex::Regex::new(&pattern) {
+                    Ok(re) => Some(re),
+                    Err(error) => {
+                        self.problems.push(
+                            Problem::new(format!("invalid regular expression `{pattern}`"), e.value.span.clone(), "here")
+                                .help(error.to_string().lines().last().unwrap_or("").trim().to_owned()),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        if exit.is_empty() && output.is_none() {
+            self.problems.push(
+                Problem::new("a `classify` rule with nothing to match", node.span.clone(), "this rule")
+                    .help("give `exit = CODE` and/or `output = \"regex\"` (matched against stdout and stderr)"),
+            );
+            return None;
+        }
+        let class = match find(table, "as") {
+            Some(e) => {
+                let name = self.string(&e.value, "`as`")?;
+                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                    self.problems.push(
+                        Problem::new(format!("invalid class `{name}`"), e.value.span.clone(), "here")
+                            .help("use `ok`, `infra`, `error`, or a verdict name of letters, digits, `-` and `_`"),
+                    );
+                    return None;
+                }
+                ItemClass::parse(&name)
+            }
+            None => {
+                self.problems.push(
+                    Problem::new("a `classify` rule without `as`", node.span.clone(), "this rule")
+                        .help("say what it means: `as = \"infra\"`, `as = \"ok\"`, or a verdict such as `as = \"rejected\"`"),
+                );
+                return None;
+            }
+        };
+        Some(ClassifyRule { exit, output, class, text })
+    }
+
+    fn retry(&mut self, node: &Node) -> Retry {
+        let mut retry = Retry::default();
+        let Some(table) = self.expect_table(node, "`retry`") else {
+            return retry;
+        };
+        self.unknown_keys(table, RETRY_KEYS, "`retry`");
+        if let Some(e) = find(table, "max") {
+            retry.max = self.count(&e.value, "`retry.max`", 0).unwrap_or(0) as u32;
+        }
+        if let Some(e) = find(table, "on") {
+            retry.on = self
+                .named_list(&e.value, "`retry.on`")
+                .into_iter()
+                .filter_map(|n| match n.name.as_str() {
+                    "infra" => Some(ItemClass::Infra),
+                    "error" => Some(ItemClass::Error),
+                    other => {
+                        self.problems.push(
+                            Problem::new(format!("cannot retry on `{other}`"), n.span.clone(), "here")
+                                .help("only `infra` and `error` are retried; ok and verdicts are final"),
+                        );
+                        None
+                    }
+                })
+                .collect();
+        }
+        if let Some(e) = find(table, "backoff") {
+            retry.backoff = self.timeout(&e.value).unwrap_or_default();
+        }
+        retry
+    }
+
+    fn count(&mut self, node: &Node, what: &str, min: i64) -> Option<usize> {
+        match node.kind {
+            NodeKind::Integer(n) if n >= min && n <= u32::MAX as i64 => Some(n as usize),
+            _ => {
+                self.type_error(node, what, &format!("an integer of at least {min}"));
+                None
+            }
+        }
+    }
+
+    /// Resolves each per-item stage's `items`: a path, or
+    /// `{STAGE.out.NAME}` naming another stage's output.
+    fn resolve_items(&mut self, stages: &mut [Stage], refs: Vec<Option<(String, Span)>>, root: &Path) {
+        for (i, reference) in refs.into_iter().enumerate() {
+            let Some((text, span)) = reference else { continue };
+            let resolved = match text
+                .strip_prefix('{')
+                .and_then(|t| t.strip_suffix('}'))
+                .and_then(|t| t.split_once(".out."))
+            {
+                Some((stage, output)) => {
+                    match stages.iter().find(|s| s.name == stage).and_then(|s| s.outputs.iter().find(|o| o.name == output)) {
+                        Some(decl) => Some(decl.path.clone()),
+                        None => {
+                            self.problems.push(
+                                Problem::new(format!("`{text}` names no output"), span.clone(), "here")
+                                    .help(format!("stage `{stage}` must exist and declare an output named `{output}`")),
+                            );
+                            None
+                        }
+                    }
+                }
+                None => match normalise(root, &text, false) {
+                    Ok(path) => Some(path),
+                    Err((message, help)) => {
+                        self.problems.push(Problem::new(message, span.clone(), "this path").help(help));
+                        None
+                    }
+                },
+            };
+            if let Some(path) = &resolved {
+                let produced = OutputIndex::new(stages).producer_of(path).is_some();
+                if !produced && !path.resolve(root).exists() {
+                    self.problems.push(
+                        Problem::new(format!("item list `{path}` does not exist and no stage produces it"), span.clone(), "missing")
+                            .help("point `items` at a JSON array or JSONL file, or at `{STAGE.out.NAME}`"),
+                    );
+                }
+            }
+            let stage = &mut stages[i];
+            if let (Some(path), Some(foreach)) = (resolved, stage.foreach.as_mut()) {
+                foreach.items = path;
+                foreach.items_span = span;
+            }
+            if stage.foreach.is_some() && stage.outputs.len() != 1 {
+                self.problems.push(
+                    Problem::new(
+                        format!("per-item stage `{}` must declare exactly one output", stage.name),
+                        stage.span.clone(),
+                        "this stage",
+                    )
+                    .help("cairn writes the merged item results there, e.g. `outputs = { results = \"state/oracle/results.jsonl\" }`"),
+                );
+            }
+        }
     }
 
     /// `[resources]`: named capacities (positive integers).
@@ -444,6 +702,7 @@ impl<'s> Checker<'s> {
         let resources = find(table, "resources")
             .map(|e| self.named_list(&e.value, "`resources`"))
             .unwrap_or_default();
+        let (foreach, items) = self.foreach(name, table, &span);
 
         Some(Draft {
             stage: Stage {
@@ -460,7 +719,9 @@ impl<'s> Checker<'s> {
                 checks: Vec::new(),
                 timeout,
                 resources,
+                foreach,
             },
+            items,
             run,
             checks,
             referenced_params: Vec::new(),
@@ -605,10 +866,16 @@ impl<'s> Checker<'s> {
                         }
                     }
                 }
+                "item" if stage.foreach.is_some() => Ok(whole.to_owned()),
+                "item" => Err((
+                    format!("`{whole}` outside a per-item stage"),
+                    locate(self),
+                    Some("`{item.FIELD}` is filled in per item; add `foreach = { items = \"…\", key = \"…\" }` to the stage".to_owned()),
+                )),
                 other => Err((
                     format!("unknown placeholder namespace `{other}` in `{whole}`"),
                     locate(self),
-                    Some("placeholders are `{params.NAME}`, `{in.NAME}` and `{out.NAME}`; write `{{` for a literal brace".to_owned()),
+                    Some("placeholders are `{params.NAME}`, `{in.NAME}`, `{out.NAME}` and, in per-item stages, `{item.FIELD}`; write `{{` for a literal brace".to_owned()),
                 )),
             }
         });

@@ -5,12 +5,15 @@
 //! `{out.X}`, and `model` holds the result.
 
 mod error;
-mod interpolate;
+pub mod interpolate;
 mod load;
 mod model;
 mod raw;
 
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
-pub use model::{Command, EnvValue, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Stage};
+pub use model::{
+    ClassifyRule, Command, EnvValue, Foreach, ItemClass, Manifest, Named, OutputIndex, PathDecl,
+    ProjectPath, Retry, Stage,
+};
 pub use raw::Span;

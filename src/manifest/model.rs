@@ -43,6 +43,90 @@ pub struct Stage {
     pub timeout: Option<Duration>,
     /// Named resources held while the command and checks run.
     pub resources: Vec<Named>,
+    /// Set for a per-item stage: its command runs once per item.
+    pub foreach: Option<Foreach>,
+}
+
+/// A per-item stage's settings.
+#[derive(Debug, Clone)]
+pub struct Foreach {
+    /// The JSON array or JSONL file listing the items.
+    pub items: ProjectPath,
+    pub items_span: Span,
+    /// The field that names an item (unique).
+    pub key: String,
+    /// Paths each item reads, with `{item.FIELD}` placeholders.
+    pub item_inputs: Vec<String>,
+    pub classify: Vec<ClassifyRule>,
+    pub retry: Retry,
+    /// How many items may end in `error` before the stage fails.
+    pub allow_errors: usize,
+    /// At most this many items of the stage run at once.
+    pub jobs: Option<usize>,
+}
+
+/// How an item's attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ItemClass {
+    Ok,
+    /// A final result other than ok (`rejected`, `gold-fails`, …).
+    Verdict(String),
+    /// The infrastructure failed; retried, never a verdict.
+    Infra,
+    Error,
+}
+
+impl ItemClass {
+    pub fn parse(name: &str) -> Self {
+        match name {
+            "ok" => ItemClass::Ok,
+            "infra" => ItemClass::Infra,
+            "error" => ItemClass::Error,
+            other => ItemClass::Verdict(other.to_owned()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            ItemClass::Ok => "ok",
+            ItemClass::Verdict(name) => name,
+            ItemClass::Infra => "infra",
+            ItemClass::Error => "error",
+        }
+    }
+
+    /// Ok and verdicts are final: reused by later runs, never retried.
+    pub fn is_final(&self) -> bool {
+        matches!(self, ItemClass::Ok | ItemClass::Verdict(_))
+    }
+}
+
+/// `{ exit = 75, output = "regex", as = "infra" }`: every condition given
+/// must hold.
+#[derive(Debug, Clone)]
+pub struct ClassifyRule {
+    pub exit: Vec<i32>,
+    pub output: Option<regex::Regex>,
+    pub class: ItemClass,
+    /// The rule as written, for records.
+    pub text: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Retry {
+    pub max: u32,
+    pub on: Vec<ItemClass>,
+    pub backoff: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            max: 0,
+            on: vec![ItemClass::Infra],
+            backoff: Duration::ZERO,
+        }
+    }
 }
 
 /// A name written in the manifest, with where it was written.

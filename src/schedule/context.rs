@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::ScheduleError;
-use crate::fingerprint::{Change, Digest, StageKey, StatCache, stage_key};
+use super::items::{PlannedItem, fill, load_items};
+use crate::fingerprint::{Change, Component, Digest, StageKey, StatCache, item_fingerprint, stage_key};
+use crate::manifest::ItemClass;
 use crate::graph::Dag;
 use crate::manifest::{Manifest, OutputIndex};
 use crate::store::{Ledger, ObjectStore, OutputRecord, ResultRecord, ResultStatus};
@@ -112,6 +114,8 @@ pub struct Context<'m> {
     pub latest_failure: HashMap<String, ResultRecord>,
     /// Digest of each upstream output path as it stands in this session.
     pub produced: HashMap<String, Digest>,
+    /// Per-item stages: their items, as of the last `key_of`.
+    pub item_plans: HashMap<usize, Vec<PlannedItem>>,
 }
 
 impl<'m> Context<'m> {
@@ -138,6 +142,7 @@ impl<'m> Context<'m> {
             latest_ok,
             latest_failure,
             produced: HashMap::new(),
+            item_plans: HashMap::new(),
         })
     }
 
@@ -166,7 +171,71 @@ impl<'m> Context<'m> {
                 })?;
             digests.push(content.digest());
         }
-        Ok(stage_key(stage, &digests, |name| std::env::var(name).ok()))
+        let mut key = stage_key(stage, &digests, |name| std::env::var(name).ok());
+        if stage.foreach.is_some() {
+            // The stage as a whole is its template plus each item's
+            // fingerprint: adding one item changes it, but each item is
+            // judged by its own fingerprint.
+            let items = self.plan_items(i, &key.fingerprint())?;
+            let mut listing = Vec::with_capacity(items.len() * 48);
+            for planned in &items {
+                listing.extend_from_slice(planned.item.key.as_bytes());
+                listing.push(0);
+                listing.extend_from_slice(planned.fingerprint.as_bytes());
+            }
+            key.insert(
+                "items",
+                Component::of_value("items", &listing, format!("{} items", items.len())),
+            );
+            self.item_plans.insert(i, items);
+        }
+        Ok(key)
+    }
+
+    /// The items of a per-item stage, each with its fingerprint and the
+    /// outcome the ledger holds for it.
+    fn plan_items(&mut self, i: usize, template: &Digest) -> Result<Vec<PlannedItem>, ScheduleError> {
+        let stage = &self.manifest.stages[i];
+        let foreach = stage.foreach.as_ref().expect("a per-item stage");
+        let list = foreach.items.resolve(&self.manifest.root);
+        let items = load_items(&list, &foreach.key).map_err(|message| ScheduleError::Items {
+            stage: stage.name.clone(),
+            message,
+        })?;
+        let outcomes = match &self.ledger {
+            Some(ledger) => ledger.item_outcomes(&stage.name)?,
+            None => HashMap::new(),
+        };
+        let mut planned = Vec::with_capacity(items.len());
+        for item in items {
+            let mut inputs = Vec::with_capacity(foreach.item_inputs.len());
+            for template_path in &foreach.item_inputs {
+                let path = fill(template_path, &item.value).map_err(|message| ScheduleError::Items {
+                    stage: stage.name.clone(),
+                    message: format!("item `{}`: {message}", item.key),
+                })?;
+                let abs = self.manifest.root.join(&path);
+                let digest = match self.produced.get(path.as_str()) {
+                    Some(digest) => *digest,
+                    None => self
+                        .stat
+                        .content(&abs)
+                        .map_err(|source| ScheduleError::Input {
+                            stage: format!("{} (item `{}`)", stage.name, item.key),
+                            path: abs.clone(),
+                            source,
+                        })?
+                        .digest(),
+                };
+                inputs.push((path, digest));
+            }
+            let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
+            let outcome = outcomes
+                .get(&(item.key.clone(), fingerprint))
+                .map(|(class, attempts)| (ItemClass::parse(class), *attempts));
+            planned.push(PlannedItem { item, fingerprint, outcome });
+        }
+        Ok(planned)
     }
 
     /// The successful result recorded for `stage` under `fingerprint`.

@@ -14,11 +14,11 @@ use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
 use super::limits::Limits;
-use super::task::{StageTask, TaskLinks, TaskResult};
+use super::task::{Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::{LocalExecutor, kill_marked_processes};
 use crate::fingerprint::StageKey;
 use crate::store::{
-    LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus, RunCounts,
+    ItemAttempt, LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus, RunCounts,
     StoreError, now_ms,
 };
 
@@ -30,6 +30,10 @@ pub struct RunOptions {
     pub selected: Vec<bool>,
     /// The command line, recorded with the run.
     pub invocation: String,
+    /// Per-item stages run at most this many items each.
+    pub limit: Option<usize>,
+    /// Per-item stages run only items in this state.
+    pub only: Option<Only>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -38,6 +42,8 @@ pub struct RunSummary {
     pub counts: RunCounts,
     pub failed: Vec<String>,
     pub blocked: Vec<String>,
+    /// Per-item stages that ran only some of their items.
+    pub partial: Vec<String>,
     pub interrupted: bool,
 }
 
@@ -47,6 +53,8 @@ enum Slot {
     Running,
     Ok,
     Failed,
+    /// A per-item stage with items left for a later run.
+    Partial,
 }
 
 type Joined = (usize, StageKey, Result<TaskResult, ScheduleError>);
@@ -182,6 +190,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let mut running: JoinSet<Joined> = JoinSet::new();
         let (hashed_tx, mut hashed_rx) =
             unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
+        let (attempts_tx, mut attempts_rx) = unbounded_channel::<ItemAttempt>();
         // Ctrl-C and SIGTERM both interrupt the run.
         let ctrl_c = tokio::signal::ctrl_c();
         tokio::pin!(ctrl_c);
@@ -190,16 +199,20 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 .map_err(|e| ScheduleError::Task(format!("cannot listen for SIGTERM: {e}")))?;
 
         loop {
-            self.start_ready(&executor, &mut running, &hashed_tx)?;
+            self.start_ready(&executor, &mut running, &hashed_tx, &attempts_tx)?;
             if running.is_empty() {
                 return Ok(());
             }
             tokio::select! {
                 Some((i, records, elapsed)) = hashed_rx.recv() => self.outputs_known(i, &records, elapsed),
+                Some(attempt) = attempts_rx.recv() => self.item_attempt(&attempt)?,
                 joined = running.join_next() => {
                     let Some(joined) = joined else { continue };
                     let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
-                    // A task reports its digests before it ends.
+                    // A task reports its attempts and digests before it ends.
+                    while let Ok(attempt) = attempts_rx.try_recv() {
+                        self.item_attempt(&attempt)?;
+                    }
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
                 }
@@ -230,6 +243,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         executor: &LocalExecutor,
         running: &mut JoinSet<Joined>,
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+        attempts: &UnboundedSender<ItemAttempt>,
     ) -> Result<(), ScheduleError> {
         while !self.stop {
             let Some((_, i)) = self.ready.pop_first() else {
@@ -252,6 +266,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 self.holds[i].clone(),
                 self.rank[i] as u64,
             ) {
+                Ok(task) if stage.foreach.is_some() => {
+                    let plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
+                    task.with_items(stage, plan, self.options.only, self.options.limit, &self.log_dir, self.run_id)
+                }
                 Ok(task) => task,
                 Err(error) => {
                     self.fail(i, &error.to_string(), None);
@@ -262,6 +280,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             let links = TaskLinks {
                 stage: i,
                 hashed: hashed.clone(),
+                attempts: attempts.clone(),
             };
             let executor = executor.clone();
             running.spawn(async move { (i, key, task.run(executor, links).await) });
@@ -384,6 +403,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 return Ok(());
             }
         };
+        if let Some(message) = task.partial {
+            self.slots[i] = Slot::Partial;
+            let name = &self.ctx.manifest.stages[i].name;
+            self.summary.partial.push(name.clone());
+            self.reporter.event(Event::StagePartial { stage: name, message: &message });
+            return Ok(());
+        }
         match (task.failure, task.published) {
             (Some(message), _) => {
                 self.record_failure(
@@ -406,6 +432,20 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Records an item's attempt the moment it ends, so a crash loses no
+    /// finished item.
+    fn item_attempt(&mut self, attempt: &ItemAttempt) -> Result<(), ScheduleError> {
+        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        ledger.record_item_attempt(attempt)?;
+        self.reporter.event(Event::ItemFinished {
+            stage: &attempt.stage,
+            key: &attempt.key,
+            class: &attempt.class,
+            attempt: attempt.attempt,
+        });
         Ok(())
     }
 
@@ -534,7 +574,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     continue;
                 }
                 let blocked_by = self.ctx.dag.upstream(i).iter().copied().find(|&u| {
-                    self.slots[u] == Slot::Failed
+                    matches!(self.slots[u], Slot::Failed | Slot::Partial)
                         || self.summary.blocked.contains(&manifest.stages[u].name)
                 });
                 match blocked_by {

@@ -36,6 +36,10 @@ pub enum Event<'a> {
         message: &'a str,
         log: Option<&'a Path>,
     },
+    /// A per-item stage left items for a later run (`--limit`, `--only`).
+    StagePartial { stage: &'a str, message: &'a str },
+    /// One attempt of one item ended.
+    ItemFinished { stage: &'a str, key: &'a str, class: &'a str, attempt: u32 },
     /// An upstream stage failed, so this one was not attempted.
     StageBlocked {
         stage: &'a str,

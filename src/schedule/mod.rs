@@ -7,6 +7,7 @@
 mod context;
 mod dispatch;
 mod events;
+mod items;
 mod limits;
 mod status;
 mod task;
@@ -14,7 +15,9 @@ mod task;
 pub use context::{Context, DirtyReason, Freshness};
 pub use dispatch::{RunOptions, RunSummary, run, write_lock_file};
 pub use events::{Done, Event, Reporter};
+pub use items::ItemCounts;
 pub use status::{StageStatus, State, evaluate};
+pub use task::Only;
 
 use std::path::PathBuf;
 
@@ -40,6 +43,8 @@ pub enum ScheduleError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Exec(#[from] ExecError),
+    #[error("stage `{stage}`: {message}")]
+    Items { stage: String, message: String },
     #[error("the ledger is not open for writing")]
     NoLedger,
     #[error("a stage task failed: {0}")]

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use serde::Serialize;
 
 use super::ScheduleError;
+use super::items::ItemCounts;
 use super::context::{Context, DirtyReason, Freshness};
 use crate::fingerprint::{Change, Digest, StageKey};
 
@@ -45,6 +46,12 @@ pub struct StageStatus {
     pub outputs_to_restore: Vec<String>,
     /// When the last successful result finished (ms since the epoch).
     pub last_ok_ms: Option<i64>,
+    /// Per-item stages: their items by state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub items: Option<ItemCounts>,
+    /// Per-item stages: keys of the first items without a final outcome.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unfinished_items: Vec<String>,
     #[serde(skip)]
     pub key: Option<StageKey>,
 }
@@ -81,6 +88,21 @@ pub fn evaluate(
             changes: Vec::new(),
             outputs_to_restore: Vec::new(),
             last_ok_ms: previous.as_ref().map(|p| p.finished_ms),
+            items: ctx.item_plans.get(&i).map(|plan| ItemCounts::of(plan)),
+            unfinished_items: ctx
+                .item_plans
+                .get(&i)
+                .map(|plan| {
+                    plan.iter()
+                        .filter(|p| !p.outcome.as_ref().is_some_and(|(c, _)| c.is_final()))
+                        .take(20)
+                        .map(|p| match &p.outcome {
+                            Some((class, _)) => format!("{} ({})", p.item.key, class.name()),
+                            None => format!("{} (pending)", p.item.key),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             key: key.clone(),
         };
 

@@ -3,16 +3,22 @@
 //! the dispatcher through [`TaskLinks`].
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinSet;
 
 use super::ScheduleError;
 use super::context::Context;
+use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill_command};
 use super::limits::Limits;
 use crate::exec::{Executor, Job, LocalExecutor, Outcome, RUN_MARKER, base_environment};
-use crate::manifest::{Command, EnvValue, Stage};
-use crate::store::{INLINE_MAX, ObjectStore, OutputRecord, Published, now_ms, remove_path};
+use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
+use crate::store::{
+    INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, now_ms, remove_path,
+};
 
 /// How a stage's command, checks and output storage ended.
 pub struct TaskResult {
@@ -23,7 +29,23 @@ pub struct TaskResult {
     pub failure: Option<String>,
     /// The stored outputs, when it succeeded.
     pub published: Option<Published>,
+    /// A per-item stage that ran only some of its items (`--limit`,
+    /// `--only`): not a failure, but not complete either.
+    pub partial: Option<String>,
     pub started_ms: i64,
+}
+
+impl TaskResult {
+    fn not_started() -> Self {
+        TaskResult {
+            started: false,
+            outcome: Outcome::Success,
+            failure: None,
+            published: None,
+            partial: None,
+            started_ms: now_ms(),
+        }
+    }
 }
 
 /// What a running task tells the dispatcher before it ends.
@@ -32,6 +54,30 @@ pub struct TaskLinks {
     /// Told the output digests as soon as they are final, so downstream
     /// stages can start while the objects are made durable.
     pub hashed: UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+    /// Told every finished attempt of an item, to be recorded at once.
+    pub attempts: UnboundedSender<ItemAttempt>,
+}
+
+/// Which unfinished items a run takes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Only {
+    /// Never attempted under their current fingerprint.
+    Pending,
+    /// Last attempt failed on infrastructure.
+    Infra,
+    /// Last attempt ended in error.
+    Error,
+}
+
+/// The per-item part of a task.
+struct Items {
+    name: String,
+    spec: Foreach,
+    plan: Vec<PlannedItem>,
+    only: Option<Only>,
+    limit: Option<usize>,
+    log_dir: PathBuf,
+    run_id: i64,
 }
 
 /// A declared output: (name, path as written, absolute path).
@@ -48,6 +94,8 @@ pub struct StageTask {
     holds: Vec<usize>,
     /// The stage's rank in the topological order: earlier goes first.
     priority: u64,
+    /// Set for a per-item stage.
+    items: Option<Items>,
 }
 
 impl StageTask {
@@ -99,7 +147,32 @@ impl StageTask {
             limits,
             holds,
             priority,
+            items: None,
         })
+    }
+
+    /// Makes this the task of a per-item stage over `plan`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_items(
+        mut self,
+        stage: &Stage,
+        plan: Vec<PlannedItem>,
+        only: Option<Only>,
+        limit: Option<usize>,
+        log_dir: &Path,
+        run_id: i64,
+    ) -> Self {
+        let spec = stage.foreach.clone().expect("a per-item stage");
+        self.items = Some(Items {
+            name: stage.name.clone(),
+            spec,
+            plan,
+            only,
+            limit,
+            log_dir: log_dir.join(&stage.name),
+            run_id,
+        });
+        self
     }
 
     /// Removes the stage's stale outputs and creates their parent
@@ -126,14 +199,11 @@ impl StageTask {
         executor: LocalExecutor,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
+        if self.items.is_some() {
+            return self.run_items(executor, links).await;
+        }
         let Some(permits) = self.limits.acquire(self.priority, &self.holds).await else {
-            return Ok(TaskResult {
-                started: false,
-                outcome: Outcome::Success,
-                failure: None,
-                published: None,
-                started_ms: now_ms(),
-            });
+            return Ok(TaskResult::not_started());
         };
         self.clear_outputs()?;
         let started_ms = now_ms();
@@ -144,6 +214,7 @@ impl StageTask {
             outcome,
             failure: None,
             published: None,
+            partial: None,
             started_ms,
         };
         task.failure = self.verdict(&executor, outcome).await?;
@@ -152,7 +223,12 @@ impl StageTask {
         if task.failure.is_some() {
             return Ok(task);
         }
+        task.published = Some(self.store_outputs(&links, started).await?);
+        Ok(task)
+    }
 
+    /// Stages the outputs, announces their digests, then publishes them.
+    async fn store_outputs(self, links: &TaskLinks, started: Instant) -> Result<Published, ScheduleError> {
         // Small files go inline into the ledger: a read of a few kilobytes,
         // not worth a trip to the blocking pool. Anything bigger is copied
         // and fsynced there.
@@ -172,13 +248,109 @@ impl StageTask {
         let _ = links
             .hashed
             .send((links.stage, staged.records.clone(), started.elapsed()));
-        task.published = Some(if small {
+        Ok(if small {
             store.publish(staged)?
         } else {
             tokio::task::spawn_blocking(move || store.publish(staged))
                 .await
                 .map_err(|e| ScheduleError::Task(e.to_string()))??
+        })
+    }
+
+    /// Runs the unfinished items (each with its own retries), reports every
+    /// attempt as it ends, then writes the merged results as the output.
+    async fn run_items(mut self, executor: LocalExecutor, links: TaskLinks) -> Result<TaskResult, ScheduleError> {
+        let started_ms = now_ms();
+        let started = Instant::now();
+        let mut items = self.items.take().expect("a per-item task");
+        std::fs::create_dir_all(&items.log_dir).map_err(|source| ScheduleError::Io {
+            path: items.log_dir.clone(),
+            source,
+        })?;
+        let mut todo: Vec<usize> = items
+            .plan
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| match (&p.outcome, items.only) {
+                (Some((class, _)), _) if class.is_final() => false,
+                (_, None) => true,
+                (None, Some(only)) => only == Only::Pending,
+                (Some((ItemClass::Infra, _)), Some(only)) => only == Only::Infra,
+                (Some((_, _)), Some(only)) => only == Only::Error,
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if let Some(limit) = items.limit {
+            todo.truncate(limit);
+        }
+
+        let stage_jobs = Arc::new(Semaphore::new(items.spec.jobs.unwrap_or(Semaphore::MAX_PERMITS)));
+        let runner = Arc::new(ItemRunner {
+            executor,
+            job: self.job.clone(),
+            checks: self.checks.clone(),
+            spec: items.spec.clone(),
+            limits: self.limits.clone(),
+            holds: self.holds.clone(),
+            priority: self.priority,
+            log_dir: items.log_dir.clone(),
+            stage: items.name.clone(),
+            run_id: items.run_id,
+            attempts: links.attempts.clone(),
         });
+        let mut running = JoinSet::new();
+        for index in todo {
+            let planned = items.plan[index].clone();
+            let (runner, stage_jobs) = (runner.clone(), stage_jobs.clone());
+            running.spawn(async move {
+                let _slot = stage_jobs.acquire_owned().await;
+                (index, runner.run(&planned).await)
+            });
+        }
+        let mut stopped = false;
+        while let Some(joined) = running.join_next().await {
+            let (index, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
+            match result? {
+                Some(outcome) => items.plan[index].outcome = Some(outcome),
+                None => stopped = true,
+            }
+        }
+
+        let counts = ItemCounts::of(&items.plan);
+        let mut task = TaskResult {
+            started: true,
+            outcome: Outcome::Success,
+            failure: None,
+            published: None,
+            partial: None,
+            started_ms,
+        };
+        if stopped {
+            task.failure = Some(format!("stopped before every item ran ({})", counts.summary()));
+        } else if counts.error > items.spec.allow_errors {
+            task.failure = Some(format!(
+                "{} item(s) ended in error, {} allowed ({})",
+                counts.error,
+                items.spec.allow_errors,
+                counts.summary()
+            ));
+        } else if counts.infra > 0 {
+            task.failure = Some(format!(
+                "{} item(s) still failing on infrastructure after retries; a later run retries them ({})",
+                counts.infra,
+                counts.summary()
+            ));
+        } else if counts.pending > 0 {
+            task.partial = Some(format!("{} item(s) left for a later run ({})", counts.pending, counts.summary()));
+        }
+        if task.failure.is_some() || task.partial.is_some() {
+            return Ok(task);
+        }
+
+        self.clear_outputs()?;
+        let (_, _, path) = self.outputs.first().cloned().ok_or_else(|| ScheduleError::Task("a per-item stage has no output".to_owned()))?;
+        std::fs::write(&path, aggregate(&items.plan)).map_err(|source| ScheduleError::Io { path: path.clone(), source })?;
+        task.published = Some(self.store_outputs(&links, started).await?);
         Ok(task)
     }
 
@@ -214,3 +386,113 @@ impl StageTask {
         Ok(None)
     }
 }
+
+/// Runs one item: its command and checks, classification and retries.
+struct ItemRunner {
+    executor: LocalExecutor,
+    job: Job,
+    checks: Vec<Command>,
+    spec: Foreach,
+    limits: Limits,
+    holds: Vec<usize>,
+    priority: u64,
+    log_dir: PathBuf,
+    stage: String,
+    run_id: i64,
+    attempts: UnboundedSender<ItemAttempt>,
+}
+
+impl ItemRunner {
+    /// The item's final outcome in this run and its attempt count; `None`
+    /// if the run stopped first.
+    async fn run(&self, planned: &PlannedItem) -> Result<Option<(ItemClass, u32)>, ScheduleError> {
+        let item = &planned.item;
+        let filled = fill_command(&self.job.command, &item.value)
+            .and_then(|command| Ok((command, self.checks.iter().map(|c| fill_command(c, &item.value)).collect::<Result<Vec<_>, _>>()?)));
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let Some(permits) = self.limits.acquire(self.priority, &self.holds).await else {
+                return Ok(None);
+            };
+            let started_ms = now_ms();
+            let log = self.log_dir.join(format!("{}.{attempt}.log", file_name(&item.key)));
+            let (class, rule, exit_code) = match &filled {
+                Err(message) => (ItemClass::Error, Some(message.clone()), None),
+                Ok((command, checks)) => {
+                    let mut job = Job {
+                        command: command.clone(),
+                        log: log.clone(),
+                        ..self.job.clone()
+                    };
+                    job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
+                    let outcome = self.executor.run(&job).await?;
+                    let mut failed_check = None;
+                    if outcome == Outcome::Success {
+                        for check in checks {
+                            let check_job = Job { command: check.clone(), ..job.clone() };
+                            let check_outcome = self.executor.run(&check_job).await?;
+                            if check_outcome != Outcome::Success {
+                                failed_check = Some(format!("check `{}` {}", check.display(), check_outcome.describe()));
+                                break;
+                            }
+                        }
+                    }
+                    let (class, rule) = match failed_check {
+                        // A command that claims success but fails its
+                        // check is an error, never an ok.
+                        Some(check) => (ItemClass::Error, Some(check)),
+                        None => classify(&self.spec.classify, outcome, &log),
+                    };
+                    (class, rule, outcome.exit_code())
+                }
+            };
+            drop(permits);
+            let _ = self.attempts.send(ItemAttempt {
+                run_id: self.run_id,
+                stage: self.stage.clone(),
+                key: item.key.clone(),
+                fingerprint: planned.fingerprint,
+                attempt,
+                started_ms,
+                finished_ms: now_ms(),
+                exit_code,
+                class: class.name().to_owned(),
+                rule,
+                log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
+            });
+            let retry = &self.spec.retry;
+            if retry.on.contains(&class) && attempt <= retry.max {
+                let backoff = retry.backoff.saturating_mul(1 << (attempt - 1).min(16));
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+            return Ok(Some((class, planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt)));
+        }
+    }
+}
+
+/// The class of an attempt: the first rule that matches (every condition
+/// it gives holds), else ok for exit 0 and error otherwise.
+fn classify(rules: &[ClassifyRule], outcome: Outcome, log: &Path) -> (ItemClass, Option<String>) {
+    let needs_output = rules.iter().any(|r| r.output.is_some());
+    let output = if needs_output {
+        std::fs::read(log).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    for rule in rules {
+        let exit_matches = rule.exit.is_empty() || outcome.exit_code().is_some_and(|code| rule.exit.contains(&code));
+        let output_matches = rule.output.as_ref().is_none_or(|re| re.is_match(&output));
+        if exit_matches && output_matches {
+            return (rule.class.clone(), Some(rule.text.clone()));
+        }
+    }
+    match outcome {
+        Outcome::Success => (ItemClass::Ok, None),
+        _ => (ItemClass::Error, None),
+    }
+}
+
+/// The variable that tells an item's command which item it runs.
+pub const ITEM_MARKER: &str = "CAIRN_ITEM";

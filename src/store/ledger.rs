@@ -17,7 +17,7 @@ use super::objects::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 1;
+pub const LEDGER_SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -60,6 +60,33 @@ CREATE TABLE IF NOT EXISTS objects (
     digest BLOB PRIMARY KEY,
     bytes BLOB NOT NULL
 ) WITHOUT ROWID;
+-- The newest outcome of each item of a per-item stage, by fingerprint.
+CREATE TABLE IF NOT EXISTS items (
+    stage TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    class TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    run_id INTEGER NOT NULL,
+    finished_ms INTEGER NOT NULL,
+    PRIMARY KEY (stage, key, fingerprint)
+) WITHOUT ROWID;
+-- Every attempt of every item.
+CREATE TABLE IF NOT EXISTS item_attempts (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER NOT NULL,
+    exit_code INTEGER,
+    class TEXT NOT NULL,
+    rule TEXT,
+    log_path TEXT
+);
+CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(stage, key, id);
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -118,6 +145,25 @@ pub struct NewResult<'a> {
     pub exit_code: Option<i32>,
     pub log_path: Option<&'a str>,
     pub error: Option<&'a str>,
+}
+
+/// One attempt of one item of a per-item stage.
+#[derive(Debug, Clone, Serialize)]
+pub struct ItemAttempt {
+    pub run_id: i64,
+    pub stage: String,
+    pub key: String,
+    pub fingerprint: Digest,
+    /// 1 for the first attempt under this fingerprint in this run.
+    pub attempt: u32,
+    pub started_ms: i64,
+    pub finished_ms: i64,
+    pub exit_code: Option<i32>,
+    /// `ok`, `infra`, `error` or a verdict name.
+    pub class: String,
+    /// The `classify` rule that matched, as written.
+    pub rule: Option<String>,
+    pub log_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -298,6 +344,100 @@ impl Ledger {
             .map_err(|e| self.db(e))?;
         tx.commit().map_err(|e| self.db(e))?;
         Ok(id)
+    }
+
+    /// The newest outcome of every item of `stage`: (key, fingerprint) →
+    /// (class, attempts).
+    pub fn item_outcomes(&self, stage: &str) -> Result<HashMap<(String, Digest), (String, u32)>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare_cached("SELECT key, fingerprint, class, attempts FROM items WHERE stage = ?1")
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?, row.get::<_, u32>(3)?))
+            })
+            .map_err(|e| self.db(e))?;
+        let mut outcomes = HashMap::new();
+        for row in rows {
+            let (key, fingerprint, class, attempts) = row.map_err(|e| self.db(e))?;
+            if let Ok(fingerprint) = fingerprint.parse() {
+                outcomes.insert((key, fingerprint), (class, attempts));
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Records one attempt of an item and its outcome, in one transaction.
+    pub fn record_item_attempt(&self, attempt: &ItemAttempt) -> Result<(), StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        tx.prepare_cached(
+            "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                attempt.run_id,
+                attempt.stage,
+                attempt.key,
+                attempt.fingerprint.to_string(),
+                attempt.attempt,
+                attempt.started_ms,
+                attempt.finished_ms,
+                attempt.exit_code,
+                attempt.class,
+                attempt.rule,
+                attempt.log_path,
+            ])
+        })
+        .map_err(|e| self.db(e))?;
+        tx.prepare_cached(
+            "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?6, finished_ms = ?7",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                attempt.stage,
+                attempt.key,
+                attempt.fingerprint.to_string(),
+                attempt.class,
+                1,
+                attempt.run_id,
+                attempt.finished_ms,
+            ])
+        })
+        .map_err(|e| self.db(e))?;
+        tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// Every attempt of one item, oldest first.
+    pub fn item_attempts(&self, stage: &str, key: &str) -> Result<Vec<ItemAttempt>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare(
+                "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path
+                 FROM item_attempts WHERE stage = ?1 AND key = ?2 ORDER BY id",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage, key], |row| {
+                let fingerprint: String = row.get(3)?;
+                Ok(ItemAttempt {
+                    run_id: row.get(0)?,
+                    stage: row.get(1)?,
+                    key: row.get(2)?,
+                    fingerprint: fingerprint.parse().unwrap_or(Digest::of(b"")),
+                    attempt: row.get(4)?,
+                    started_ms: row.get(5)?,
+                    finished_ms: row.get(6)?,
+                    exit_code: row.get(7)?,
+                    class: row.get(8)?,
+                    rule: row.get(9)?,
+                    log_path: row.get(10)?,
+                })
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
     }
 
     /// The full key recorded with a result, for diffs.

@@ -1,0 +1,212 @@
+//! The items of a per-item (`foreach`) stage: reading the item list,
+//! filling `{item.FIELD}` placeholders, and each item's state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::fingerprint::{Digest, canonical_json};
+use crate::manifest::interpolate::interpolate;
+use crate::manifest::{Command, ItemClass};
+
+/// One item of the list.
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub key: String,
+    pub value: serde_json::Value,
+    /// Canonical JSON (sorted keys), which enters the item's fingerprint.
+    pub canonical: String,
+}
+
+/// An item with its current fingerprint and what the ledger knows of it.
+#[derive(Debug, Clone)]
+pub struct PlannedItem {
+    pub item: Item,
+    pub fingerprint: Digest,
+    /// The newest outcome under this fingerprint, and how many attempts.
+    pub outcome: Option<(ItemClass, u32)>,
+}
+
+/// Counts of a per-item stage's items by state.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ItemCounts {
+    pub total: usize,
+    pub ok: usize,
+    /// Items with a final verdict, by verdict.
+    pub verdicts: BTreeMap<String, usize>,
+    /// Items whose last attempt failed on infrastructure (retried later).
+    pub infra: usize,
+    pub error: usize,
+    /// Items never attempted under their current fingerprint.
+    pub pending: usize,
+}
+
+impl ItemCounts {
+    pub fn of(items: &[PlannedItem]) -> Self {
+        let mut counts = ItemCounts {
+            total: items.len(),
+            ..Default::default()
+        };
+        for item in items {
+            match &item.outcome {
+                None => counts.pending += 1,
+                Some((ItemClass::Ok, _)) => counts.ok += 1,
+                Some((ItemClass::Verdict(v), _)) => *counts.verdicts.entry(v.clone()).or_default() += 1,
+                Some((ItemClass::Infra, _)) => counts.infra += 1,
+                Some((ItemClass::Error, _)) => counts.error += 1,
+            }
+        }
+        counts
+    }
+
+    /// Items without a final outcome.
+    pub fn unfinished(&self) -> usize {
+        self.infra + self.error + self.pending
+    }
+
+    pub fn summary(&self) -> String {
+        let mut parts = vec![format!("{} items", self.total), format!("{} ok", self.ok)];
+        for (verdict, n) in &self.verdicts {
+            parts.push(format!("{n} {verdict}"));
+        }
+        if self.infra > 0 {
+            parts.push(format!("{} infra", self.infra));
+        }
+        if self.error > 0 {
+            parts.push(format!("{} error", self.error));
+        }
+        if self.pending > 0 {
+            parts.push(format!("{} pending", self.pending));
+        }
+        parts.join(", ")
+    }
+}
+
+/// Reads a JSON array or JSONL file of objects, each naming itself by
+/// `key`. Keys must be unique.
+pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read item list `{}`: {e}", path.display()))?;
+    let values: Vec<serde_json::Value> = if text.trim_start().starts_with('[') {
+        serde_json::from_str(&text).map_err(|e| format!("item list `{}` is not a JSON array: {e}", path.display()))?
+    } else {
+        text.lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(n, line)| {
+                serde_json::from_str(line)
+                    .map_err(|e| format!("item list `{}` line {}: not JSON: {e}", path.display(), n + 1))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let mut seen = HashMap::new();
+    let mut items = Vec::with_capacity(values.len());
+    for (n, value) in values.into_iter().enumerate() {
+        let name = match value.get(key) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => {
+                return Err(format!(
+                    "item {} of `{}` has no string or number field `{key}`",
+                    n + 1,
+                    path.display()
+                ));
+            }
+        };
+        if let Some(first) = seen.insert(name.clone(), n + 1) {
+            return Err(format!(
+                "items {first} and {} of `{}` share the key `{name}`",
+                n + 1,
+                path.display()
+            ));
+        }
+        let canonical = canonical_json(&value);
+        items.push(Item { key: name, value, canonical });
+    }
+    Ok(items)
+}
+
+/// Replaces `{item.FIELD}` (nested: `{item.repo.name}`) with the item's
+/// values; other text is left as it is.
+pub fn fill(text: &str, item: &serde_json::Value) -> Result<String, String> {
+    interpolate(text, |p| -> Result<String, String> {
+        if p.namespace != "item" {
+            return Ok(text[p.range.clone()].to_owned());
+        }
+        let mut value = item;
+        for field in p.name.split('.') {
+            value = value
+                .get(field)
+                .ok_or_else(|| format!("item has no field `{}`", p.name))?;
+        }
+        Ok(match value {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    })
+    .map_err(|errors: Vec<String>| errors.join("; "))
+}
+
+pub fn fill_command(command: &Command, item: &serde_json::Value) -> Result<Command, String> {
+    Ok(match command {
+        Command::Shell(script) => Command::Shell(fill(script, item)?),
+        Command::Exec(argv) => Command::Exec(argv.iter().map(|a| fill(a, item)).collect::<Result<_, _>>()?),
+    })
+}
+
+/// A file-name-safe form of an item key.
+pub fn file_name(key: &str) -> String {
+    let safe: String = key
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .take(80)
+        .collect();
+    if safe == key {
+        safe
+    } else {
+        format!("{safe}-{}", &Digest::of(key.as_bytes()).hex()[..8])
+    }
+}
+
+/// The merged results, one JSON line per item in key order: the same
+/// results give the same bytes, whatever order the items finished in.
+pub fn aggregate(items: &[PlannedItem]) -> Vec<u8> {
+    let mut sorted: Vec<&PlannedItem> = items.iter().collect();
+    sorted.sort_by(|a, b| a.item.key.cmp(&b.item.key));
+    let mut out = Vec::new();
+    for planned in sorted {
+        let class = planned.outcome.as_ref().map_or("pending", |(c, _)| c.name());
+        let line = serde_json::json!({
+            "key": planned.item.key,
+            "class": class,
+            "item": planned.item.value,
+        });
+        out.extend_from_slice(canonical_json(&line).as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fills_nested_fields_and_leaves_other_braces() {
+        let item = serde_json::json!({"id": "t1", "repo": {"name": "r"}, "n": 3});
+        assert_eq!(fill("run {item.id} {item.repo.name} {item.n} ${HOME}", &item).unwrap(), "run t1 r 3 ${HOME}");
+        assert!(fill("{item.missing}", &item).unwrap_err().contains("missing"));
+    }
+
+    #[test]
+    fn aggregate_bytes_do_not_depend_on_order() {
+        let planned = |key: &str| PlannedItem {
+            item: Item { key: key.into(), value: serde_json::json!({"id": key}), canonical: String::new() },
+            fingerprint: Digest::of(key.as_bytes()),
+            outcome: Some((ItemClass::Ok, 1)),
+        };
+        let a = aggregate(&[planned("b"), planned("a"), planned("c")]);
+        let b = aggregate(&[planned("c"), planned("b"), planned("a")]);
+        assert_eq!(a, b);
+    }
+}
