@@ -169,6 +169,36 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:7:14",
     ),
     (
+        "item placeholder outside a per-item stage",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"echo {item.id}\"\n",
+        "`{item.id}` outside a per-item stage",
+        "cairn.toml:4:13",
+    ),
+    (
+        "classify without foreach",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nclassify = []\n",
+        "`classify` in stage `a`, which is not a per-item stage",
+        "cairn.toml:5:1",
+    ),
+    (
+        "invalid classify regex",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nclassify = [ { output = \"(\", as = \"infra\" } ]\noutputs = [\"r.jsonl\"]\n",
+        "invalid regular expression `(`",
+        "cairn.toml:6:25",
+    ),
+    (
+        "items naming no output",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"{plan.out.list}\", key = \"id\" }\noutputs = [\"r.jsonl\"]\n",
+        "`{plan.out.list}` names no output",
+        "cairn.toml:5:21",
+    ),
+    (
+        "per-item stage without one output",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\n",
+        "per-item stage `a` must declare exactly one output",
+        "cairn.toml:3:9",
+    ),
+    (
         "zero capacity",
         "[pipeline]\nname = \"x\"\n[resources]\nwindow = 0\n[stages.a]\nrun = \"true\"\n",
         "resource `window` needs a capacity of at least 1",

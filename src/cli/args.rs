@@ -128,6 +128,7 @@ pub struct LogArgs {
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
+    /// A stage, or `STAGE/ITEM` for one item's attempts.
     pub stage: String,
     #[arg(long)]
     pub json: bool,

@@ -139,13 +139,25 @@ impl Reporter for HumanReporter {
             }
             Event::StagePartial { stage, message } => {
                 self.bar.inc(1);
-                self.line(format!("{}  {stage}: {message}", self.paint("33", " partial")));
+                self.line(format!(
+                    "{}  {stage}: {message}",
+                    self.paint("33", " partial")
+                ));
             }
-            Event::ItemFinished { stage, key, class, attempt } => {
+            Event::ItemFinished {
+                stage,
+                key,
+                class,
+                attempt,
+            } => {
                 self.bar.set_message(format!("{stage} {key}"));
                 // Ok is the quiet case; everything else is worth a line.
                 if !self.quiet && class != "ok" {
-                    let tag = if class == "infra" || class == "error" { self.paint("33", "    item") } else { self.paint("2", "    item") };
+                    let tag = if class == "infra" || class == "error" {
+                        self.paint("33", "    item")
+                    } else {
+                        self.paint("2", "    item")
+                    };
                     self.line(format!("{tag}  {stage}/{key}: {class} (attempt {attempt})"));
                 }
             }

@@ -24,6 +24,11 @@ struct ShowJson<'a> {
 
 pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
+    if let Some((stage, key)) = args.stage.split_once('/')
+        && loaded.manifest.stage(&args.stage).is_none()
+    {
+        return show_item(&loaded, stage, key, args.json);
+    }
     let target = loaded.stage_indices(std::slice::from_ref(&args.stage))?;
     let selected = loaded.dag.upstream_closure(&target);
     let mut ctx = loaded.read_context()?;
@@ -111,5 +116,57 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     if let Some(log) = last_attempt.and_then(|a| a.log_path.as_deref()) {
         outln!("log          {log}");
     }
+    Ok(())
+}
+
+/// `cairn show STAGE/ITEM`: every attempt of one item.
+fn show_item(
+    loaded: &workspace::Loaded,
+    stage: &str,
+    key: &str,
+    json: bool,
+) -> Result<(), CliError> {
+    let Some(spec) = loaded.manifest.stage(stage) else {
+        return Err(loaded.unknown_stage(stage));
+    };
+    if spec.foreach.is_none() {
+        return Err(CliError::usage(format!(
+            "stage `{stage}` is not a per-item stage, so `{stage}/{key}` names nothing"
+        )));
+    }
+    let ctx = loaded.read_context()?;
+    let attempts = match &ctx.ledger {
+        Some(ledger) => ledger.item_attempts(stage, key)?,
+        None => Vec::new(),
+    };
+    if json {
+        render::json(&attempts)?;
+        return Ok(());
+    }
+    if attempts.is_empty() {
+        outln!("item `{key}` of `{stage}` has no recorded attempt");
+        return Ok(());
+    }
+    outln!("item {stage}/{key}: {} attempt(s)", attempts.len());
+    let mut rows = vec![
+        [
+            "RUN", "#", "STARTED", "DURATION", "EXIT", "CLASS", "RULE", "LOG",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for a in &attempts {
+        rows.push(vec![
+            a.run_id.to_string(),
+            a.attempt.to_string(),
+            render::time(a.started_ms),
+            render::elapsed_ms(a.started_ms, a.finished_ms),
+            a.exit_code.map_or("-".to_owned(), |c| c.to_string()),
+            a.class.clone(),
+            a.rule.clone().unwrap_or_default(),
+            a.log_path.clone().unwrap_or_default(),
+        ]);
+    }
+    out!("{}", render::table(&rows));
     Ok(())
 }

@@ -45,7 +45,9 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
         }
         Some(reason) => {
             outln!("`{}` would run: {}", status.stage, reason.summary());
-            if matches!(reason, DirtyReason::UpstreamStale { .. }) && status.changes.iter().any(|c| c.component != "items") {
+            if matches!(reason, DirtyReason::UpstreamStale { .. })
+                && status.changes.iter().any(|c| c.component != "items")
+            {
                 outln!("(and even if upstream reproduces its last outputs:)");
             }
         }
@@ -53,8 +55,14 @@ pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
     if let Some(items) = &status.items {
         outln!("\n  items: {}", items.summary());
         if !status.unfinished_items.is_empty() {
-            let more = items.unfinished().saturating_sub(status.unfinished_items.len());
-            let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+            let more = items
+                .unfinished()
+                .saturating_sub(status.unfinished_items.len());
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
             outln!("  to run: {}{tail}", status.unfinished_items.join(", "));
         }
     }

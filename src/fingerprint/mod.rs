@@ -103,7 +103,10 @@ pub fn stage_key(
             "classify": rules,
         });
         let encoded = canonical_json(&spec);
-        key.insert("foreach", Component::of_value("foreach", encoded.as_bytes(), encoded.clone()));
+        key.insert(
+            "foreach",
+            Component::of_value("foreach", encoded.as_bytes(), encoded.clone()),
+        );
     }
     if let Some(version) = &stage.version {
         key.insert(
@@ -134,7 +137,11 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
 
 /// An item's fingerprint: its stage's template fingerprint, the item's
 /// canonical JSON and the content of the paths it reads.
-pub fn item_fingerprint(template: &Digest, canonical_item: &str, inputs: &[(String, Digest)]) -> Digest {
+pub fn item_fingerprint(
+    template: &Digest,
+    canonical_item: &str,
+    inputs: &[(String, Digest)],
+) -> Digest {
     let mut hasher = blake3::Hasher::new();
     hasher.update(b"cairn.item\0");
     hasher.update(template.as_bytes());

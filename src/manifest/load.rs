@@ -182,7 +182,12 @@ impl<'s> Checker<'s> {
     }
 
     /// `foreach = { items, key }` and the per-item keys of a stage.
-    fn foreach(&mut self, name: &str, table: &[Entry], span: &Span) -> (Option<Foreach>, Option<(String, Span)>) {
+    fn foreach(
+        &mut self,
+        name: &str,
+        table: &[Entry],
+        span: &Span,
+    ) -> (Option<Foreach>, Option<(String, Span)>) {
         let Some(entry) = find(table, "foreach") else {
             for key in ITEM_ONLY_KEYS {
                 if let Some(e) = find(table, key) {
@@ -199,7 +204,9 @@ impl<'s> Checker<'s> {
         };
         self.unknown_keys(spec, FOREACH_KEYS, "`foreach`");
         let items = match find(spec, "items") {
-            Some(e) => self.string(&e.value, "`foreach.items`").map(|s| (s, e.value.span.clone())),
+            Some(e) => self
+                .string(&e.value, "`foreach.items`")
+                .map(|s| (s, e.value.span.clone())),
             None => {
                 self.problems.push(
                     Problem::new(format!("`foreach` of stage `{name}` has no `items`"), entry.key_span.clone(), "here")
@@ -212,32 +219,54 @@ impl<'s> Checker<'s> {
             Some(e) => self.string(&e.value, "`foreach.key`"),
             None => {
                 self.problems.push(
-                    Problem::new(format!("`foreach` of stage `{name}` has no `key`"), entry.key_span.clone(), "here")
-                        .help("name the field that identifies an item, e.g. `key = \"task_id\"`"),
+                    Problem::new(
+                        format!("`foreach` of stage `{name}` has no `key`"),
+                        entry.key_span.clone(),
+                        "here",
+                    )
+                    .help("name the field that identifies an item, e.g. `key = \"task_id\"`"),
                 );
                 None
             }
         };
         let item_inputs = match find(table, "item_inputs") {
-            Some(e) => self.named_list(&e.value, "`item_inputs`").into_iter().map(|n| n.name).collect(),
+            Some(e) => self
+                .named_list(&e.value, "`item_inputs`")
+                .into_iter()
+                .map(|n| n.name)
+                .collect(),
             None => Vec::new(),
         };
         let classify = match find(table, "classify") {
             None => Vec::new(),
             Some(e) => match e.value.as_array() {
-                Some(rules) => rules.iter().filter_map(|rule| self.classify_rule(rule)).collect(),
+                Some(rules) => rules
+                    .iter()
+                    .filter_map(|rule| self.classify_rule(rule))
+                    .collect(),
                 None => {
-                    self.type_error(&e.value, "`classify`", "an array of rules like `{ exit = 75, as = \"infra\" }`");
+                    self.type_error(
+                        &e.value,
+                        "`classify`",
+                        "an array of rules like `{ exit = 75, as = \"infra\" }`",
+                    );
                     Vec::new()
                 }
             },
         };
-        let retry = find(table, "retry").map(|e| self.retry(&e.value)).unwrap_or_default();
-        let allow_errors = find(table, "allow_errors").and_then(|e| self.count(&e.value, "`allow_errors`", 0)).unwrap_or(0);
+        let retry = find(table, "retry")
+            .map(|e| self.retry(&e.value))
+            .unwrap_or_default();
+        let allow_errors = find(table, "allow_errors")
+            .and_then(|e| self.count(&e.value, "`allow_errors`", 0))
+            .unwrap_or(0);
         let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
         let foreach = key.map(|key| Foreach {
             items: ProjectPath::new(String::new()),
-            items_span: items.as_ref().map(|(_, s)| s.clone()).unwrap_or(span.clone()),
+            items_span: items
+                .as_ref()
+                .map(|(_, s)| s.clone())
+                .unwrap_or(span.clone()),
             key,
             item_inputs,
             classify,
@@ -254,7 +283,10 @@ impl<'s> Checker<'s> {
         let text = self.source.get(node.span.clone()).unwrap_or("").to_owned();
         let exit = match find(table, "exit").map(|e| &e.value) {
             None => Vec::new(),
-            Some(Node { kind: NodeKind::Integer(code), .. }) => vec![*code as i32],
+            Some(Node {
+                kind: NodeKind::Integer(code),
+                ..
+            }) => vec![*code as i32],
             Some(other) => match other.as_array() {
                 Some(codes) => codes
                     .iter()
@@ -280,8 +312,20 @@ impl<'s> Checker<'s> {
                     Ok(re) => Some(re),
                     Err(error) => {
                         self.problems.push(
-                            Problem::new(format!("invalid regular expression `{pattern}`"), e.value.span.clone(), "here")
-                                .help(error.to_string().lines().last().unwrap_or("").trim().to_owned()),
+                            Problem::new(
+                                format!("invalid regular expression `{pattern}`"),
+                                e.value.span.clone(),
+                                "here",
+                            )
+                            .help(
+                                error
+                                    .to_string()
+                                    .lines()
+                                    .last()
+                                    .unwrap_or("")
+                                    .trim()
+                                    .to_owned(),
+                            ),
                         );
                         return None;
                     }
@@ -298,7 +342,11 @@ impl<'s> Checker<'s> {
         let class = match find(table, "as") {
             Some(e) => {
                 let name = self.string(&e.value, "`as`")?;
-                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                if name.is_empty()
+                    || !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                {
                     self.problems.push(
                         Problem::new(format!("invalid class `{name}`"), e.value.span.clone(), "here")
                             .help("use `ok`, `infra`, `error`, or a verdict name of letters, digits, `-` and `_`"),
@@ -315,7 +363,12 @@ impl<'s> Checker<'s> {
                 return None;
             }
         };
-        Some(ClassifyRule { exit, output, class, text })
+        Some(ClassifyRule {
+            exit,
+            output,
+            class,
+            text,
+        })
     }
 
     fn retry(&mut self, node: &Node) -> Retry {
@@ -336,8 +389,14 @@ impl<'s> Checker<'s> {
                     "error" => Some(ItemClass::Error),
                     other => {
                         self.problems.push(
-                            Problem::new(format!("cannot retry on `{other}`"), n.span.clone(), "here")
-                                .help("only `infra` and `error` are retried; ok and verdicts are final"),
+                            Problem::new(
+                                format!("cannot retry on `{other}`"),
+                                n.span.clone(),
+                                "here",
+                            )
+                            .help(
+                                "only `infra` and `error` are retried; ok and verdicts are final",
+                            ),
                         );
                         None
                     }
@@ -362,16 +421,27 @@ impl<'s> Checker<'s> {
 
     /// Resolves each per-item stage's `items`: a path, or
     /// `{STAGE.out.NAME}` naming another stage's output.
-    fn resolve_items(&mut self, stages: &mut [Stage], refs: Vec<Option<(String, Span)>>, root: &Path) {
+    fn resolve_items(
+        &mut self,
+        stages: &mut [Stage],
+        refs: Vec<Option<(String, Span)>>,
+        root: &Path,
+    ) {
         for (i, reference) in refs.into_iter().enumerate() {
-            let Some((text, span)) = reference else { continue };
+            let Some((text, span)) = reference else {
+                continue;
+            };
             let resolved = match text
                 .strip_prefix('{')
                 .and_then(|t| t.strip_suffix('}'))
                 .and_then(|t| t.split_once(".out."))
             {
                 Some((stage, output)) => {
-                    match stages.iter().find(|s| s.name == stage).and_then(|s| s.outputs.iter().find(|o| o.name == output)) {
+                    match stages
+                        .iter()
+                        .find(|s| s.name == stage)
+                        .and_then(|s| s.outputs.iter().find(|o| o.name == output))
+                    {
                         Some(decl) => Some(decl.path.clone()),
                         None => {
                             self.problems.push(
@@ -385,7 +455,8 @@ impl<'s> Checker<'s> {
                 None => match normalise(root, &text, false) {
                     Ok(path) => Some(path),
                     Err((message, help)) => {
-                        self.problems.push(Problem::new(message, span.clone(), "this path").help(help));
+                        self.problems
+                            .push(Problem::new(message, span.clone(), "this path").help(help));
                         None
                     }
                 },
@@ -394,8 +465,14 @@ impl<'s> Checker<'s> {
                 let produced = OutputIndex::new(stages).producer_of(path).is_some();
                 if !produced && !path.resolve(root).exists() {
                     self.problems.push(
-                        Problem::new(format!("item list `{path}` does not exist and no stage produces it"), span.clone(), "missing")
-                            .help("point `items` at a JSON array or JSONL file, or at `{STAGE.out.NAME}`"),
+                        Problem::new(
+                            format!("item list `{path}` does not exist and no stage produces it"),
+                            span.clone(),
+                            "missing",
+                        )
+                        .help(
+                            "point `items` at a JSON array or JSONL file, or at `{STAGE.out.NAME}`",
+                        ),
                     );
                 }
             }

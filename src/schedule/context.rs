@@ -8,9 +8,11 @@ use serde::Serialize;
 
 use super::ScheduleError;
 use super::items::{PlannedItem, fill, load_items};
-use crate::fingerprint::{Change, Component, Digest, StageKey, StatCache, item_fingerprint, stage_key};
-use crate::manifest::ItemClass;
+use crate::fingerprint::{
+    Change, Component, Digest, StageKey, StatCache, item_fingerprint, stage_key,
+};
 use crate::graph::Dag;
+use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex};
 use crate::store::{Ledger, ObjectStore, OutputRecord, ResultRecord, ResultStatus};
 
@@ -194,7 +196,11 @@ impl<'m> Context<'m> {
 
     /// The items of a per-item stage, each with its fingerprint and the
     /// outcome the ledger holds for it.
-    fn plan_items(&mut self, i: usize, template: &Digest) -> Result<Vec<PlannedItem>, ScheduleError> {
+    fn plan_items(
+        &mut self,
+        i: usize,
+        template: &Digest,
+    ) -> Result<Vec<PlannedItem>, ScheduleError> {
         let stage = &self.manifest.stages[i];
         let foreach = stage.foreach.as_ref().expect("a per-item stage");
         let list = foreach.items.resolve(&self.manifest.root);
@@ -210,10 +216,11 @@ impl<'m> Context<'m> {
         for item in items {
             let mut inputs = Vec::with_capacity(foreach.item_inputs.len());
             for template_path in &foreach.item_inputs {
-                let path = fill(template_path, &item.value).map_err(|message| ScheduleError::Items {
-                    stage: stage.name.clone(),
-                    message: format!("item `{}`: {message}", item.key),
-                })?;
+                let path =
+                    fill(template_path, &item.value).map_err(|message| ScheduleError::Items {
+                        stage: stage.name.clone(),
+                        message: format!("item `{}`: {message}", item.key),
+                    })?;
                 let abs = self.manifest.root.join(&path);
                 let digest = match self.produced.get(path.as_str()) {
                     Some(digest) => *digest,
@@ -233,7 +240,11 @@ impl<'m> Context<'m> {
             let outcome = outcomes
                 .get(&(item.key.clone(), fingerprint))
                 .map(|(class, attempts)| (ItemClass::parse(class), *attempts));
-            planned.push(PlannedItem { item, fingerprint, outcome });
+            planned.push(PlannedItem {
+                item,
+                fingerprint,
+                outcome,
+            });
         }
         Ok(planned)
     }

@@ -18,8 +18,8 @@ use super::task::{Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::{LocalExecutor, kill_marked_processes};
 use crate::fingerprint::StageKey;
 use crate::store::{
-    ItemAttempt, LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus, RunCounts,
-    StoreError, now_ms,
+    ItemAttempt, LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus,
+    RunCounts, StoreError, now_ms,
 };
 
 #[derive(Debug, Clone)]
@@ -268,7 +268,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             ) {
                 Ok(task) if stage.foreach.is_some() => {
                     let plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
-                    task.with_items(stage, plan, self.options.only, self.options.limit, &self.log_dir, self.run_id)
+                    task.with_items(
+                        stage,
+                        plan,
+                        self.options.only,
+                        self.options.limit,
+                        &self.log_dir,
+                        self.run_id,
+                    )
                 }
                 Ok(task) => task,
                 Err(error) => {
@@ -407,7 +414,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             self.slots[i] = Slot::Partial;
             let name = &self.ctx.manifest.stages[i].name;
             self.summary.partial.push(name.clone());
-            self.reporter.event(Event::StagePartial { stage: name, message: &message });
+            self.reporter.event(Event::StagePartial {
+                stage: name,
+                message: &message,
+            });
             return Ok(());
         }
         match (task.failure, task.published) {

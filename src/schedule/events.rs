@@ -37,9 +37,17 @@ pub enum Event<'a> {
         log: Option<&'a Path>,
     },
     /// A per-item stage left items for a later run (`--limit`, `--only`).
-    StagePartial { stage: &'a str, message: &'a str },
+    StagePartial {
+        stage: &'a str,
+        message: &'a str,
+    },
     /// One attempt of one item ended.
-    ItemFinished { stage: &'a str, key: &'a str, class: &'a str, attempt: u32 },
+    ItemFinished {
+        stage: &'a str,
+        key: &'a str,
+        class: &'a str,
+        attempt: u32,
+    },
     /// An upstream stage failed, so this one was not attempted.
     StageBlocked {
         stage: &'a str,

@@ -52,7 +52,9 @@ impl ItemCounts {
             match &item.outcome {
                 None => counts.pending += 1,
                 Some((ItemClass::Ok, _)) => counts.ok += 1,
-                Some((ItemClass::Verdict(v), _)) => *counts.verdicts.entry(v.clone()).or_default() += 1,
+                Some((ItemClass::Verdict(v), _)) => {
+                    *counts.verdicts.entry(v.clone()).or_default() += 1
+                }
                 Some((ItemClass::Infra, _)) => counts.infra += 1,
                 Some((ItemClass::Error, _)) => counts.error += 1,
             }
@@ -86,16 +88,23 @@ impl ItemCounts {
 /// Reads a JSON array or JSONL file of objects, each naming itself by
 /// `key`. Keys must be unique.
 pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read item list `{}`: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read item list `{}`: {e}", path.display()))?;
     let values: Vec<serde_json::Value> = if text.trim_start().starts_with('[') {
-        serde_json::from_str(&text).map_err(|e| format!("item list `{}` is not a JSON array: {e}", path.display()))?
+        serde_json::from_str(&text)
+            .map_err(|e| format!("item list `{}` is not a JSON array: {e}", path.display()))?
     } else {
         text.lines()
             .enumerate()
             .filter(|(_, line)| !line.trim().is_empty())
             .map(|(n, line)| {
-                serde_json::from_str(line)
-                    .map_err(|e| format!("item list `{}` line {}: not JSON: {e}", path.display(), n + 1))
+                serde_json::from_str(line).map_err(|e| {
+                    format!(
+                        "item list `{}` line {}: not JSON: {e}",
+                        path.display(),
+                        n + 1
+                    )
+                })
             })
             .collect::<Result<_, _>>()?
     };
@@ -121,7 +130,11 @@ pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
             ));
         }
         let canonical = canonical_json(&value);
-        items.push(Item { key: name, value, canonical });
+        items.push(Item {
+            key: name,
+            value,
+            canonical,
+        });
     }
     Ok(items)
 }
@@ -150,7 +163,11 @@ pub fn fill(text: &str, item: &serde_json::Value) -> Result<String, String> {
 pub fn fill_command(command: &Command, item: &serde_json::Value) -> Result<Command, String> {
     Ok(match command {
         Command::Shell(script) => Command::Shell(fill(script, item)?),
-        Command::Exec(argv) => Command::Exec(argv.iter().map(|a| fill(a, item)).collect::<Result<_, _>>()?),
+        Command::Exec(argv) => Command::Exec(
+            argv.iter()
+                .map(|a| fill(a, item))
+                .collect::<Result<_, _>>()?,
+        ),
     })
 }
 
@@ -158,7 +175,13 @@ pub fn fill_command(command: &Command, item: &serde_json::Value) -> Result<Comma
 pub fn file_name(key: &str) -> String {
     let safe: String = key
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(80)
         .collect();
     if safe == key {
@@ -175,7 +198,10 @@ pub fn aggregate(items: &[PlannedItem]) -> Vec<u8> {
     sorted.sort_by(|a, b| a.item.key.cmp(&b.item.key));
     let mut out = Vec::new();
     for planned in sorted {
-        let class = planned.outcome.as_ref().map_or("pending", |(c, _)| c.name());
+        let class = planned
+            .outcome
+            .as_ref()
+            .map_or("pending", |(c, _)| c.name());
         let line = serde_json::json!({
             "key": planned.item.key,
             "class": class,
@@ -194,14 +220,25 @@ mod tests {
     #[test]
     fn fills_nested_fields_and_leaves_other_braces() {
         let item = serde_json::json!({"id": "t1", "repo": {"name": "r"}, "n": 3});
-        assert_eq!(fill("run {item.id} {item.repo.name} {item.n} ${HOME}", &item).unwrap(), "run t1 r 3 ${HOME}");
-        assert!(fill("{item.missing}", &item).unwrap_err().contains("missing"));
+        assert_eq!(
+            fill("run {item.id} {item.repo.name} {item.n} ${HOME}", &item).unwrap(),
+            "run t1 r 3 ${HOME}"
+        );
+        assert!(
+            fill("{item.missing}", &item)
+                .unwrap_err()
+                .contains("missing")
+        );
     }
 
     #[test]
     fn aggregate_bytes_do_not_depend_on_order() {
         let planned = |key: &str| PlannedItem {
-            item: Item { key: key.into(), value: serde_json::json!({"id": key}), canonical: String::new() },
+            item: Item {
+                key: key.into(),
+                value: serde_json::json!({"id": key}),
+                canonical: String::new(),
+            },
             fingerprint: Digest::of(key.as_bytes()),
             outcome: Some((ItemClass::Ok, 1)),
         };

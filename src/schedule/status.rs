@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use serde::Serialize;
 
 use super::ScheduleError;
-use super::items::ItemCounts;
 use super::context::{Context, DirtyReason, Freshness};
+use super::items::ItemCounts;
 use crate::fingerprint::{Change, Digest, StageKey};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -228,7 +228,11 @@ impl StageTask {
     }
 
     /// Stages the outputs, announces their digests, then publishes them.
-    async fn store_outputs(self, links: &TaskLinks, started: Instant) -> Result<Published, ScheduleError> {
+    async fn store_outputs(
+        self,
+        links: &TaskLinks,
+        started: Instant,
+    ) -> Result<Published, ScheduleError> {
         // Small files go inline into the ledger: a read of a few kilobytes,
         // not worth a trip to the blocking pool. Anything bigger is copied
         // and fsynced there.
@@ -259,7 +263,11 @@ impl StageTask {
 
     /// Runs the unfinished items (each with its own retries), reports every
     /// attempt as it ends, then writes the merged results as the output.
-    async fn run_items(mut self, executor: LocalExecutor, links: TaskLinks) -> Result<TaskResult, ScheduleError> {
+    async fn run_items(
+        mut self,
+        executor: LocalExecutor,
+        links: TaskLinks,
+    ) -> Result<TaskResult, ScheduleError> {
         let started_ms = now_ms();
         let started = Instant::now();
         let mut items = self.items.take().expect("a per-item task");
@@ -284,7 +292,9 @@ impl StageTask {
             todo.truncate(limit);
         }
 
-        let stage_jobs = Arc::new(Semaphore::new(items.spec.jobs.unwrap_or(Semaphore::MAX_PERMITS)));
+        let stage_jobs = Arc::new(Semaphore::new(
+            items.spec.jobs.unwrap_or(Semaphore::MAX_PERMITS),
+        ));
         let runner = Arc::new(ItemRunner {
             executor,
             job: self.job.clone(),
@@ -326,7 +336,10 @@ impl StageTask {
             started_ms,
         };
         if stopped {
-            task.failure = Some(format!("stopped before every item ran ({})", counts.summary()));
+            task.failure = Some(format!(
+                "stopped before every item ran ({})",
+                counts.summary()
+            ));
         } else if counts.error > items.spec.allow_errors {
             task.failure = Some(format!(
                 "{} item(s) ended in error, {} allowed ({})",
@@ -341,15 +354,26 @@ impl StageTask {
                 counts.summary()
             ));
         } else if counts.pending > 0 {
-            task.partial = Some(format!("{} item(s) left for a later run ({})", counts.pending, counts.summary()));
+            task.partial = Some(format!(
+                "{} item(s) left for a later run ({})",
+                counts.pending,
+                counts.summary()
+            ));
         }
         if task.failure.is_some() || task.partial.is_some() {
             return Ok(task);
         }
 
         self.clear_outputs()?;
-        let (_, _, path) = self.outputs.first().cloned().ok_or_else(|| ScheduleError::Task("a per-item stage has no output".to_owned()))?;
-        std::fs::write(&path, aggregate(&items.plan)).map_err(|source| ScheduleError::Io { path: path.clone(), source })?;
+        let (_, _, path) = self
+            .outputs
+            .first()
+            .cloned()
+            .ok_or_else(|| ScheduleError::Task("a per-item stage has no output".to_owned()))?;
+        std::fs::write(&path, aggregate(&items.plan)).map_err(|source| ScheduleError::Io {
+            path: path.clone(),
+            source,
+        })?;
         task.published = Some(self.store_outputs(&links, started).await?);
         Ok(task)
     }
@@ -407,8 +431,15 @@ impl ItemRunner {
     /// if the run stopped first.
     async fn run(&self, planned: &PlannedItem) -> Result<Option<(ItemClass, u32)>, ScheduleError> {
         let item = &planned.item;
-        let filled = fill_command(&self.job.command, &item.value)
-            .and_then(|command| Ok((command, self.checks.iter().map(|c| fill_command(c, &item.value)).collect::<Result<Vec<_>, _>>()?)));
+        let filled = fill_command(&self.job.command, &item.value).and_then(|command| {
+            Ok((
+                command,
+                self.checks
+                    .iter()
+                    .map(|c| fill_command(c, &item.value))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ))
+        });
         let mut attempt = 0u32;
         loop {
             attempt += 1;
@@ -416,7 +447,9 @@ impl ItemRunner {
                 return Ok(None);
             };
             let started_ms = now_ms();
-            let log = self.log_dir.join(format!("{}.{attempt}.log", file_name(&item.key)));
+            let log = self
+                .log_dir
+                .join(format!("{}.{attempt}.log", file_name(&item.key)));
             let (class, rule, exit_code) = match &filled {
                 Err(message) => (ItemClass::Error, Some(message.clone()), None),
                 Ok((command, checks)) => {
@@ -430,10 +463,17 @@ impl ItemRunner {
                     let mut failed_check = None;
                     if outcome == Outcome::Success {
                         for check in checks {
-                            let check_job = Job { command: check.clone(), ..job.clone() };
+                            let check_job = Job {
+                                command: check.clone(),
+                                ..job.clone()
+                            };
                             let check_outcome = self.executor.run(&check_job).await?;
                             if check_outcome != Outcome::Success {
-                                failed_check = Some(format!("check `{}` {}", check.display(), check_outcome.describe()));
+                                failed_check = Some(format!(
+                                    "check `{}` {}",
+                                    check.display(),
+                                    check_outcome.describe()
+                                ));
                                 break;
                             }
                         }
@@ -467,7 +507,10 @@ impl ItemRunner {
                 tokio::time::sleep(backoff).await;
                 continue;
             }
-            return Ok(Some((class, planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt)));
+            return Ok(Some((
+                class,
+                planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt,
+            )));
         }
     }
 }
@@ -477,12 +520,17 @@ impl ItemRunner {
 fn classify(rules: &[ClassifyRule], outcome: Outcome, log: &Path) -> (ItemClass, Option<String>) {
     let needs_output = rules.iter().any(|r| r.output.is_some());
     let output = if needs_output {
-        std::fs::read(log).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+        std::fs::read(log)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
     } else {
         String::new()
     };
     for rule in rules {
-        let exit_matches = rule.exit.is_empty() || outcome.exit_code().is_some_and(|code| rule.exit.contains(&code));
+        let exit_matches = rule.exit.is_empty()
+            || outcome
+                .exit_code()
+                .is_some_and(|code| rule.exit.contains(&code));
         let output_matches = rule.output.as_ref().is_none_or(|re| re.is_match(&output));
         if exit_matches && output_matches {
             return (rule.class.clone(), Some(rule.text.clone()));

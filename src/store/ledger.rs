@@ -147,6 +147,9 @@ pub struct NewResult<'a> {
     pub error: Option<&'a str>,
 }
 
+/// (item key, item fingerprint) → (class, attempts).
+pub type ItemOutcomes = HashMap<(String, Digest), (String, u32)>;
+
 /// One attempt of one item of a per-item stage.
 #[derive(Debug, Clone, Serialize)]
 pub struct ItemAttempt {
@@ -348,14 +351,19 @@ impl Ledger {
 
     /// The newest outcome of every item of `stage`: (key, fingerprint) →
     /// (class, attempts).
-    pub fn item_outcomes(&self, stage: &str) -> Result<HashMap<(String, Digest), (String, u32)>, StoreError> {
+    pub fn item_outcomes(&self, stage: &str) -> Result<ItemOutcomes, StoreError> {
         let mut statement = self
             .conn
             .prepare_cached("SELECT key, fingerprint, class, attempts FROM items WHERE stage = ?1")
             .map_err(|e| self.db(e))?;
         let rows = statement
             .query_map(params![stage], |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?, row.get::<_, u32>(3)?))
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, u32>(3)?,
+                ))
             })
             .map_err(|e| self.db(e))?;
         let mut outcomes = HashMap::new();

@@ -6,7 +6,9 @@ mod lockfile;
 mod objects;
 mod workspace_lock;
 
-pub use ledger::{ItemAttempt, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms};
+pub use ledger::{
+    ItemAttempt, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms,
+};
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};
 pub use objects::{
     INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,

@@ -1,0 +1,296 @@
+//! Per-item (`foreach`) stages: the incremental oracle.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::Project;
+
+/// An oracle over `n` tasks. An item's command:
+/// - fails once with exit 75 (infra) if `flaky-KEY` exists (and removes it),
+///   or always while `down-KEY` exists;
+/// - exits 1 (a `rejected` verdict) if its test file says `broken`;
+/// - prints nothing for `empty-KEY` (a false success the check catches).
+fn oracle(n: usize) -> Project {
+    let p = Project::new();
+    for i in 1..=n {
+        p.file(&format!("tasks/t{i}/test.txt"), &format!("task {i}\n"));
+    }
+    let list: String = (1..=n)
+        .map(|i| format!("{{\"task_id\": \"t{i}\", \"dir\": \"tasks/t{i}\"}}\n"))
+        .collect();
+    p.file("state/tasks.jsonl", &list);
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "oracle"
+
+[stages.oracle]
+foreach = { items = "state/tasks.jsonl", key = "task_id" }
+item_inputs = ["{item.dir}"]
+run = """
+echo {item.task_id} >> runs.log
+if [ -f flaky-{item.task_id} ]; then rm flaky-{item.task_id}; echo PodReadyTimeout >&2; exit 75; fi
+if [ -f down-{item.task_id} ]; then echo 'cluster out of cpu' >&2; exit 1; fi
+mkdir -p trajectories
+if [ -f empty-{item.task_id} ]; then : > trajectories/{item.task_id}; else echo turn > trajectories/{item.task_id}; fi
+grep -q broken {item.dir}/test.txt && exit 1
+exit 0
+"""
+checks = ["test -s trajectories/{item.task_id}"]
+classify = [
+  { exit = 75, as = "infra" },
+  { exit = 1, output = "out of cpu", as = "infra" },
+  { exit = 1, as = "rejected" },
+]
+retry = { max = 2, on = ["infra"] }
+outputs = { results = "state/oracle.jsonl" }
+"#,
+    );
+    p
+}
+
+fn runs_of(p: &Project, key: &str) -> usize {
+    p.lines("runs.log").iter().filter(|l| *l == key).count()
+}
+
+fn attempts(p: &Project, item: &str) -> serde_json::Value {
+    let show = p.cairn(&["show", item, "--json"]);
+    show.success();
+    serde_json::from_str(&show.stdout()).unwrap()
+}
+
+#[test]
+fn an_infra_failure_is_retried_and_then_recorded_ok_with_two_attempts() {
+    let p = oracle(3);
+    p.file("flaky-t2", "");
+    p.cairn(&["run"]).success();
+    let t2 = attempts(&p, "oracle/t2");
+    let classes: Vec<&str> = t2
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["infra", "ok"]);
+    assert_eq!(t2[0]["exit_code"], 75);
+    assert!(
+        p.read("state/oracle.jsonl")
+            .contains(r#""class":"ok","item":{"dir":"tasks/t2","task_id":"t2"},"key":"t2""#)
+    );
+}
+
+#[test]
+fn verdicts_are_final_and_never_retried() {
+    let p = oracle(3);
+    p.file("tasks/t3/test.txt", "broken\n");
+    p.cairn(&["run"]).success();
+    assert_eq!(runs_of(&p, "t3"), 1, "a verdict is not retried");
+    assert!(
+        p.read("state/oracle.jsonl")
+            .contains(r#""class":"rejected""#)
+    );
+    // Nor re-run later: the verdict is reused.
+    p.cairn(&["run", "--force", "oracle"]).success();
+    assert_eq!(runs_of(&p, "t3"), 1);
+}
+
+#[test]
+fn infra_that_exhausts_its_retries_stays_infra_and_a_later_run_retries_it() {
+    let p = oracle(3);
+    p.file("down-t1", "");
+    let run = p.cairn(&["run"]);
+    run.code_is(1);
+    assert!(
+        run.stderr().contains("still failing on infrastructure"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(runs_of(&p, "t1"), 3, "1 attempt + 2 retries");
+    let status = p.cairn(&["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&status.stdout()).unwrap();
+    let items = &json["stages"][0]["items"];
+    assert_eq!(items["infra"], 1, "{json}");
+    assert_eq!(items["ok"], 2);
+    assert!(
+        items["verdicts"].as_object().unwrap().is_empty(),
+        "infra is never a verdict: {json}"
+    );
+
+    std::fs::remove_file(p.path("down-t1")).unwrap();
+    p.cairn(&["run"]).success();
+    assert_eq!(runs_of(&p, "t1"), 4);
+    assert_eq!(runs_of(&p, "t2"), 1, "finished items are not re-run");
+}
+
+#[test]
+fn a_false_success_caught_by_a_check_is_an_error() {
+    let p = oracle(2);
+    p.file("empty-t2", "");
+    let run = p.cairn(&["run"]);
+    run.code_is(1);
+    assert!(
+        run.stderr().contains("1 item(s) ended in error"),
+        "{}",
+        run.stderr()
+    );
+    let t2 = attempts(&p, "oracle/t2");
+    assert_eq!(t2[0]["class"], "error");
+    assert!(
+        t2[0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("test -s trajectories/t2"),
+        "{t2}"
+    );
+}
+
+#[test]
+fn editing_one_items_input_reruns_that_item_only() {
+    let p = oracle(4);
+    p.cairn(&["run"]).success();
+    p.file("tasks/t3/test.txt", "task 3, edited\n");
+    let why = p.cairn(&["why", "oracle"]);
+    assert!(
+        why.stdout().contains("to run: t3 (pending)"),
+        "{}",
+        why.stdout()
+    );
+    p.cairn(&["run"]).success();
+    for (key, runs) in [("t1", 1), ("t2", 1), ("t3", 2), ("t4", 1)] {
+        assert_eq!(runs_of(&p, key), runs, "{key}");
+    }
+}
+
+#[test]
+fn added_items_run_alone_and_removed_items_leave_the_results() {
+    let p = oracle(3);
+    p.cairn(&["run"]).success();
+    p.file("tasks/t9/test.txt", "task 9\n");
+    let list = p
+        .read("state/tasks.jsonl")
+        .replace("{\"task_id\": \"t1\", \"dir\": \"tasks/t1\"}\n", "")
+        + "{\"task_id\": \"t9\", \"dir\": \"tasks/t9\"}\n";
+    p.file("state/tasks.jsonl", &list);
+    p.cairn(&["run"]).success();
+    let mut runs = p.lines("runs.log");
+    runs.sort();
+    assert_eq!(runs, ["t1", "t2", "t3", "t9"]);
+    let results = p.read("state/oracle.jsonl");
+    assert!(
+        !results.contains("\"t1\"") && results.contains("\"t9\""),
+        "{results}"
+    );
+    // The removed item's history is kept.
+    assert_eq!(attempts(&p, "oracle/t1").as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn limit_batches_converge_to_zero_pending() {
+    let p = oracle(7);
+    let mut batches = 0;
+    loop {
+        batches += 1;
+        assert!(batches <= 4, "did not converge");
+        let run = p.cairn(&["run", "--limit", "3"]);
+        run.success();
+        let status = p.cairn(&["status", "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&status.stdout()).unwrap();
+        if json["stages"][0]["state"] == "fresh" {
+            assert_eq!(json["stages"][0]["items"]["pending"], 0);
+            break;
+        }
+        assert!(run.stderr().contains("partial"), "{}", run.stderr());
+    }
+    assert_eq!(batches, 3, "7 items in batches of 3");
+    assert_eq!(p.lines("runs.log").len(), 7, "every item ran exactly once");
+}
+
+#[test]
+fn the_merged_results_do_not_depend_on_completion_order() {
+    let run_with = |jobs: &str, delays: &[(&str, &str)]| {
+        let p = oracle(6);
+        for (key, delay) in delays {
+            p.file(&format!("tasks/{key}/delay"), delay);
+        }
+        let manifest = p.read("cairn.toml").replace(
+            "echo {item.task_id} >> runs.log\n",
+            "echo {item.task_id} >> runs.log\nsleep $(cat {item.dir}/delay 2>/dev/null || echo 0)\necho {item.task_id} >> done.log\n",
+        );
+        p.file("cairn.toml", &manifest);
+        p.cairn(&["run", "-j", jobs]).success();
+        (
+            p.lines("done.log"),
+            std::fs::read(p.path("state/oracle.jsonl")).unwrap(),
+        )
+    };
+    let (order_a, bytes_a) = run_with("1", &[]);
+    let (order_b, bytes_b) = run_with("6", &[("t1", "0.3"), ("t2", "0.2"), ("t3", "0.1")]);
+    assert_ne!(
+        order_a, order_b,
+        "the items must finish in different orders for this test to mean anything"
+    );
+    assert_eq!(bytes_a, bytes_b);
+}
+
+#[test]
+fn kill_9_mid_batch_keeps_every_finished_item() {
+    let p = oracle(6);
+    // t4 blocks until released; the others finish first.
+    let manifest = p.read("cairn.toml").replace(
+        "echo {item.task_id} >> runs.log\n",
+        "echo {item.task_id} >> runs.log\nif [ {item.task_id} = t4 ]; then while [ ! -f release ]; do sleep 0.02; done; fi\n",
+    );
+    p.file("cairn.toml", &manifest);
+    let mut cairn = p
+        .command(&["run", "-j", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while p.lines("runs.log").len() < 6 {
+        assert!(Instant::now() < deadline, "items did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every item but t4 has finished; wait for their records to land.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = p.cairn(&["status", "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&status.stdout()).unwrap_or_default();
+        if json["stages"][0]["items"]["ok"] == 5 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "finished items were not recorded"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cairn.kill().unwrap();
+    cairn.wait().unwrap();
+
+    p.file("release", "");
+    p.cairn(&["run"]).success();
+    assert_eq!(runs_of(&p, "t4"), 2, "the interrupted item runs again");
+    for key in ["t1", "t2", "t3", "t5", "t6"] {
+        assert_eq!(runs_of(&p, key), 1, "{key} was finished and kept");
+    }
+}
+
+#[test]
+fn items_read_from_an_upstream_output() {
+    let p = oracle(2);
+    let manifest = p.read("cairn.toml").replace(
+        "foreach = { items = \"state/tasks.jsonl\", key = \"task_id\" }",
+        "foreach = { items = \"{plan.out.list}\", key = \"task_id\" }",
+    ) + "\n[stages.plan]\nrun = \"cp tasks.in {out.list}\"\ninputs = [\"tasks.in\"]\noutputs = { list = \"state/planned.jsonl\" }\n";
+    p.file("tasks.in", &p.read("state/tasks.jsonl"));
+    p.file("cairn.toml", &manifest);
+    let dag = p.cairn(&["dag"]);
+    assert!(dag.stdout().contains("oracle ← plan"), "{}", dag.stdout());
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log").len(), 2);
+}
