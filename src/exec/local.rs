@@ -52,13 +52,23 @@ impl Executor for LocalExecutor {
         })?;
 
         let mut command = match &job.command {
-            Command::Shell(script) => {
-                let mut c = tokio::process::Command::new("/bin/sh");
-                c.arg("-c").arg(script);
-                c
-            }
+            Command::Shell(script) => match simple_command(script, &job.env, &job.cwd) {
+                // What the shell would do, without starting a shell.
+                Some((program, argv)) => {
+                    let mut c = tokio::process::Command::new(program);
+                    c.args(&argv[1..]);
+                    c
+                }
+                None => {
+                    let mut c = tokio::process::Command::new("/bin/sh");
+                    c.arg("-c").arg(script);
+                    c
+                }
+            },
             Command::Exec(argv) => {
-                let mut c = tokio::process::Command::new(&argv[0]);
+                let program = resolve_program(&argv[0], &job.env, &job.cwd)
+                    .unwrap_or_else(|| argv[0].clone().into());
+                let mut c = tokio::process::Command::new(program);
                 c.args(&argv[1..]);
                 c
             }
@@ -143,5 +153,111 @@ async fn copy_to_log(
             None => log.insert(OpenOptions::new().create(true).append(true).open(&path)?),
         };
         file.write_all(&buf[..n])?;
+    }
+}
+
+/// The words of a shell command that needs no shell: only plain words
+/// (no quotes, variables, globs, redirections, pipes, separators or
+/// escapes), a program that is not a shell builtin or keyword, found on the
+/// command's `PATH`. For such a command `sh -c` would do exactly this exec,
+/// so cairn skips the shell, as make does: one process per command, not
+/// two.
+fn simple_command(
+    script: &str,
+    env: &[(String, String)],
+    cwd: &std::path::Path,
+) -> Option<(std::path::PathBuf, Vec<String>)> {
+    let plain = |c: char| {
+        c.is_ascii_alphanumeric()
+            || matches!(c, '_' | '.' | '/' | '-' | '+' | ',' | ':' | '@' | '%')
+    };
+    if !script.chars().all(|c| plain(c) || c == ' ' || c == '\t') {
+        return None;
+    }
+    let argv: Vec<String> = script.split_whitespace().map(str::to_owned).collect();
+    let program = argv.first()?;
+    const SHELL_WORDS: &[&str] = &[
+        ".", ":", "alias", "bg", "break", "cd", "command", "continue", "eval", "exec", "exit",
+        "export", "fc", "fg", "getopts", "hash", "jobs", "read", "readonly", "return", "set",
+        "shift", "times", "trap", "type", "ulimit", "umask", "unalias", "unset", "wait", "if",
+        "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case", "esac",
+        "function", "select", "time", "!", "source", "local",
+    ];
+    if SHELL_WORDS.contains(&program.as_str()) {
+        return None;
+    }
+    let program = resolve_program(program, env, cwd)?;
+    Some((program, argv))
+}
+
+/// The file a program name runs, looked up on the command's own `PATH`.
+/// Spawning an absolute path lets the standard library use `posix_spawn`
+/// (a program to look up on a changed `PATH` makes it fork instead, which
+/// costs a copy of cairn's page tables per command).
+fn resolve_program(
+    program: &str,
+    env: &[(String, String)],
+    cwd: &std::path::Path,
+) -> Option<std::path::PathBuf> {
+    if program.contains('/') {
+        let path = cwd.join(program);
+        return is_executable_file(&path).then_some(path);
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())?;
+    path.split(':')
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| std::path::Path::new(dir).join(program))
+        .find(|candidate| is_executable_file(candidate))
+}
+
+fn is_executable_file(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::simple_command;
+
+    fn env() -> Vec<(String, String)> {
+        vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())]
+    }
+
+    #[test]
+    fn plain_commands_skip_the_shell() {
+        let (program, argv) =
+            simple_command("cp in/1.txt out/1.txt", &env(), std::path::Path::new("/")).unwrap();
+        assert!(program.ends_with("cp"), "{}", program.display());
+        assert_eq!(argv, ["cp", "in/1.txt", "out/1.txt"]);
+    }
+
+    #[test]
+    fn anything_the_shell_would_interpret_keeps_the_shell() {
+        for script in [
+            "cp a b > c",
+            "echo $HOME",
+            "ls *.txt",
+            "a; b",
+            "a && b",
+            "a | b",
+            "echo 'x y'",
+            "echo \"x\"",
+            "cd dir",
+            "exit 3",
+            "X=1 env",
+            "echo ~",
+            "echo a\\b",
+            "sleep 1 &",
+            "no-such-program-anywhere x",
+        ] {
+            assert_eq!(
+                simple_command(script, &env(), std::path::Path::new("/")),
+                None,
+                "{script}"
+            );
+        }
     }
 }

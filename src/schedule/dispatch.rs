@@ -205,14 +205,24 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
             tokio::select! {
                 Some((i, records, elapsed)) = hashed_rx.recv() => self.outputs_known(i, &records, elapsed),
-                Some(attempt) = attempts_rx.recv() => self.item_attempt(&attempt)?,
+                Some(attempt) = attempts_rx.recv() => {
+                    // Whatever else has finished meanwhile goes into the
+                    // same transaction.
+                    let mut batch = vec![attempt];
+                    while let Ok(more) = attempts_rx.try_recv() {
+                        batch.push(more);
+                    }
+                    self.item_attempts(&batch)?;
+                }
                 joined = running.join_next() => {
                     let Some(joined) = joined else { continue };
                     let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
                     // A task reports its attempts and digests before it ends.
+                    let mut batch = Vec::new();
                     while let Ok(attempt) = attempts_rx.try_recv() {
-                        self.item_attempt(&attempt)?;
+                        batch.push(attempt);
                     }
+                    self.item_attempts(&batch)?;
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
                 }
@@ -445,17 +455,22 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
-    /// Records an item's attempt the moment it ends, so a crash loses no
+    /// Records items' attempts the moment they end, so a crash loses no
     /// finished item.
-    fn item_attempt(&mut self, attempt: &ItemAttempt) -> Result<(), ScheduleError> {
+    fn item_attempts(&mut self, attempts: &[ItemAttempt]) -> Result<(), ScheduleError> {
+        if attempts.is_empty() {
+            return Ok(());
+        }
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        ledger.record_item_attempt(attempt)?;
-        self.reporter.event(Event::ItemFinished {
-            stage: &attempt.stage,
-            key: &attempt.key,
-            class: &attempt.class,
-            attempt: attempt.attempt,
-        });
+        ledger.record_item_attempts(attempts)?;
+        for attempt in attempts {
+            self.reporter.event(Event::ItemFinished {
+                stage: &attempt.stage,
+                key: &attempt.key,
+                class: &attempt.class,
+                attempt: attempt.attempt,
+            });
+        }
         Ok(())
     }
 

@@ -98,21 +98,20 @@ impl Limits {
         rx.await.ok()
     }
 
-    /// Hands out what is free to the waiters, in priority order.
+    /// Hands out what is free to the waiters, in priority order. Each grant
+    /// looks only as far as the first waiter that fits, so with thousands of
+    /// waiting items this stays cheap.
     fn grant(&self, state: &mut State) {
-        let keys: Vec<(u64, u64)> = state.waiters.keys().copied().collect();
-        for key in keys {
-            if state.free_jobs == 0 {
-                return;
-            }
-            let fits = state.waiters[&key]
-                .resources
+        while state.free_jobs > 0 {
+            let Some(key) = state
+                .waiters
                 .iter()
-                .all(|&r| state.free[r] > 0);
-            if !fits {
-                continue;
-            }
-            let waiter = state.waiters.remove(&key).expect("listed above");
+                .find(|(_, w)| w.resources.iter().all(|&r| state.free[r] > 0))
+                .map(|(key, _)| *key)
+            else {
+                return;
+            };
+            let waiter = state.waiters.remove(&key).expect("found above");
             state.free_jobs -= 1;
             for &r in &waiter.resources {
                 state.free[r] -= 1;

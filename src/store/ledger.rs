@@ -376,45 +376,51 @@ impl Ledger {
         Ok(outcomes)
     }
 
-    /// Records one attempt of an item and its outcome, in one transaction.
-    pub fn record_item_attempt(&self, attempt: &ItemAttempt) -> Result<(), StoreError> {
+    /// Records attempts of items and their outcomes, in one transaction.
+    pub fn record_item_attempts(&self, attempts: &[ItemAttempt]) -> Result<(), StoreError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
-        tx.prepare_cached(
-            "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                attempt.run_id,
-                attempt.stage,
-                attempt.key,
-                attempt.fingerprint.to_string(),
-                attempt.attempt,
-                attempt.started_ms,
-                attempt.finished_ms,
-                attempt.exit_code,
-                attempt.class,
-                attempt.rule,
-                attempt.log_path,
-            ])
-        })
-        .map_err(|e| self.db(e))?;
-        tx.prepare_cached(
-            "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?6, finished_ms = ?7",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                attempt.stage,
-                attempt.key,
-                attempt.fingerprint.to_string(),
-                attempt.class,
-                1,
-                attempt.run_id,
-                attempt.finished_ms,
-            ])
-        })
-        .map_err(|e| self.db(e))?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                )
+                .map_err(|e| self.db(e))?;
+            let mut upsert = tx
+                .prepare_cached(
+                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)
+                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6",
+                )
+                .map_err(|e| self.db(e))?;
+            for attempt in attempts {
+                let fingerprint = attempt.fingerprint.to_string();
+                insert
+                    .execute(params![
+                        attempt.run_id,
+                        attempt.stage,
+                        attempt.key,
+                        fingerprint,
+                        attempt.attempt,
+                        attempt.started_ms,
+                        attempt.finished_ms,
+                        attempt.exit_code,
+                        attempt.class,
+                        attempt.rule,
+                        attempt.log_path,
+                    ])
+                    .map_err(|e| self.db(e))?;
+                upsert
+                    .execute(params![
+                        attempt.stage,
+                        attempt.key,
+                        fingerprint,
+                        attempt.class,
+                        attempt.run_id,
+                        attempt.finished_ms,
+                    ])
+                    .map_err(|e| self.db(e))?;
+            }
+        }
         tx.commit().map_err(|e| self.db(e))
     }
 
