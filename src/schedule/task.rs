@@ -308,14 +308,22 @@ impl StageTask {
             run_id: items.run_id,
             attempts: links.attempts.clone(),
         });
+        // A bounded window of item tasks: tens of thousands of waiting
+        // futures would cost memory and buy nothing.
+        let mut queue = todo.into_iter();
         let mut running = JoinSet::new();
-        for index in todo {
-            let planned = items.plan[index].clone();
-            let (runner, stage_jobs) = (runner.clone(), stage_jobs.clone());
-            running.spawn(async move {
-                let _slot = stage_jobs.acquire_owned().await;
-                (index, runner.run(&planned).await)
-            });
+        let mut spawn_next = |running: &mut JoinSet<_>, plan: &[PlannedItem]| {
+            if let Some(index) = queue.next() {
+                let planned = plan[index].clone();
+                let (runner, stage_jobs) = (runner.clone(), stage_jobs.clone());
+                running.spawn(async move {
+                    let _slot = stage_jobs.acquire_owned().await;
+                    (index, runner.run(&planned).await)
+                });
+            }
+        };
+        for _ in 0..ITEMS_IN_FLIGHT {
+            spawn_next(&mut running, &items.plan);
         }
         let mut stopped = false;
         while let Some(joined) = running.join_next().await {
@@ -323,6 +331,9 @@ impl StageTask {
             match result? {
                 Some(outcome) => items.plan[index].outcome = Some(outcome),
                 None => stopped = true,
+            }
+            if !stopped {
+                spawn_next(&mut running, &items.plan);
             }
         }
 
@@ -541,6 +552,10 @@ fn classify(rules: &[ClassifyRule], outcome: Outcome, log: &Path) -> (ItemClass,
         _ => (ItemClass::Error, None),
     }
 }
+
+/// How many items of one stage are in flight (waiting for a slot or
+/// running) at once.
+const ITEMS_IN_FLIGHT: usize = 256;
 
 /// The variable that tells an item's command which item it runs.
 pub const ITEM_MARKER: &str = "CAIRN_ITEM";
