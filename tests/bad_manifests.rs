@@ -199,6 +199,18 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:3:9",
     ),
     (
+        "result check without item_result",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nchecks = [ { result = \"/turns\", min = 1 } ]\noutputs = [\"r.jsonl\"]\n",
+        "a result check in a stage without `item_result`",
+        "cairn.toml:6:12",
+    ),
+    (
+        "result check that is not a JSON pointer",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nitem_result = \"r/{item.id}.json\"\nchecks = [ { result = \"turns\", min = 1 } ]\noutputs = [\"r.jsonl\"]\n",
+        "`turns` is not a JSON pointer",
+        "cairn.toml:7:23",
+    ),
+    (
         "zero capacity",
         "[pipeline]\nname = \"x\"\n[resources]\nwindow = 0\n[stages.a]\nrun = \"true\"\n",
         "resource `window` needs a capacity of at least 1",

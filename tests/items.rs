@@ -294,3 +294,90 @@ fn items_read_from_an_upstream_output() {
     p.cairn(&["run"]).success();
     assert_eq!(p.lines("runs.log").len(), 2);
 }
+
+/// A canary-like stage whose items write a JSON result.
+fn canary() -> Project {
+    let p = Project::new();
+    let list: String = ["c1", "c2", "c3", "c4"]
+        .iter()
+        .map(|k| format!("{{\"id\": \"{k}\"}}\n"))
+        .collect();
+    p.file("list.jsonl", &list);
+    // c1 passes with 3 turns; c2 fails its tests; c3 "passes" with an empty
+    // trajectory; c4 writes no result at all.
+    p.file("answers/c1", r#"{"reward": 1, "turns": 3}"#);
+    p.file("answers/c2", r#"{"reward": 0, "turns": 5}"#);
+    p.file("answers/c3", r#"{"reward": 1, "turns": 0}"#);
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "canary"
+
+[stages.canary]
+foreach = { items = "list.jsonl", key = "id" }
+run = "mkdir -p results && if [ -f answers/{item.id} ]; then cp answers/{item.id} results/{item.id}.json; fi"
+item_result = "results/{item.id}.json"
+checks = [ { result = "/turns", min = 1 } ]
+classify = [ { result = "/reward", equals = 0, as = "failed-tests" } ]
+allow_errors = 2
+outputs = { results = "state/canary.jsonl" }
+"#,
+    );
+    p
+}
+
+#[test]
+fn json_results_classify_items_and_checks_catch_false_successes() {
+    let p = canary();
+    p.cairn(&["run"]).success();
+    let results = p.read("state/canary.jsonl");
+    let class = |key: &str| -> String {
+        results
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| v["key"] == key)
+            .map(|v| v["class"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert_eq!(class("c1"), "ok");
+    assert_eq!(
+        class("c2"),
+        "failed-tests",
+        "a verdict from the JSON result"
+    );
+    assert_eq!(
+        class("c3"),
+        "error",
+        "an empty trajectory is an error, not a pass"
+    );
+    assert_eq!(class("c4"), "error", "no result is an error");
+    assert!(
+        results.contains(r#""result":{"reward":1,"turns":3}"#),
+        "{results}"
+    );
+    let c3 = attempts(&p, "canary/c3");
+    assert!(c3[0]["rule"].as_str().unwrap().contains("/turns"), "{c3}");
+    let c4 = attempts(&p, "canary/c4");
+    assert!(
+        c4[0]["rule"].as_str().unwrap().contains("was not written"),
+        "{c4}"
+    );
+}
+
+#[test]
+fn only_infra_retries_just_the_infra_items() {
+    let p = oracle(4);
+    p.file("down-t2", "");
+    p.file("tasks/t4/test.txt", "broken\n");
+    p.cairn(&["run"]).code_is(1);
+    std::fs::remove_file(p.path("down-t2")).unwrap();
+    // Make t3 pending again (edited) — `--only infra` must leave it alone.
+    p.file("tasks/t3/test.txt", "task 3, edited\n");
+    let run = p.cairn(&["run", "--only", "infra"]);
+    run.success();
+    assert!(run.stderr().contains("partial"), "{}", run.stderr());
+    assert_eq!(runs_of(&p, "t2"), 4, "3 attempts, then the retry");
+    assert_eq!(runs_of(&p, "t3"), 1, "the pending item waits");
+    assert_eq!(runs_of(&p, "t4"), 1, "a verdict is never retried");
+}

@@ -97,10 +97,17 @@ pub fn stage_key(
         // are classified change what a result means; the item list itself
         // does not enter here: each item has its own fingerprint.
         let rules: Vec<&str> = foreach.classify.iter().map(|r| r.text.as_str()).collect();
+        let result_checks: Vec<&str> = foreach
+            .result_checks
+            .iter()
+            .map(|c| c.text.as_str())
+            .collect();
         let spec = serde_json::json!({
             "key": foreach.key,
             "item_inputs": foreach.item_inputs,
             "classify": rules,
+            "item_result": foreach.result,
+            "result_checks": result_checks,
         });
         let encoded = canonical_json(&spec);
         key.insert(

@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::interpolate::{Placeholder, interpolate};
 use super::model::{
-    ClassifyRule, Command, EnvValue, Foreach, ItemClass, Manifest, Named, OutputIndex, PathDecl,
-    ProjectPath, Retry, Stage,
+    ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, Manifest, Named, OutputIndex,
+    PathDecl, ProjectPath, ResultCheck, Retry, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
@@ -33,12 +33,21 @@ const STAGE_KEYS: &[&str] = &[
     "retry",
     "allow_errors",
     "jobs",
+    "item_result",
 ];
 const FOREACH_KEYS: &[&str] = &["items", "key"];
-const CLASSIFY_KEYS: &[&str] = &["exit", "output", "as"];
+const CLASSIFY_KEYS: &[&str] = &["exit", "output", "result", "equals", "min", "exists", "as"];
+const RESULT_CHECK_KEYS: &[&str] = &["result", "equals", "min", "exists"];
 const RETRY_KEYS: &[&str] = &["max", "on", "backoff"];
 /// Stage keys that only mean something for a `foreach` stage.
-const ITEM_ONLY_KEYS: &[&str] = &["item_inputs", "classify", "retry", "allow_errors", "jobs"];
+const ITEM_ONLY_KEYS: &[&str] = &[
+    "item_inputs",
+    "classify",
+    "retry",
+    "allow_errors",
+    "jobs",
+    "item_result",
+];
 
 /// Reads, parses and validates the manifest at `path` under `profile`.
 pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {
@@ -261,6 +270,8 @@ impl<'s> Checker<'s> {
             .and_then(|e| self.count(&e.value, "`allow_errors`", 0))
             .unwrap_or(0);
         let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
+        let result =
+            find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
         let foreach = key.map(|key| Foreach {
             items: ProjectPath::new(String::new()),
             items_span: items
@@ -273,6 +284,8 @@ impl<'s> Checker<'s> {
             retry,
             allow_errors,
             jobs,
+            result,
+            result_checks: Vec::new(),
         });
         (foreach, items)
     }
@@ -332,10 +345,20 @@ impl<'s> Checker<'s> {
                 }
             }
         };
-        if exit.is_empty() && output.is_none() {
+        let result = if find(table, "result").is_some() {
+            let condition: Vec<Entry> = table
+                .iter()
+                .filter(|e| RESULT_CHECK_KEYS.contains(&e.key.as_str()))
+                .cloned()
+                .collect();
+            Some(self.result_check(&condition, node)?)
+        } else {
+            None
+        };
+        if exit.is_empty() && output.is_none() && result.is_none() {
             self.problems.push(
                 Problem::new("a `classify` rule with nothing to match", node.span.clone(), "this rule")
-                    .help("give `exit = CODE` and/or `output = \"regex\"` (matched against stdout and stderr)"),
+                    .help("give `exit = CODE`, `output = \"regex\"` (matched against stdout and stderr) and/or `result = \"/json/pointer\"` with `equals`"),
             );
             return None;
         }
@@ -366,7 +389,60 @@ impl<'s> Checker<'s> {
         Some(ClassifyRule {
             exit,
             output,
+            result,
             class,
+            text,
+        })
+    }
+
+    /// `{ result = "/pointer", equals = V | min = N | exists = B }`.
+    fn result_check(&mut self, table: &[Entry], node: &Node) -> Option<ResultCheck> {
+        let text = self.source.get(node.span.clone()).unwrap_or("").to_owned();
+        let pointer_entry = find(table, "result")?;
+        let pointer = self.string(&pointer_entry.value, "`result`")?;
+        if !pointer.is_empty() && !pointer.starts_with('/') {
+            self.problems.push(
+                Problem::new(
+                    format!("`{pointer}` is not a JSON pointer"),
+                    pointer_entry.value.span.clone(),
+                    "here",
+                )
+                .help(format!("JSON pointers start with `/`: `/{pointer}`")),
+            );
+            return None;
+        }
+        let expect = match (
+            find(table, "equals"),
+            find(table, "min"),
+            find(table, "exists"),
+        ) {
+            (Some(e), None, None) => Expect::Equals(param_value(&e.value)),
+            (None, Some(e), None) => match e.value.kind {
+                NodeKind::Integer(n) => Expect::Min(n as f64),
+                NodeKind::Float(f) => Expect::Min(f),
+                _ => {
+                    self.type_error(&e.value, "`min`", "a number");
+                    return None;
+                }
+            },
+            (None, None, Some(e)) => match e.value.kind {
+                NodeKind::Boolean(b) => Expect::Exists(b),
+                _ => {
+                    self.type_error(&e.value, "`exists`", "true or false");
+                    return None;
+                }
+            },
+            _ => {
+                self.problems.push(
+                    Problem::new("a result condition needs exactly one of `equals`, `min`, `exists`", node.span.clone(), "this condition")
+                        .help("e.g. `{ result = \"/turns\", min = 1 }` or `{ result = \"/status\", equals = \"pass\" }`"),
+                );
+                return None;
+            }
+        };
+        Some(ResultCheck {
+            pointer,
+            expect,
             text,
         })
     }
@@ -821,6 +897,27 @@ impl<'s> Checker<'s> {
         });
         let mut checks = Vec::new();
         for node in &draft.checks {
+            if let Some(table) = node.as_table() {
+                self.unknown_keys(table, RESULT_CHECK_KEYS, "a result check");
+                let has_result = draft
+                    .stage
+                    .foreach
+                    .as_ref()
+                    .is_some_and(|f| f.result.is_some());
+                if !has_result {
+                    self.problems.push(
+                        Problem::new("a result check in a stage without `item_result`", node.span.clone(), "this check")
+                            .help("result checks look at the JSON each item writes: declare it with `item_result = \"results/{item.id}.json\"`"),
+                    );
+                    continue;
+                }
+                if let Some(check) = self.result_check(table, node)
+                    && let Some(foreach) = draft.stage.foreach.as_mut()
+                {
+                    foreach.result_checks.push(check);
+                }
+                continue;
+            }
             if let Some(check) = self.command(
                 node,
                 &draft.stage,

@@ -13,7 +13,7 @@ mod raw;
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
 pub use model::{
-    ClassifyRule, Command, EnvValue, Foreach, ItemClass, Manifest, Named, OutputIndex, PathDecl,
-    ProjectPath, Retry, Stage,
+    ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, Manifest, Named, OutputIndex,
+    PathDecl, ProjectPath, ResultCheck, Retry, Stage,
 };
 pub use raw::Span;

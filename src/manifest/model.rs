@@ -63,6 +63,52 @@ pub struct Foreach {
     pub allow_errors: usize,
     /// At most this many items of the stage run at once.
     pub jobs: Option<usize>,
+    /// The JSON file each item's command writes (with `{item.FIELD}`
+    /// placeholders): read after each attempt, kept with the outcome, and
+    /// open to `classify` rules and checks.
+    pub result: Option<String>,
+    /// Checks over that JSON result.
+    pub result_checks: Vec<ResultCheck>,
+}
+
+/// A predicate over an item's JSON result, at a JSON pointer.
+#[derive(Debug, Clone)]
+pub struct ResultCheck {
+    pub pointer: String,
+    pub expect: Expect,
+    /// The check as written, for records.
+    pub text: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum Expect {
+    /// The value equals this one.
+    Equals(serde_json::Value),
+    /// A number at least this large, or a string, array or object with at
+    /// least this many elements.
+    Min(f64),
+    /// The pointer resolves (or, with `false`, does not).
+    Exists(bool),
+}
+
+impl ResultCheck {
+    /// Whether `result` passes.
+    pub fn holds(&self, result: &serde_json::Value) -> bool {
+        let value = result.pointer(&self.pointer);
+        match (&self.expect, value) {
+            (Expect::Exists(wanted), value) => value.is_some() == *wanted,
+            (Expect::Equals(wanted), Some(value)) => value == wanted,
+            (Expect::Min(min), Some(serde_json::Value::Number(n))) => {
+                n.as_f64().is_some_and(|n| n >= *min)
+            }
+            (Expect::Min(min), Some(serde_json::Value::String(s))) => {
+                s.chars().count() as f64 >= *min
+            }
+            (Expect::Min(min), Some(serde_json::Value::Array(a))) => a.len() as f64 >= *min,
+            (Expect::Min(min), Some(serde_json::Value::Object(o))) => o.len() as f64 >= *min,
+            _ => false,
+        }
+    }
 }
 
 /// How an item's attempt ended.
@@ -107,6 +153,8 @@ impl ItemClass {
 pub struct ClassifyRule {
     pub exit: Vec<i32>,
     pub output: Option<regex::Regex>,
+    /// A condition on the item's JSON result.
+    pub result: Option<ResultCheck>,
     pub class: ItemClass,
     /// The rule as written, for records.
     pub text: String,

@@ -237,13 +237,16 @@ impl<'m> Context<'m> {
                 inputs.push((path, digest));
             }
             let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
-            let outcome = outcomes
-                .get(&(item.key.clone(), fingerprint))
-                .map(|(class, attempts)| (ItemClass::parse(class), *attempts));
+            let recorded = outcomes.get(&(item.key.clone(), fingerprint));
+            let outcome = recorded.map(|(class, attempts, _)| (ItemClass::parse(class), *attempts));
+            let result = recorded
+                .and_then(|(_, _, result)| result.as_deref())
+                .and_then(|text| serde_json::from_str(text).ok());
             planned.push(PlannedItem {
                 item,
                 fingerprint,
                 outcome,
+                result,
             });
         }
         Ok(planned)

@@ -26,6 +26,8 @@ pub struct PlannedItem {
     pub fingerprint: Digest,
     /// The newest outcome under this fingerprint, and how many attempts.
     pub outcome: Option<(ItemClass, u32)>,
+    /// The JSON result recorded with that outcome (`item_result`).
+    pub result: Option<serde_json::Value>,
 }
 
 /// Counts of a per-item stage's items by state.
@@ -202,11 +204,14 @@ pub fn aggregate(items: &[PlannedItem]) -> Vec<u8> {
             .outcome
             .as_ref()
             .map_or("pending", |(c, _)| c.name());
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "key": planned.item.key,
             "class": class,
             "item": planned.item.value,
         });
+        if let Some(result) = &planned.result {
+            line["result"] = result.clone();
+        }
         out.extend_from_slice(canonical_json(&line).as_bytes());
         out.push(b'\n');
     }
@@ -241,6 +246,7 @@ mod tests {
             },
             fingerprint: Digest::of(key.as_bytes()),
             outcome: Some((ItemClass::Ok, 1)),
+            result: None,
         };
         let a = aggregate(&[planned("b"), planned("a"), planned("c")]);
         let b = aggregate(&[planned("c"), planned("b"), planned("a")]);

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use super::ScheduleError;
 use super::context::Context;
-use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill_command};
+use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
 use crate::exec::{Executor, Job, LocalExecutor, Outcome, RUN_MARKER, base_environment};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
@@ -329,7 +329,10 @@ impl StageTask {
         while let Some(joined) = running.join_next().await {
             let (index, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
             match result? {
-                Some(outcome) => items.plan[index].outcome = Some(outcome),
+                Some((class, attempts, result)) => {
+                    items.plan[index].outcome = Some((class, attempts));
+                    items.plan[index].result = result;
+                }
                 None => stopped = true,
             }
             if !stopped {
@@ -440,7 +443,7 @@ struct ItemRunner {
 impl ItemRunner {
     /// The item's final outcome in this run and its attempt count; `None`
     /// if the run stopped first.
-    async fn run(&self, planned: &PlannedItem) -> Result<Option<(ItemClass, u32)>, ScheduleError> {
+    async fn run(&self, planned: &PlannedItem) -> Result<Option<ItemEnd>, ScheduleError> {
         let item = &planned.item;
         let filled = fill_command(&self.job.command, &item.value).and_then(|command| {
             Ok((
@@ -461,8 +464,8 @@ impl ItemRunner {
             let log = self
                 .log_dir
                 .join(format!("{}.{attempt}.log", file_name(&item.key)));
-            let (class, rule, exit_code) = match &filled {
-                Err(message) => (ItemClass::Error, Some(message.clone()), None),
+            let (class, rule, exit_code, result) = match &filled {
+                Err(message) => (ItemClass::Error, Some(message.clone()), None, None),
                 Ok((command, checks)) => {
                     let mut job = Job {
                         command: command.clone(),
@@ -489,13 +492,24 @@ impl ItemRunner {
                             }
                         }
                     }
+                    let (result, result_problem) = self.read_result(&item.value);
                     let (class, rule) = match failed_check {
                         // A command that claims success but fails its
                         // check is an error, never an ok.
                         Some(check) => (ItemClass::Error, Some(check)),
-                        None => classify(&self.spec.classify, outcome, &log),
+                        None => match classify(&self.spec.classify, outcome, &log, result.as_ref())
+                        {
+                            (ItemClass::Ok, rule) => {
+                                match (result_problem, self.failed_result_check(result.as_ref())) {
+                                    (Some(problem), _) => (ItemClass::Error, Some(problem)),
+                                    (None, Some(check)) => (ItemClass::Error, Some(check)),
+                                    (None, None) => (ItemClass::Ok, rule),
+                                }
+                            }
+                            other => other,
+                        },
                     };
-                    (class, rule, outcome.exit_code())
+                    (class, rule, outcome.exit_code(), result)
                 }
             };
             drop(permits);
@@ -511,6 +525,7 @@ impl ItemRunner {
                 class: class.name().to_owned(),
                 rule,
                 log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
+                result: result.as_ref().map(|r| r.to_string()),
             });
             let retry = &self.spec.retry;
             if retry.on.contains(&class) && attempt <= retry.max {
@@ -518,17 +533,56 @@ impl ItemRunner {
                 tokio::time::sleep(backoff).await;
                 continue;
             }
-            return Ok(Some((
-                class,
-                planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt,
-            )));
+            let attempts = planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt;
+            return Ok(Some((class, attempts, result)));
         }
+    }
+}
+
+/// An item's class, attempt count and JSON result at the end of a run.
+type ItemEnd = (ItemClass, u32, Option<serde_json::Value>);
+
+impl ItemRunner {
+    /// The item's JSON result, if the stage declares one: `(result,
+    /// problem)`, where the problem says why it is missing or unreadable.
+    fn read_result(&self, item: &serde_json::Value) -> (Option<serde_json::Value>, Option<String>) {
+        let Some(template) = &self.spec.result else {
+            return (None, None);
+        };
+        let path = match fill(template, item) {
+            Ok(path) => path,
+            Err(message) => return (None, Some(message)),
+        };
+        match std::fs::read(self.job.cwd.join(&path)) {
+            Err(_) => (None, Some(format!("item result `{path}` was not written"))),
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(value) => (Some(value), None),
+                Err(error) => (
+                    None,
+                    Some(format!("item result `{path}` is not JSON: {error}")),
+                ),
+            },
+        }
+    }
+
+    /// The first result check that fails, described.
+    fn failed_result_check(&self, result: Option<&serde_json::Value>) -> Option<String> {
+        self.spec
+            .result_checks
+            .iter()
+            .find(|check| !result.is_some_and(|r| check.holds(r)))
+            .map(|check| format!("result check `{}` failed", check.text))
     }
 }
 
 /// The class of an attempt: the first rule that matches (every condition
 /// it gives holds), else ok for exit 0 and error otherwise.
-fn classify(rules: &[ClassifyRule], outcome: Outcome, log: &Path) -> (ItemClass, Option<String>) {
+fn classify(
+    rules: &[ClassifyRule],
+    outcome: Outcome,
+    log: &Path,
+    result: Option<&serde_json::Value>,
+) -> (ItemClass, Option<String>) {
     let needs_output = rules.iter().any(|r| r.output.is_some());
     let output = if needs_output {
         std::fs::read(log)
@@ -543,7 +597,11 @@ fn classify(rules: &[ClassifyRule], outcome: Outcome, log: &Path) -> (ItemClass,
                 .exit_code()
                 .is_some_and(|code| rule.exit.contains(&code));
         let output_matches = rule.output.as_ref().is_none_or(|re| re.is_match(&output));
-        if exit_matches && output_matches {
+        let result_matches = rule
+            .result
+            .as_ref()
+            .is_none_or(|check| result.is_some_and(|r| check.holds(r)));
+        if exit_matches && output_matches && result_matches {
             return (rule.class.clone(), Some(rule.text.clone()));
         }
     }

@@ -17,7 +17,7 @@ use super::objects::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 2;
+pub const LEDGER_SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -69,6 +69,8 @@ CREATE TABLE IF NOT EXISTS items (
     attempts INTEGER NOT NULL,
     run_id INTEGER NOT NULL,
     finished_ms INTEGER NOT NULL,
+    -- The JSON result the item's command wrote (`item_result`), if any.
+    result TEXT,
     PRIMARY KEY (stage, key, fingerprint)
 ) WITHOUT ROWID;
 -- Every attempt of every item.
@@ -147,8 +149,8 @@ pub struct NewResult<'a> {
     pub error: Option<&'a str>,
 }
 
-/// (item key, item fingerprint) → (class, attempts).
-pub type ItemOutcomes = HashMap<(String, Digest), (String, u32)>;
+/// (item key, item fingerprint) → (class, attempts, JSON result).
+pub type ItemOutcomes = HashMap<(String, Digest), (String, u32, Option<String>)>;
 
 /// One attempt of one item of a per-item stage.
 #[derive(Debug, Clone, Serialize)]
@@ -167,6 +169,9 @@ pub struct ItemAttempt {
     /// The `classify` rule that matched, as written.
     pub rule: Option<String>,
     pub log_path: Option<String>,
+    /// The JSON result the command wrote (`item_result`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -354,7 +359,9 @@ impl Ledger {
     pub fn item_outcomes(&self, stage: &str) -> Result<ItemOutcomes, StoreError> {
         let mut statement = self
             .conn
-            .prepare_cached("SELECT key, fingerprint, class, attempts FROM items WHERE stage = ?1")
+            .prepare_cached(
+                "SELECT key, fingerprint, class, attempts, result FROM items WHERE stage = ?1",
+            )
             .map_err(|e| self.db(e))?;
         let rows = statement
             .query_map(params![stage], |row| {
@@ -363,14 +370,15 @@ impl Ledger {
                     row.get::<_, String>(1)?,
                     row.get::<_, String>(2)?,
                     row.get::<_, u32>(3)?,
+                    row.get::<_, Option<String>>(4)?,
                 ))
             })
             .map_err(|e| self.db(e))?;
         let mut outcomes = HashMap::new();
         for row in rows {
-            let (key, fingerprint, class, attempts) = row.map_err(|e| self.db(e))?;
+            let (key, fingerprint, class, attempts, result) = row.map_err(|e| self.db(e))?;
             if let Ok(fingerprint) = fingerprint.parse() {
-                outcomes.insert((key, fingerprint), (class, attempts));
+                outcomes.insert((key, fingerprint), (class, attempts, result));
             }
         }
         Ok(outcomes)
@@ -388,8 +396,8 @@ impl Ledger {
                 .map_err(|e| self.db(e))?;
             let mut upsert = tx
                 .prepare_cached(
-                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)
-                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6",
+                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms, result) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7)
+                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7",
                 )
                 .map_err(|e| self.db(e))?;
             for attempt in attempts {
@@ -417,6 +425,7 @@ impl Ledger {
                         attempt.class,
                         attempt.run_id,
                         attempt.finished_ms,
+                        attempt.result,
                     ])
                     .map_err(|e| self.db(e))?;
             }
@@ -448,6 +457,7 @@ impl Ledger {
                     class: row.get(8)?,
                     rule: row.get(9)?,
                     log_path: row.get(10)?,
+                    result: None,
                 })
             })
             .map_err(|e| self.db(e))?;
