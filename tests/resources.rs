@@ -68,3 +68,51 @@ fn a_fresh_stage_does_not_wait_for_its_resource() {
         second.stderr()
     );
 }
+
+/// Every item of a per-item stage holds the stage's resources, so an oracle
+/// and a canary sharing one window never run at the same moment, and a
+/// stage's `jobs` caps its own items.
+#[test]
+fn items_hold_the_window_and_jobs_caps_a_stage() {
+    let p = Project::new();
+    let list: String = (1..=4).map(|i| format!("{{\"id\": \"i{i}\"}}\n")).collect();
+    p.file("list.jsonl", &list);
+    std::fs::create_dir_all(p.path("times")).unwrap();
+    let stage = |name: &str, extra: &str| {
+        format!(
+            "[stages.{name}]\nforeach = {{ items = \"list.jsonl\", key = \"id\" }}\nrun = \"date +%s%N >> times/{name}-{{item.id}}; sleep 0.1; date +%s%N >> times/{name}-{{item.id}}\"\noutputs = {{ r = \"state/{name}.jsonl\" }}\n{extra}\n"
+        )
+    };
+    let manifest = String::from("[pipeline]\nname = \"w\"\n\n[resources]\ncluster-window = 1\n\n")
+        + &stage("oracle", "resources = [\"cluster-window\"]")
+        + &stage("canary", "resources = [\"cluster-window\"]")
+        + &stage("free", "jobs = 1");
+    p.file("cairn.toml", &manifest);
+    p.cairn(&["run", "-j", "4"]).success();
+
+    let mut windowed = Vec::new();
+    let mut free = Vec::new();
+    for name in ["oracle", "canary", "free"] {
+        for i in 1..=4 {
+            let span = interval(&p, &format!("{name}-i{i}"));
+            if name == "free" {
+                free.push(span)
+            } else {
+                windowed.push(span)
+            }
+        }
+    }
+    for (a, x) in windowed.iter().enumerate() {
+        for y in &windowed[a + 1..] {
+            assert!(
+                !overlap(*x, *y),
+                "two window holders overlapped: {x:?} {y:?}"
+            );
+        }
+    }
+    for (a, x) in free.iter().enumerate() {
+        for y in &free[a + 1..] {
+            assert!(!overlap(*x, *y), "`jobs = 1` items overlapped: {x:?} {y:?}");
+        }
+    }
+}
