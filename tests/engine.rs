@@ -623,3 +623,37 @@ fn a_closed_stdout_pipe_is_not_an_error() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn switching_profiles_back_restores_outputs_and_the_lock_file() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "profiles"
+
+[params]
+n = 3
+
+[profiles.small]
+params = { n = 1 }
+
+[stages.numbers]
+run = "seq {params.n} > {out.o}; echo numbers >> runs.log"
+outputs = { o = "state/numbers.txt" }
+"#,
+    );
+    p.cairn(&["run"]).success();
+    let default_lock = p.read("cairn.lock");
+    p.cairn(&["--profile", "small", "run"]).success();
+    assert_eq!(p.read("state/numbers.txt"), "1\n");
+    assert_ne!(p.read("cairn.lock"), default_lock);
+
+    let back = p.cairn(&["run"]);
+    back.success();
+    assert!(back.stderr().contains("1 restored"), "{}", back.stderr());
+    assert_eq!(p.lines("runs.log").len(), 2, "nothing re-ran");
+    assert_eq!(p.read("state/numbers.txt"), "1\n2\n3\n");
+    assert_eq!(p.read("cairn.lock"), default_lock);
+}

@@ -3,7 +3,7 @@
 //! as soon as it is complete. It owns the run's state; tasks (`task.rs`)
 //! report back through channels, and reporters see [`Event`]s.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use super::events::{Done, Event, Reporter};
 use super::limits::Limits;
 use super::task::{Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::{LocalExecutor, kill_marked_processes};
-use crate::fingerprint::StageKey;
+use crate::fingerprint::{Digest, StageKey};
 use crate::store::{
     ItemAttempt, LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus,
     RunCounts, StoreError, now_ms,
@@ -88,6 +88,10 @@ struct Dispatcher<'a, 'm> {
     limits: Limits,
     /// Per stage: the resources it holds while it runs (indices).
     holds: Vec<Vec<usize>>,
+    /// The result each stage used in this run (fingerprint, outputs).
+    used: HashMap<usize, (Digest, Vec<OutputRecord>)>,
+    /// Some stage used a result other than its newest one (or made one).
+    lock_changed: bool,
     stop: bool,
     summary: RunSummary,
 }
@@ -175,6 +179,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             ready,
             limits,
             holds,
+            used: HashMap::new(),
+            lock_changed: false,
             stop: false,
             summary: RunSummary {
                 run_id,
@@ -340,6 +346,17 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
         };
         self.ctx.note_outputs(&record.outputs);
+        let name = &self.ctx.manifest.stages[i].name;
+        if self
+            .ctx
+            .latest_ok
+            .get(name)
+            .is_none_or(|newest| newest.id != record.id)
+        {
+            self.lock_changed = true;
+        }
+        self.used
+            .insert(i, (record.fingerprint, record.outputs.clone()));
         self.reporter.event(Event::StageDone {
             stage: &self.ctx.manifest.stages[i].name,
             done,
@@ -552,6 +569,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         };
         let name = stage.name.clone();
         tracing::info!(stage = %name, result = id, "recorded");
+        self.used
+            .insert(i, (record.fingerprint, record.outputs.clone()));
+        self.lock_changed = true;
         self.ctx.note_outputs(&record.outputs);
         self.ctx.latest_failure.remove(&name);
         self.ctx.latest_ok.insert(name, record);
@@ -623,7 +643,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
 
         self.ctx.save_stat_cache()?;
-        write_lock_file(self.ctx)?;
+        // When every stage used its newest result and the lock file is
+        // there, it already says what it would say now: a no-op run does not
+        // rewrite it.
+        if self.lock_changed || !self.ctx.manifest.lock_path().exists() {
+            write_lock_file(self.ctx, &self.used)?;
+        }
         let status = if self.summary.interrupted {
             "interrupted"
         } else if self.summary.failed.is_empty() {
@@ -638,11 +663,19 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     }
 }
 
-/// Rewrites the lock file from the newest successful result of each stage.
-pub fn write_lock_file(ctx: &Context<'_>) -> Result<(), ScheduleError> {
+/// Rewrites the lock file.
+///
+/// For each stage: the result this run found valid or produced (`used`), or
+/// else the newest successful one.
+fn write_lock_file(
+    ctx: &Context<'_>,
+    used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
+) -> Result<(), ScheduleError> {
     let mut lock = LockFile::new(&ctx.manifest.name);
-    for stage in &ctx.manifest.stages {
-        if let Some(record) = ctx.latest_ok.get(&stage.name) {
+    for (i, stage) in ctx.manifest.stages.iter().enumerate() {
+        if let Some((fingerprint, outputs)) = used.get(&i) {
+            lock.insert(&stage.name, *fingerprint, outputs);
+        } else if let Some(record) = ctx.latest_ok.get(&stage.name) {
             lock.insert(&stage.name, record.fingerprint, &record.outputs);
         }
     }

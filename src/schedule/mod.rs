@@ -13,7 +13,7 @@ mod status;
 mod task;
 
 pub use context::{Context, DirtyReason, Freshness};
-pub use dispatch::{RunOptions, RunSummary, run, write_lock_file};
+pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
 pub use items::ItemCounts;
 pub use status::{StageStatus, State, evaluate};
