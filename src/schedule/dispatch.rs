@@ -235,6 +235,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 _ = async { tokio::select! { _ = &mut ctrl_c => {}, _ = terminate.recv() => {} } } => {
                     running.abort_all();
                     while running.join_next().await.is_some() {}
+                    // Items that finished before the interrupt are kept.
+                    let mut batch = Vec::new();
+                    while let Ok(attempt) = attempts_rx.try_recv() {
+                        batch.push(attempt);
+                    }
+                    self.item_attempts(&batch)?;
                     self.summary.interrupted = true;
                     self.reporter.event(Event::Interrupted);
                     return Ok(());

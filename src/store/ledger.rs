@@ -228,8 +228,11 @@ impl Ledger {
         // Closing the last connection would otherwise checkpoint the WAL on
         // every command, even a read-only `status`; SQLite checkpoints on
         // its own as the WAL grows.
-        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
-            .map_err(|e| StoreError::db(&path, e))?;
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(|e| StoreError::db(&path, e))?;
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |row| row.get(0))
             .map_err(|e| StoreError::db(&path, e))?;
