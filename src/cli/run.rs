@@ -58,6 +58,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     })?;
     let ledger = Ledger::open(&cache)?;
     let mut ctx = Context::new(&loaded.manifest, &loaded.dag, Some(ledger))?;
+    ctx.explain = !global.quiet;
     let options = RunOptions {
         jobs: args
             .jobs

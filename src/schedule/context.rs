@@ -43,6 +43,7 @@ impl DirtyReason {
         match self {
             DirtyReason::NeverRun => "never run".to_owned(),
             DirtyReason::Forced => "forced".to_owned(),
+            DirtyReason::Changed { changes } if changes.is_empty() => "changed".to_owned(),
             DirtyReason::Changed { changes } => {
                 const SHOWN: usize = 3;
                 let mut names: Vec<String> = changes
@@ -118,6 +119,8 @@ pub struct Context<'m> {
     pub produced: HashMap<String, Digest>,
     /// Per-item stages: their items, as of the last `key_of`.
     pub item_plans: HashMap<usize, Vec<PlannedItem>>,
+    /// Whether a dirty stage's reason lists the components that changed.
+    pub explain: bool,
 }
 
 impl<'m> Context<'m> {
@@ -145,6 +148,7 @@ impl<'m> Context<'m> {
             latest_failure,
             produced: HashMap::new(),
             item_plans: HashMap::new(),
+            explain: true,
         })
     }
 
@@ -287,8 +291,13 @@ impl<'m> Context<'m> {
         }
         Ok(Freshness::Dirty(match self.latest_ok.get(&stage.name) {
             None => DirtyReason::NeverRun,
-            Some(previous) => DirtyReason::Changed {
+            // Reading the recorded key back costs a query per stage; a run
+            // nobody watches (`--quiet`) only needs to know it changed.
+            Some(previous) if self.explain => DirtyReason::Changed {
                 changes: key.diff(&self.recorded_key(previous)?),
+            },
+            Some(_) => DirtyReason::Changed {
+                changes: Vec::new(),
             },
         }))
     }

@@ -209,7 +209,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             if running.is_empty() {
                 return Ok(());
             }
+            // In this order: releasing downstream stages first keeps the
+            // critical path moving; recording results can wait a moment.
             tokio::select! {
+                biased;
                 Some((i, records, elapsed)) = hashed_rx.recv() => self.outputs_known(i, &records, elapsed),
                 Some(attempt) = attempts_rx.recv() => {
                     // Whatever else has finished meanwhile goes into the
