@@ -180,25 +180,8 @@ impl ObjectStore {
     ) -> Result<OutputRecord, StoreError> {
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
         let executable = meta.permissions().mode() & 0o111 != 0;
-        if !meta.is_dir() && meta.len() <= INLINE_MAX {
-            let bytes = fs::read(abs).map_err(|e| StoreError::io(abs, e))?;
-            if bytes.len() as u64 <= INLINE_MAX {
-                let digest = Digest::of(&bytes);
-                let size = bytes.len() as u64;
-                staged.inline.push((digest, bytes));
-                return Ok(OutputRecord {
-                    name: name.to_owned(),
-                    path: path.to_owned(),
-                    kind: OutputKind::File,
-                    digest,
-                    size,
-                    executable,
-                    inline: true,
-                });
-            }
-        }
         if !meta.is_dir() {
-            let (digest, size) = self.copy_in(abs, staged)?;
+            let (digest, size, inline) = self.stage_file(abs, meta.len(), staged)?;
             return Ok(OutputRecord {
                 name: name.to_owned(),
                 path: path.to_owned(),
@@ -206,7 +189,7 @@ impl ObjectStore {
                 digest,
                 size,
                 executable,
-                inline: false,
+                inline,
             });
         }
         let Content::Dir { mut entries, .. } = StatCache::default()
@@ -241,6 +224,27 @@ impl ObjectStore {
             executable: false,
             inline: false,
         })
+    }
+
+    /// Stages one file output: inline if small (a file can grow between the
+    /// stat and the read, hence the second look at the size), else copied.
+    fn stage_file(
+        &self,
+        abs: &Path,
+        len: u64,
+        staged: &mut Staged,
+    ) -> Result<(Digest, u64, bool), StoreError> {
+        if len <= INLINE_MAX {
+            let bytes = fs::read(abs).map_err(|e| StoreError::io(abs, e))?;
+            if bytes.len() as u64 <= INLINE_MAX {
+                let digest = Digest::of(&bytes);
+                let size = bytes.len() as u64;
+                staged.inline.push((digest, bytes));
+                return Ok((digest, size, true));
+            }
+        }
+        let (digest, size) = self.copy_in(abs, staged)?;
+        Ok((digest, size, false))
     }
 
     /// Makes staged file objects durable (fsync) and visible (rename). Only
