@@ -55,6 +55,14 @@ pub enum Command {
     Show(ShowArgs),
     /// Remove stored objects that no current result references.
     Gc(GcArgs),
+    /// Re-hash every output and stored object the records vouch for.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

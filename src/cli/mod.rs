@@ -18,6 +18,7 @@ macro_rules! out {
 }
 
 mod args;
+mod audit;
 mod dag;
 mod error;
 mod gc;
@@ -73,6 +74,7 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Log(args) => log::log(&cli.global, args),
         Command::Show(args) => show::show(&cli.global, args),
         Command::Gc(args) => gc::gc(&cli.global, args),
+        Command::Audit(args) => audit::audit_cmd(&cli.global, args),
     }
 }
 

@@ -1,11 +1,13 @@
 //! Everything cairn keeps: the object store, the ledger, the lock file and
 //! the workspace lock. This layer is the only writer of `cache/`.
 
+mod audit;
 mod ledger;
 mod lockfile;
 mod objects;
 mod workspace_lock;
 
+pub use audit::{AuditReport, Mismatch, MismatchKind, audit};
 pub use ledger::{
     ItemAttempt, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms,
 };
