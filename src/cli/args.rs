@@ -57,6 +57,16 @@ pub enum Command {
     Gc(GcArgs),
     /// Re-hash every output and stored object the records vouch for.
     Audit(AuditArgs),
+    /// The chain of recorded results behind an output or stage.
+    Provenance(ProvenanceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProvenanceArgs {
+    /// An output path (or a file inside an output directory), or a stage.
+    pub target: String,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

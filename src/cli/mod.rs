@@ -24,6 +24,7 @@ mod error;
 mod gc;
 mod log;
 mod progress;
+mod provenance;
 mod render;
 mod run;
 mod show;
@@ -75,6 +76,7 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Show(args) => show::show(&cli.global, args),
         Command::Gc(args) => gc::gc(&cli.global, args),
         Command::Audit(args) => audit::audit_cmd(&cli.global, args),
+        Command::Provenance(args) => provenance::provenance(&cli.global, args),
     }
 }
 

@@ -5,6 +5,7 @@ mod audit;
 mod ledger;
 mod lockfile;
 mod objects;
+mod provenance;
 mod workspace_lock;
 
 pub use audit::{AuditReport, Mismatch, MismatchKind, audit};
@@ -15,6 +16,7 @@ pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};
 pub use objects::{
     INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,
 };
+pub use provenance::{InputRecord, Lineage, LineageError, StageRecord, lineage};
 pub use workspace_lock::{WhenLocked, WorkspaceLock};
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,58 @@
+//! `cairn provenance PATH|STAGE`.
+
+use super::args::{Global, ProvenanceArgs};
+use super::error::CliError;
+use super::render;
+use super::workspace;
+use crate::store::{Ledger, LineageError, lineage};
+
+pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let Some(ledger) = Ledger::open_existing(&loaded.manifest.cache_dir())? else {
+        return Err(CliError::usage("no ledger yet: `cairn run` records one"));
+    };
+    let lineage = match lineage(&loaded.manifest, &ledger, &args.target) {
+        Ok(lineage) => lineage,
+        Err(LineageError::Store(e)) => return Err(e.into()),
+        Err(other) => return Err(CliError::usage(other.to_string())),
+    };
+    if args.json {
+        render::json(&lineage)?;
+        return Ok(());
+    }
+    outln!("provenance of {}\n", lineage.target);
+    for source in &lineage.sources {
+        outln!("source  {}  {}", source.path, source.digest);
+    }
+    for stage in &lineage.stages {
+        outln!("\nstage `{}`  {}", stage.stage, stage.fingerprint);
+        outln!("  command   {}", stage.command);
+        outln!(
+            "  run       {} at {}, took {} ({})",
+            stage.run_id,
+            render::time(stage.started_ms),
+            render::elapsed_ms(stage.started_ms, stage.finished_ms),
+            stage.tool
+        );
+        for (name, value) in &stage.params {
+            outln!("  param     {name} = {value}");
+        }
+        for name in &stage.env {
+            outln!("  env       {name}");
+        }
+        if let Some(version) = &stage.version {
+            outln!("  version   {version}");
+        }
+        for input in &stage.inputs {
+            let from = input
+                .produced_by
+                .as_deref()
+                .map_or("source".to_owned(), |s| format!("from `{s}`"));
+            outln!("  input     {}  {}  ({from})", input.path, input.digest);
+        }
+        for output in &stage.outputs {
+            outln!("  output    {}  {}", output.path, output.digest);
+        }
+    }
+    Ok(())
+}
