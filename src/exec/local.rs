@@ -108,6 +108,10 @@ impl Executor for LocalExecutor {
                     guard.kill();
                     let _ = child.wait().await;
                     let _ = drain.await;
+                    redact(&job.log, &job.redact).map_err(|e| ExecError::Log {
+                        path: job.log.clone(),
+                        source: e,
+                    })?;
                     return Ok(Outcome::TimedOut(limit));
                 }
             },
@@ -122,6 +126,10 @@ impl Executor for LocalExecutor {
                 path: job.log.clone(),
                 source: e,
             })?;
+        redact(&job.log, &job.redact).map_err(|e| ExecError::Log {
+            path: job.log.clone(),
+            source: e,
+        })?;
 
         use std::os::unix::process::ExitStatusExt;
         Ok(match (status.code(), status.signal()) {
@@ -260,4 +268,31 @@ mod tests {
             );
         }
     }
+}
+
+/// Replaces every secret value in the log with `[redacted NAME]` (temp file
+/// and rename, so no reader sees a half-redacted log).
+fn redact(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
+    if secrets.is_empty() {
+        return Ok(());
+    }
+    let bytes = match std::fs::read(log) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    let mut changed = false;
+    for (name, value) in secrets {
+        if text.contains(value.as_str()) {
+            text = text.replace(value.as_str(), &format!("[redacted {name}]"));
+            changed = true;
+        }
+    }
+    if changed {
+        let temp = log.with_extension("log.redacting");
+        std::fs::write(&temp, text)?;
+        std::fs::rename(&temp, log)?;
+    }
+    Ok(())
 }

@@ -21,6 +21,8 @@ pub struct Job {
     pub timeout: Option<Duration>,
     /// stdout and stderr are appended here.
     pub log: PathBuf,
+    /// (name, value) of secrets whose values are redacted from the log.
+    pub redact: Vec<(String, String)>,
 }
 
 /// The variable that marks every process a run starts (its value is the

@@ -92,6 +92,15 @@ pub fn stage_key(
             Component::of_digest(*digest, String::new()),
         );
     }
+    if !stage.secrets.is_empty() {
+        // Which secrets a stage gets can change what it does; their values
+        // (a rotated token) must not, and never enter a record.
+        let names = stage.secrets.join(",");
+        key.insert(
+            "secrets",
+            Component::of_value("secrets", names.as_bytes(), names.clone()),
+        );
+    }
     if let Some(foreach) = &stage.foreach {
         // How items are identified, what they read and how their outcomes
         // are classified change what a result means; the item list itself

@@ -34,6 +34,7 @@ const STAGE_KEYS: &[&str] = &[
     "allow_errors",
     "jobs",
     "item_result",
+    "secrets",
 ];
 const FOREACH_KEYS: &[&str] = &["items", "key"];
 const CLASSIFY_KEYS: &[&str] = &["exit", "output", "result", "equals", "min", "exists", "as"];
@@ -833,6 +834,22 @@ impl<'s> Checker<'s> {
         let env = find(table, "env")
             .map(|e| self.env(&e.value))
             .unwrap_or_default();
+        let secrets: Vec<String> = find(table, "secrets")
+            .map(|e| self.named_list(&e.value, "`secrets`"))
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|n| {
+                if env.contains_key(&n.name) {
+                    self.problems.push(
+                        Problem::new(format!("`{}` is both in `env` and in `secrets`", n.name), n.span.clone(), "here")
+                            .help("a secret is passed through from cairn's environment; list it in `secrets` only"),
+                    );
+                    None
+                } else {
+                    Some(n.name)
+                }
+            })
+            .collect();
         let version = find(table, "version").and_then(|e| match &e.value.kind {
             NodeKind::String(s) => Some(s.clone()),
             NodeKind::Integer(i) => Some(i.to_string()),
@@ -868,6 +885,7 @@ impl<'s> Checker<'s> {
                 needs,
                 params: stage_params,
                 env,
+                secrets,
                 version,
                 checks: Vec::new(),
                 timeout,

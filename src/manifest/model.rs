@@ -38,6 +38,10 @@ pub struct Stage {
     /// The params that enter the fingerprint, with their values.
     pub params: BTreeMap<String, serde_json::Value>,
     pub env: BTreeMap<String, EnvValue>,
+    /// Variables passed through from cairn's environment whose values are
+    /// never recorded, logged or hashed (API tokens); a command's log has
+    /// their values redacted.
+    pub secrets: Vec<String>,
     pub version: Option<String>,
     pub checks: Vec<Command>,
     pub timeout: Option<Duration>,

@@ -133,6 +133,17 @@ impl StageTask {
                 env.push((name.clone(), value));
             }
         }
+        let mut redact = Vec::new();
+        for name in &stage.secrets {
+            if let Ok(value) = std::env::var(name) {
+                env.retain(|(k, _)| k != name);
+                env.push((name.clone(), value.clone()));
+                // Too short a value would redact ordinary text.
+                if value.len() >= 4 {
+                    redact.push((name.clone(), value));
+                }
+            }
+        }
         Ok(Self {
             job: Job {
                 command: stage.run.clone(),
@@ -140,6 +151,7 @@ impl StageTask {
                 env,
                 timeout: stage.timeout,
                 log: log_dir.join(format!("{}.log", stage.name)),
+                redact,
             },
             checks: stage.checks.clone(),
             store: ctx.store.clone(),
