@@ -226,6 +226,33 @@ fn is_executable_file(path: &std::path::Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// Replaces every secret value in the log with `[redacted NAME]` (temp file
+/// and rename, so no reader sees a half-redacted log).
+fn redact(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
+    if secrets.is_empty() {
+        return Ok(());
+    }
+    let bytes = match std::fs::read(log) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    let mut changed = false;
+    for (name, value) in secrets {
+        if text.contains(value.as_str()) {
+            text = text.replace(value.as_str(), &format!("[redacted {name}]"));
+            changed = true;
+        }
+    }
+    if changed {
+        let temp = log.with_extension("log.redacting");
+        std::fs::write(&temp, text)?;
+        std::fs::rename(&temp, log)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::simple_command;
@@ -268,31 +295,4 @@ mod tests {
             );
         }
     }
-}
-
-/// Replaces every secret value in the log with `[redacted NAME]` (temp file
-/// and rename, so no reader sees a half-redacted log).
-fn redact(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
-    if secrets.is_empty() {
-        return Ok(());
-    }
-    let bytes = match std::fs::read(log) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let mut text = String::from_utf8_lossy(&bytes).into_owned();
-    let mut changed = false;
-    for (name, value) in secrets {
-        if text.contains(value.as_str()) {
-            text = text.replace(value.as_str(), &format!("[redacted {name}]"));
-            changed = true;
-        }
-    }
-    if changed {
-        let temp = log.with_extension("log.redacting");
-        std::fs::write(&temp, text)?;
-        std::fs::rename(&temp, log)?;
-    }
-    Ok(())
 }
