@@ -90,3 +90,66 @@ fn an_unknown_target_is_a_usage_error() {
         out.stderr()
     );
 }
+
+fn validate(statement: &serde_json::Value) -> Vec<String> {
+    let schema: serde_json::Value = serde_json::from_str(include_str!(
+        "fixtures/intoto-statement-v1-slsa-provenance-v1.schema.json"
+    ))
+    .unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    validator
+        .iter_errors(statement)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect()
+}
+
+#[test]
+fn the_intoto_statement_validates_and_names_outputs_by_sha256() {
+    use sha2::Digest as _;
+    let p = project();
+    let out = p.cairn(&["provenance", "state/rep.txt", "--format", "intoto"]);
+    out.success();
+    let statement: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    let errors = validate(&statement);
+    assert!(errors.is_empty(), "{errors:?}\n{statement:#}");
+    assert_eq!(statement["subject"][0]["name"], "state/rep.txt");
+    let sha = sha2::Sha256::digest(std::fs::read(p.path("state/rep.txt")).unwrap());
+    let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(statement["subject"][0]["digest"]["sha256"], hex);
+    assert_eq!(
+        statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]["uri"],
+        "file:data/raw.txt"
+    );
+    assert!(!out.stdout().contains("s3cr3t-value"));
+    // A directory output yields one subject per file.
+    let dir = p.cairn(&["provenance", "bundle", "--format", "intoto"]);
+    let statement: serde_json::Value = serde_json::from_str(&dir.stdout()).unwrap();
+    assert!(validate(&statement).is_empty());
+    assert_eq!(statement["subject"][0]["name"], "state/bundle/rep.txt");
+}
+
+#[test]
+fn the_schema_rejects_a_broken_statement() {
+    // The fixture is not vacuous: a statement without subjects, or with a
+    // malformed sha256, fails it.
+    let p = project();
+    let out = p.cairn(&["provenance", "state/rep.txt", "--format", "intoto"]);
+    let mut statement: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    statement["subject"][0]["digest"]["sha256"] = serde_json::Value::from("not-hex");
+    assert!(!validate(&statement).is_empty());
+    statement["subject"] = serde_json::json!([]);
+    assert!(!validate(&statement).is_empty());
+}
+
+#[test]
+fn no_statement_for_an_output_that_changed_since_it_was_recorded() {
+    let p = project();
+    p.file("state/rep.txt", "edited by hand\n");
+    let out = p.cairn(&["provenance", "state/rep.txt", "--format", "intoto"]);
+    out.code_is(2);
+    assert!(
+        out.stderr().contains("no longer matches its record"),
+        "{}",
+        out.stderr()
+    );
+}

@@ -67,6 +67,15 @@ pub struct ProvenanceArgs {
     pub target: String,
     #[arg(long)]
     pub json: bool,
+    /// `intoto`: an in-toto Statement v1 with an SLSA Provenance v1
+    /// predicate (JSON on stdout).
+    #[arg(long, value_enum)]
+    pub format: Option<ProvenanceFormat>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProvenanceFormat {
+    Intoto,
 }
 
 #[derive(Debug, Args)]

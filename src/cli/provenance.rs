@@ -4,7 +4,7 @@ use super::args::{Global, ProvenanceArgs};
 use super::error::CliError;
 use super::render;
 use super::workspace;
-use crate::store::{Ledger, LineageError, lineage};
+use crate::store::{AttestationError, Ledger, LineageError, lineage, statement};
 
 pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
@@ -16,6 +16,15 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
         Err(LineageError::Store(e)) => return Err(e.into()),
         Err(other) => return Err(CliError::usage(other.to_string())),
     };
+    if args.format.is_some() {
+        let statement = match statement(&loaded.manifest, &lineage) {
+            Ok(statement) => statement,
+            Err(AttestationError::Store(e)) => return Err(e.into()),
+            Err(changed) => return Err(CliError::usage(changed.to_string())),
+        };
+        render::json(&statement)?;
+        return Ok(());
+    }
     if args.json {
         render::json(&lineage)?;
         return Ok(());

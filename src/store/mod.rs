@@ -1,6 +1,7 @@
 //! Everything cairn keeps: the object store, the ledger, the lock file and
 //! the workspace lock. This layer is the only writer of `cache/`.
 
+mod attestation;
 mod audit;
 mod ledger;
 mod lockfile;
@@ -8,6 +9,7 @@ mod objects;
 mod provenance;
 mod workspace_lock;
 
+pub use attestation::{AttestationError, statement};
 pub use audit::{AuditReport, Mismatch, MismatchKind, audit};
 pub use ledger::{
     ItemAttempt, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms,
