@@ -92,11 +92,10 @@ pub fn statement(
         .map(|source| {
             let path = manifest.root.join(&source.path);
             let mut digest = serde_json::json!({ "blake3": source.digest.hex() });
-            if let Ok(bytes) = std::fs::read(&path) {
-                if Digest::of(&bytes) == source.digest {
+            if let Ok(bytes) = std::fs::read(&path)
+                && Digest::of(&bytes) == source.digest {
                     digest["sha256"] = serde_json::Value::from(hex(&Sha256::digest(&bytes)));
                 }
-            }
             serde_json::json!({ "uri": format!("file:{}", source.path), "name": source.path, "digest": digest })
         })
         .collect();
