@@ -381,3 +381,35 @@ fn only_infra_retries_just_the_infra_items() {
     assert_eq!(runs_of(&p, "t3"), 1, "the pending item waits");
     assert_eq!(runs_of(&p, "t4"), 1, "a verdict is never retried");
 }
+
+#[test]
+fn a_broken_item_list_is_named_by_status_and_fails_the_run() {
+    let p = oracle(2);
+    p.file(
+        "state/tasks.jsonl",
+        "{\"task_id\": \"t1\", \"dir\": \"tasks/t1\"}\n{\"dir\": \"tasks/t2\"}\n",
+    );
+    let status = p.cairn(&["status"]);
+    status.success();
+    assert!(
+        status.stdout().contains("cannot be fingerprinted: item 2"),
+        "{}",
+        status.stdout()
+    );
+    let run = p.cairn(&["run"]);
+    run.code_is(1);
+    assert!(
+        run.stderr()
+            .contains("has no string or number field `task_id`"),
+        "{}",
+        run.stderr()
+    );
+    p.file("state/tasks.jsonl", "{\"task_id\": \"t1\", \"dir\": \"tasks/t1\"}\n{\"task_id\": \"t1\", \"dir\": \"tasks/t2\"}\n");
+    let run = p.cairn(&["run"]);
+    run.code_is(1);
+    assert!(
+        run.stderr().contains("share the key `t1`"),
+        "{}",
+        run.stderr()
+    );
+}

@@ -35,6 +35,9 @@ pub enum DirtyReason {
     StoreIncomplete { output: String },
     /// Upstream stages will run first; this one may or may not follow.
     UpstreamStale { stages: Vec<String> },
+    /// Its fingerprint cannot be computed (an unreadable input or item
+    /// list); running it would fail the same way.
+    Unreadable { error: String },
 }
 
 impl DirtyReason {
@@ -67,6 +70,7 @@ impl DirtyReason {
             DirtyReason::UpstreamStale { stages } => {
                 format!("upstream {} will run first", quote_list(stages))
             }
+            DirtyReason::Unreadable { error } => format!("cannot be fingerprinted: {error}"),
         }
     }
 }

@@ -43,7 +43,7 @@ pub enum ScheduleError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Exec(#[from] ExecError),
-    #[error("stage `{stage}`: {message}")]
+    #[error("{message}")]
     Items { stage: String, message: String },
     #[error("the ledger is not open for writing")]
     NoLedger,

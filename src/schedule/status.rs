@@ -77,7 +77,10 @@ pub fn evaluate(
             .filter(|&&u| will_run[u])
             .map(|&u| ctx.manifest.stages[u].name.clone())
             .collect();
-        let key = ctx.key_of(i).ok();
+        let (key, key_error) = match ctx.key_of(i) {
+            Ok(key) => (Some(key), None),
+            Err(error) => (None, Some(error.to_string())),
+        };
         let previous = ctx.latest_ok.get(&name).cloned();
 
         let mut status = StageStatus {
@@ -112,7 +115,12 @@ pub fn evaluate(
             Some(DirtyReason::UpstreamStale { stages: pending })
         } else {
             match &key {
-                None => Some(DirtyReason::NeverRun),
+                // No upstream stage is pending, so nothing will create
+                // what is missing: running it would fail the same way.
+                None => Some(match key_error {
+                    Some(error) => DirtyReason::Unreadable { error },
+                    None => DirtyReason::NeverRun,
+                }),
                 Some(key) => match ctx.freshness(i, key)? {
                     Freshness::Fresh(record) => {
                         let record = record.into_owned();
