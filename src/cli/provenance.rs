@@ -11,7 +11,7 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
     let Some(ledger) = Ledger::open_existing(&loaded.manifest.cache_dir())? else {
         return Err(CliError::usage("no ledger yet: `cairn run` records one"));
     };
-    let lineage = match lineage(&loaded.manifest, &ledger, &args.target) {
+    let lineage = match lineage(&loaded.manifest, &loaded.dag, &ledger, &args.target) {
         Ok(lineage) => lineage,
         Err(LineageError::Store(e)) => return Err(e.into()),
         Err(other) => return Err(CliError::usage(other.to_string())),

@@ -504,6 +504,7 @@ impl<'s> Checker<'s> {
         refs: Vec<Option<(String, Span)>>,
         root: &Path,
     ) {
+        let writers = OutputIndex::new(stages);
         for (i, reference) in refs.into_iter().enumerate() {
             let Some((text, span)) = reference else {
                 continue;
@@ -539,7 +540,7 @@ impl<'s> Checker<'s> {
                 },
             };
             if let Some(path) = &resolved {
-                let produced = OutputIndex::new(stages).producer_of(path).is_some();
+                let produced = writers.producer_of(path).is_some();
                 if !produced && !path.resolve(root).exists() {
                     self.problems.push(
                         Problem::new(

@@ -316,9 +316,4 @@ impl OutputIndex {
         path.self_and_ancestors()
             .find_map(|candidate| self.by_path.get(candidate).copied())
     }
-
-    /// The output that is exactly `path`.
-    pub fn exact(&self, path: &str) -> Option<(usize, usize)> {
-        self.by_path.get(path).copied()
-    }
 }

@@ -13,8 +13,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::StoreError;
+use super::current::{Current, current_results};
 use super::ledger::{Ledger, ResultRecord};
-use super::lockfile::LockFile;
 use super::objects::{ObjectStore, OutputKind, OutputRecord};
 use crate::fingerprint::{Content, Digest, EntryKind, StatCache, hash_file, tree_digest};
 use crate::manifest::Manifest;
@@ -81,34 +81,21 @@ struct Check {
 
 pub fn audit(manifest: &Manifest, ledger: &Ledger) -> Result<AuditReport, StoreError> {
     let store = ObjectStore::new(&manifest.cache_dir());
-    let latest = ledger.latest_ok_all()?;
-    let lock = std::fs::read_to_string(manifest.lock_path())
-        .ok()
-        .and_then(|text| LockFile::parse(&text).ok());
     let mut report = AuditReport::default();
+    let mut by_stage = current_results(manifest, ledger)?;
     let mut current: Vec<(String, ResultRecord)> = Vec::new();
     for stage in &manifest.stages {
-        let locked = lock.as_ref().and_then(|l| l.stages.get(&stage.name));
-        let record = match locked {
-            Some(entry) => match ledger.find_ok(&stage.name, &entry.fingerprint)? {
-                Some(record) => record,
-                None => {
-                    report.mismatches.push(Mismatch {
-                        kind: MismatchKind::Lock,
-                        stage: stage.name.clone(),
-                        path: manifest.lock_path().display().to_string(),
-                        expected: entry.fingerprint.to_string(),
-                        actual: "no such result in the ledger".to_owned(),
-                    });
-                    continue;
-                }
-            },
-            None => match latest.get(&stage.name) {
-                Some(record) => record.clone(),
-                None => continue,
-            },
-        };
-        current.push((stage.name.clone(), record));
+        match by_stage.remove(&stage.name) {
+            Some(Current::Found(record)) => current.push((stage.name.clone(), record)),
+            Some(Current::LockedButMissing(fingerprint)) => report.mismatches.push(Mismatch {
+                kind: MismatchKind::Lock,
+                stage: stage.name.clone(),
+                path: manifest.lock_path().display().to_string(),
+                expected: fingerprint.to_string(),
+                actual: "no such result in the ledger".to_owned(),
+            }),
+            None => {}
+        }
     }
     report.stages = current.len();
 

@@ -587,11 +587,6 @@ impl Ledger {
         }
     }
 
-    pub fn results_of_run(&self, run_id: i64) -> Result<Vec<ResultRecord>, StoreError> {
-        let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE run_id = ?1 ORDER BY id");
-        self.query(&sql, params![run_id])
-    }
-
     pub fn runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         let mut stmt = self
             .conn
@@ -634,16 +629,6 @@ impl Ledger {
             )
             .map_err(|e| self.db(e))?;
         Ok(tokens)
-    }
-
-    /// Output records of every successful result (for garbage collection).
-    pub fn all_ok_outputs(&self) -> Result<Vec<(String, Vec<OutputRecord>)>, StoreError> {
-        let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE status = 'ok'");
-        Ok(self
-            .query(&sql, [])?
-            .into_iter()
-            .map(|r| (r.stage, r.outputs))
-            .collect())
     }
 
     fn query(

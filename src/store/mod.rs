@@ -3,6 +3,7 @@
 
 mod attestation;
 mod audit;
+mod current;
 mod ledger;
 mod lockfile;
 mod objects;

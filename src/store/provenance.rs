@@ -6,11 +6,12 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use super::StoreError;
-use super::ledger::{Ledger, ResultRecord};
-use super::lockfile::LockFile;
+use super::current::{Current, current_results};
+use super::ledger::Ledger;
 use super::objects::OutputRecord;
 use crate::fingerprint::Digest;
-use crate::manifest::{EnvValue, Manifest};
+use crate::graph::Dag;
+use crate::manifest::{EnvValue, Manifest, OutputIndex, ProjectPath};
 
 /// One stage's recorded result, as it entered the chain.
 #[derive(Debug, Clone, Serialize)]
@@ -64,58 +65,34 @@ pub enum LineageError {
 /// an output directory counts).
 pub fn lineage(
     manifest: &Manifest,
+    dag: &Dag,
     ledger: &Ledger,
     target: &str,
 ) -> Result<Lineage, LineageError> {
-    let lock = std::fs::read_to_string(manifest.lock_path())
-        .ok()
-        .and_then(|text| LockFile::parse(&text).ok());
-    let latest = ledger.latest_ok_all()?;
-    let current = |stage: &str| -> Result<Option<ResultRecord>, StoreError> {
-        match lock.as_ref().and_then(|l| l.stages.get(stage)) {
-            Some(entry) => ledger.find_ok(stage, &entry.fingerprint),
-            None => Ok(latest.get(stage).cloned()),
-        }
+    let current = current_results(manifest, ledger)?;
+    let writers = OutputIndex::new(&manifest.stages);
+    let writer_of = |path: &str| {
+        writers
+            .producer_of(&ProjectPath::new(path.to_owned()))
+            .map(|(s, _)| manifest.stages[s].name.clone())
     };
-
     let start = match manifest.stage(target) {
         Some(stage) => stage.name.clone(),
-        None => {
-            let wanted = target.trim_start_matches("./").trim_end_matches('/');
-            manifest
-                .stages
-                .iter()
-                .find(|s| {
-                    s.outputs.iter().any(|o| {
-                        let p = o.path.as_str();
-                        wanted == p || wanted.starts_with(&format!("{p}/"))
-                    })
-                })
-                .map(|s| s.name.clone())
-                .ok_or_else(|| LineageError::UnknownTarget(target.to_owned()))?
-        }
+        None => writer_of(target.trim_start_matches("./").trim_end_matches('/'))
+            .ok_or_else(|| LineageError::UnknownTarget(target.to_owned()))?,
     };
-
-    // Which stage writes which path, by output.
-    let writer: HashMap<&str, &str> = manifest
-        .stages
-        .iter()
-        .flat_map(|s| {
-            s.outputs
-                .iter()
-                .map(move |o| (o.path.as_str(), s.name.as_str()))
-        })
-        .collect();
 
     let mut stages: Vec<StageRecord> = Vec::new();
     let mut sources: BTreeMap<String, InputRecord> = BTreeMap::new();
-    let mut queue = vec![start.clone()];
+    let mut queue = vec![start];
     let mut seen = std::collections::HashSet::new();
     while let Some(name) = queue.pop() {
         if !seen.insert(name.clone()) {
             continue;
         }
-        let record = current(&name)?.ok_or_else(|| LineageError::NoResult(name.clone()))?;
+        let Some(Current::Found(record)) = current.get(&name) else {
+            return Err(LineageError::NoResult(name));
+        };
         let key = ledger.key(record.id)?;
         let stage = manifest
             .stage(&name)
@@ -124,12 +101,7 @@ pub fn lineage(
         let mut params = BTreeMap::new();
         for (component, value) in &key.components {
             if let Some(path) = component.strip_prefix("input:") {
-                let produced_by = path
-                    .char_indices()
-                    .filter(|(_, c)| *c == '/')
-                    .map(|(i, _)| &path[..i])
-                    .chain(std::iter::once(path))
-                    .find_map(|candidate| writer.get(candidate).map(|w| (*w).to_owned()));
+                let produced_by = writer_of(path);
                 let input = InputRecord {
                     path: path.to_owned(),
                     digest: value.digest,
@@ -168,38 +140,15 @@ pub fn lineage(
             tool: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         });
     }
-    // Upstream first: the manifest's dependency order.
-    let rank: HashMap<&str, usize> = manifest
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.name.as_str(), i))
-        .collect();
-    stages.sort_by_key(|s| rank[s.stage.as_str()]);
-    let mut ordered = Vec::with_capacity(stages.len());
-    let mut placed = std::collections::HashSet::new();
-    while ordered.len() < stages.len() {
-        let before = ordered.len();
-        for stage in &stages {
-            if placed.contains(&stage.stage) {
-                continue;
-            }
-            let ready = stage
-                .inputs
-                .iter()
-                .all(|i| i.produced_by.as_ref().is_none_or(|p| placed.contains(p)));
-            if ready {
-                placed.insert(stage.stage.clone());
-                ordered.push(stage.clone());
-            }
-        }
-        if ordered.len() == before {
-            break;
-        }
+    // Upstream first: the graph's order.
+    let mut rank: HashMap<&str, usize> = HashMap::new();
+    for (r, &i) in dag.order().iter().enumerate() {
+        rank.insert(manifest.stages[i].name.as_str(), r);
     }
+    stages.sort_by_key(|s| rank[s.stage.as_str()]);
     Ok(Lineage {
         target: target.to_owned(),
-        stages: ordered,
+        stages,
         sources: sources.into_values().collect(),
     })
 }

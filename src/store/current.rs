@@ -1,0 +1,44 @@
+//! Which result of each stage is "current": the one its lock-file entry
+//! names, else its newest successful one. `audit` and `provenance` both
+//! speak about these.
+
+use std::collections::HashMap;
+
+use super::StoreError;
+use super::ledger::{Ledger, ResultRecord};
+use super::lockfile::LockFile;
+use crate::fingerprint::Digest;
+use crate::manifest::Manifest;
+
+pub enum Current {
+    Found(ResultRecord),
+    /// The lock file names a fingerprint the ledger holds no result for.
+    LockedButMissing(Digest),
+}
+
+/// The current result of every stage that has one, by stage name.
+pub fn current_results(
+    manifest: &Manifest,
+    ledger: &Ledger,
+) -> Result<HashMap<String, Current>, StoreError> {
+    let lock = std::fs::read_to_string(manifest.lock_path())
+        .ok()
+        .and_then(|text| LockFile::parse(&text).ok());
+    let latest = ledger.latest_ok_all()?;
+    let mut current = HashMap::new();
+    for stage in &manifest.stages {
+        let locked = lock.as_ref().and_then(|l| l.stages.get(&stage.name));
+        let found = match locked {
+            Some(entry) => match ledger.lookup(&latest, &stage.name, &entry.fingerprint)? {
+                Some(record) => Current::Found(record.into_owned()),
+                None => Current::LockedButMissing(entry.fingerprint),
+            },
+            None => match latest.get(&stage.name) {
+                Some(record) => Current::Found(record.clone()),
+                None => continue,
+            },
+        };
+        current.insert(stage.name.clone(), found);
+    }
+    Ok(current)
+}
