@@ -1,12 +1,16 @@
 //! cairn: a declarative pipeline engine.
 //!
 //! Layers, each depending only on those before it:
-//! `manifest` → `graph` → `fingerprint` → `store` → `exec` → `schedule` → `cli`.
+//! `manifest` → `graph` → `fingerprint` → `store` → `release` → `builtins` →
+//! `exec` → `schedule` → `cli`. `records` (JSON record files) stands apart.
 
+pub mod builtins;
 pub mod cli;
 pub mod exec;
 pub mod fingerprint;
 pub mod graph;
 pub mod manifest;
+pub mod records;
+pub mod release;
 pub mod schedule;
 pub mod store;

@@ -1,11 +1,14 @@
 //! The layers depend only on the layers to their left:
-//! manifest → graph → fingerprint → store → exec → schedule → cli.
+//! manifest → graph → fingerprint → store → release → builtins → exec →
+//! schedule → cli.
 
 const LAYERS: &[&str] = &[
     "manifest",
     "graph",
     "fingerprint",
     "store",
+    "release",
+    "builtins",
     "exec",
     "schedule",
     "cli",

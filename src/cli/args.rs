@@ -59,6 +59,91 @@ pub enum Command {
     Audit(AuditArgs),
     /// The chain of recorded results behind an output or stage.
     Provenance(ProvenanceArgs),
+    /// Check a bundle: its digest, every entry, every file, the freeze's
+    /// split IDs, counts and digests. Writes nothing.
+    Verify(VerifyArgs),
+    /// Verify a bundle, then import it into a registry directory.
+    Register(RegisterArgs),
+    /// Run a built-in stage (what `uses = "NAME"` stages run).
+    #[command(hide = true)]
+    Builtin(BuiltinArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BundleLimits {
+    /// Refuse a bundle holding a file larger than this (e.g. 512MiB).
+    #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = parse_size)]
+    pub max_file_size: u64,
+    /// Refuse a bundle that unpacks to more than this.
+    #[arg(long, value_name = "SIZE", default_value = "1TiB", value_parser = parse_size)]
+    pub max_total_size: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The bundle (`.tar.zst`) written by `uses = "export"`.
+    pub bundle: PathBuf,
+    /// The SHA-256 the archive must have (default: from `BUNDLE.sha256`
+    /// beside it, if present).
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+    #[command(flatten)]
+    pub limits: BundleLimits,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RegisterArgs {
+    /// The bundle (`.tar.zst`) written by `uses = "export"`.
+    pub bundle: PathBuf,
+    /// The registry directory; the freeze goes to `DIR/NAME/VERSION/`.
+    #[arg(long, value_name = "DIR")]
+    pub into: PathBuf,
+    /// The SHA-256 the archive must have (default: from `BUNDLE.sha256`
+    /// beside it; one of the two is required).
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+    #[command(flatten)]
+    pub limits: BundleLimits,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BuiltinArgs {
+    /// `NAME@VERSION`.
+    pub name: String,
+    /// The invocation: settings and port paths, as JSON.
+    pub invocation: String,
+}
+
+/// `123`, `4KiB`, `512MiB`, `64GiB`, `1TiB` (also `K`, `M`, `G`, `T`,
+/// `KB`…: all powers of 1024).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size like 512MiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "`{text}`: unknown unit `{unit}` (use KiB, MiB, GiB or TiB)"
+            ));
+        }
+    };
+    number
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{text}` is too large"))
 }
 
 #[derive(Debug, Args)]

@@ -25,6 +25,8 @@ pub enum CliError {
     Schedule(#[from] ScheduleError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Release(#[from] crate::release::ReleaseError),
     #[error("failed to write output")]
     Output(#[from] std::io::Error),
     /// Already reported; carries the exit code.
@@ -45,7 +47,10 @@ impl CliError {
             CliError::Manifest(_) | CliError::Usage { .. } => exit::BAD_INPUT,
             CliError::Store(StoreError::Locked { .. }) => exit::BAD_INPUT,
             CliError::Exit(code) => *code,
-            CliError::Schedule(_) | CliError::Store(_) | CliError::Output(_) => exit::STAGE_FAILED,
+            CliError::Schedule(_)
+            | CliError::Store(_)
+            | CliError::Release(_)
+            | CliError::Output(_) => exit::STAGE_FAILED,
         }
     }
 }

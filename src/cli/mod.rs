@@ -19,6 +19,8 @@ macro_rules! out {
 
 mod args;
 mod audit;
+mod builtin;
+mod bundle;
 mod dag;
 mod error;
 mod gc;
@@ -77,6 +79,9 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Gc(args) => gc::gc(&cli.global, args),
         Command::Audit(args) => audit::audit_cmd(&cli.global, args),
         Command::Provenance(args) => provenance::provenance(&cli.global, args),
+        Command::Verify(args) => bundle::verify(args),
+        Command::Register(args) => bundle::register(args),
+        Command::Builtin(args) => builtin::builtin(args),
     }
 }
 

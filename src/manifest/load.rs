@@ -12,6 +12,8 @@ use super::model::{
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
+mod uses;
+
 const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "resources", "stages"];
 const PIPELINE_KEYS: &[&str] = &["name", "root", "description"];
 const PROFILE_KEYS: &[&str] = &["params", "description"];
@@ -35,6 +37,8 @@ const STAGE_KEYS: &[&str] = &[
     "jobs",
     "item_result",
     "secrets",
+    "uses",
+    "with",
 ];
 const FOREACH_KEYS: &[&str] = &["items", "key"];
 const CLASSIFY_KEYS: &[&str] = &["exit", "output", "result", "equals", "min", "exists", "as"];
@@ -108,6 +112,8 @@ struct Draft<'n> {
     /// `foreach.items` as written, resolved once every stage is known.
     items: Option<(String, Span)>,
     run: Option<&'n Node>,
+    /// `uses = "NAME"` and its `with` table, for a built-in stage.
+    uses: Option<(&'n Entry, Option<&'n Node>)>,
     checks: Vec<&'n Node>,
     referenced_params: Vec<String>,
 }
@@ -783,14 +789,44 @@ impl<'s> Checker<'s> {
         self.unknown_keys(table, STAGE_KEYS, &format!("`[stages.{name}]`"));
 
         let run = find(table, "run").map(|e| &e.value);
-        if run.is_none() {
+        let uses = find(table, "uses");
+        let with = find(table, "with");
+        if let Some(with) = with
+            && uses.is_none()
+        {
+            self.problems.push(
+                Problem::new("`with` in a stage without `uses`", with.key_span.clone(), "here")
+                    .help("`with` configures a built-in stage: add `uses = \"freeze\"` (or `export`, `register`), or remove `with`"),
+            );
+        }
+        if let (Some(uses), Some(_)) = (uses, run) {
+            self.problems.push(
+                Problem::new(
+                    format!("stage `{name}` has both `run` and `uses`"),
+                    uses.key_span.clone(),
+                    "here",
+                )
+                .help("a stage runs either a command (`run`) or a built-in (`uses`); remove one"),
+            );
+        }
+        if let (Some(uses), Some(_)) = (uses, find(table, "foreach")) {
+            self.problems.push(
+                Problem::new(
+                    format!("built-in stage `{name}` cannot be a per-item stage"),
+                    uses.key_span.clone(),
+                    "here",
+                )
+                .help("built-ins run once over their inputs; remove `foreach`"),
+            );
+        }
+        if run.is_none() && uses.is_none() {
             self.problems.push(
                 Problem::new(
                     format!("stage `{name}` has no `run`"),
                     span.clone(),
                     "this stage",
                 )
-                .help("add `run = \"shell command\"` or `run = [\"program\", \"arg\"]`"),
+                .help("add `run = \"shell command\"` or `run = [\"program\", \"arg\"]`, or `uses = \"BUILTIN\"` for a built-in stage"),
             );
         }
         let description =
@@ -881,6 +917,7 @@ impl<'s> Checker<'s> {
                 span,
                 description,
                 run: Command::Shell(String::new()),
+                uses: None,
                 inputs,
                 outputs,
                 needs,
@@ -895,6 +932,7 @@ impl<'s> Checker<'s> {
             },
             items,
             run,
+            uses: uses.map(|u| (u, with.map(|w| &w.value))),
             checks,
             referenced_params: Vec::new(),
         })
@@ -947,7 +985,20 @@ impl<'s> Checker<'s> {
                 checks.push(check);
             }
         }
+        let built_in = draft.uses.and_then(|(uses, with)| {
+            self.uses(
+                uses,
+                with,
+                &draft.stage,
+                params,
+                &mut draft.referenced_params,
+            )
+        });
         let mut stage = draft.stage;
+        if let Some((uses, run)) = built_in {
+            stage.uses = Some(uses);
+            stage.run = run;
+        }
         for param in draft.referenced_params {
             if let Some(value) = params.get(&param) {
                 stage.params.insert(param, value.clone());

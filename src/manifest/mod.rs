@@ -4,6 +4,7 @@
 //! at once, each located), `interpolate` resolves `{params.X}`, `{in.X}` and
 //! `{out.X}`, and `model` holds the result.
 
+pub mod catalog;
 mod error;
 pub mod interpolate;
 mod load;
@@ -14,6 +15,6 @@ pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, Manifest, Named, OutputIndex,
-    PathDecl, ProjectPath, ResultCheck, Retry, Stage,
+    PathDecl, ProjectPath, ResultCheck, Retry, Stage, Uses,
 };
 pub use raw::Span;

@@ -31,7 +31,11 @@ pub struct Stage {
     /// Where `[stages.NAME]` is written, for errors about the whole stage.
     pub span: Span,
     pub description: Option<String>,
+    /// The command; for a built-in stage, `cairn builtin NAME@VERSION SPEC`
+    /// (the executor puts the running cairn binary in place of `cairn`).
     pub run: Command,
+    /// Set for a built-in stage (`uses = "NAME"`).
+    pub uses: Option<Uses>,
     pub inputs: Vec<PathDecl>,
     pub outputs: Vec<PathDecl>,
     pub needs: Vec<Named>,
@@ -49,6 +53,15 @@ pub struct Stage {
     pub resources: Vec<Named>,
     /// Set for a per-item stage: its command runs once per item.
     pub foreach: Option<Foreach>,
+}
+
+/// A built-in stage's name, version and settings.
+#[derive(Debug, Clone)]
+pub struct Uses {
+    pub name: String,
+    pub version: u32,
+    /// The `with` table after interpolation.
+    pub with: serde_json::Value,
 }
 
 /// A per-item stage's settings.

@@ -90,26 +90,7 @@ impl ItemCounts {
 /// Reads a JSON array or JSONL file of objects, each naming itself by
 /// `key`. Keys must be unique.
 pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read item list `{}`: {e}", path.display()))?;
-    let values: Vec<serde_json::Value> = if text.trim_start().starts_with('[') {
-        serde_json::from_str(&text)
-            .map_err(|e| format!("item list `{}` is not a JSON array: {e}", path.display()))?
-    } else {
-        text.lines()
-            .enumerate()
-            .filter(|(_, line)| !line.trim().is_empty())
-            .map(|(n, line)| {
-                serde_json::from_str(line).map_err(|e| {
-                    format!(
-                        "item list `{}` line {}: not JSON: {e}",
-                        path.display(),
-                        n + 1
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?
-    };
+    let values = crate::records::read(path, "item list")?;
     let mut seen = HashMap::new();
     let mut items = Vec::with_capacity(values.len());
     for (n, value) in values.into_iter().enumerate() {

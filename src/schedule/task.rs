@@ -80,6 +80,19 @@ struct Items {
     run_id: i64,
 }
 
+/// A built-in stage's command (`cairn builtin …`) with the running cairn
+/// binary in place of `cairn`, so that the same build runs it.
+fn builtin_command(command: &Command) -> Command {
+    match (command, std::env::current_exe()) {
+        (Command::Exec(argv), Ok(exe)) if !argv.is_empty() => {
+            let mut argv = argv.clone();
+            argv[0] = exe.to_string_lossy().into_owned();
+            Command::Exec(argv)
+        }
+        _ => command.clone(),
+    }
+}
+
 /// A declared output: (name, path as written, absolute path).
 pub type Declared = (String, String, PathBuf);
 
@@ -146,7 +159,10 @@ impl StageTask {
         }
         Ok(Self {
             job: Job {
-                command: stage.run.clone(),
+                command: match &stage.uses {
+                    Some(_) => builtin_command(&stage.run),
+                    None => stage.run.clone(),
+                },
                 cwd: ctx.manifest.root.clone(),
                 env,
                 timeout: stage.timeout,

@@ -10,7 +10,7 @@ mod objects;
 mod provenance;
 mod workspace_lock;
 
-pub use attestation::{AttestationError, statement};
+pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
 pub use audit::{AuditReport, Mismatch, MismatchKind, audit};
 pub use ledger::{
     ItemAttempt, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms,

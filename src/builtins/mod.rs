@@ -1,0 +1,88 @@
+//! The built-in stages (`uses = "NAME"`), one file each. A built-in stage
+//! runs as `cairn builtin NAME@VERSION INVOCATION`: a process like any
+//! command, with the same timeouts, logs, output checks and store path.
+//! Its signature (ports and settings) is in `crate::manifest::catalog`.
+
+mod export;
+mod freeze;
+mod register;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::manifest::catalog;
+use crate::release::ReleaseError;
+
+/// What a built-in is given: its settings and its ports' paths (relative
+/// to the project root, which is the working directory).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Invocation {
+    pub with: serde_json::Value,
+    pub inputs: BTreeMap<String, String>,
+    pub outputs: BTreeMap<String, String>,
+}
+
+impl Invocation {
+    fn input(&self, name: &str) -> Result<PathBuf, BuiltinError> {
+        self.inputs
+            .get(name)
+            .map(PathBuf::from)
+            .ok_or_else(|| BuiltinError::Invocation(format!("no input named `{name}`")))
+    }
+
+    fn output(&self, name: &str) -> Result<PathBuf, BuiltinError> {
+        self.outputs
+            .get(name)
+            .map(PathBuf::from)
+            .ok_or_else(|| BuiltinError::Invocation(format!("no output named `{name}`")))
+    }
+
+    fn settings<T: serde::de::DeserializeOwned>(&self) -> Result<T, BuiltinError> {
+        serde_json::from_value(self.with.clone())
+            .map_err(|e| BuiltinError::Invocation(format!("bad `with`: {e}")))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuiltinError {
+    #[error("unknown built-in `{0}`")]
+    Unknown(String),
+    #[error("this cairn runs built-in `{name}` version {have}, not {wanted}; re-run the stage")]
+    Version {
+        name: String,
+        have: u32,
+        wanted: String,
+    },
+    #[error("invalid invocation: {0}")]
+    Invocation(String),
+    /// Declared checks that failed: every violation.
+    #[error("{} check(s) failed:\n{}", .0.len(), .0.iter().map(|v| format!("  - {v}")).collect::<Vec<_>>().join("\n"))]
+    Checks(Vec<String>),
+    #[error(transparent)]
+    Release(#[from] ReleaseError),
+}
+
+/// Runs built-in `name_version` (`NAME@VERSION`) on the JSON `invocation`;
+/// returns a one-line summary for the stage's log.
+pub fn run(name_version: &str, invocation: &str) -> Result<String, BuiltinError> {
+    let (name, wanted) = name_version.split_once('@').unwrap_or((name_version, ""));
+    let spec = catalog::builtin(name).ok_or_else(|| BuiltinError::Unknown(name.to_owned()))?;
+    if wanted != spec.version.to_string() {
+        return Err(BuiltinError::Version {
+            name: name.to_owned(),
+            have: spec.version,
+            wanted: wanted.to_owned(),
+        });
+    }
+    let invocation: Invocation =
+        serde_json::from_str(invocation).map_err(|e| BuiltinError::Invocation(e.to_string()))?;
+    match name {
+        "freeze" => freeze::run(&invocation),
+        "export" => export::run(&invocation),
+        "register" => register::run(&invocation),
+        other => Err(BuiltinError::Unknown(other.to_owned())),
+    }
+}

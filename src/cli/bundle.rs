@@ -1,0 +1,135 @@
+//! `cairn verify` and `cairn register`.
+
+use std::path::Path;
+
+use super::args::{BundleLimits, RegisterArgs, VerifyArgs};
+use super::error::{CliError, exit};
+use super::render;
+use crate::release::{self, Limits, Registered, ReleaseError, Verified, expected_digest};
+
+pub fn verify(args: &VerifyArgs) -> Result<(), CliError> {
+    let pin = expected_digest(&args.bundle, args.sha256.as_deref())?;
+    let limits = limits(&args.limits);
+    let verified = release::verify_bundle(
+        &args.bundle,
+        pin.as_ref().map(|(hex, _)| hex.as_str()),
+        &limits,
+    );
+    let verified = match verified {
+        Ok(verified) => verified,
+        Err(error) => return refused(&args.bundle, error, args.json),
+    };
+    if args.json {
+        render::json(&serde_json::json!({
+            "ok": true,
+            "bundle": args.bundle,
+            "sha256": verified.sha256,
+            "pinned_by": pin.as_ref().map(|(_, from)| from),
+            "name": verified.manifest.name,
+            "version": verified.manifest.version,
+            "semantic_digest": verified.manifest.semantic_digest,
+            "counts": verified.manifest.counts,
+            "total": verified.manifest.total,
+            "files": verified.files.len(),
+            "bytes": verified.bytes,
+        }))?;
+        return Ok(());
+    }
+    outln!("verified {}", args.bundle.display());
+    let pinned = match &pin {
+        Some((_, from)) => format!("matches {from}"),
+        None => "not pinned: pass --sha256 HEX to check it".to_owned(),
+    };
+    outln!("  sha256           {} ({pinned})", verified.sha256);
+    summary(&verified)?;
+    Ok(())
+}
+
+pub fn register(args: &RegisterArgs) -> Result<(), CliError> {
+    let Some((expected, from)) = expected_digest(&args.bundle, args.sha256.as_deref())? else {
+        return Err(CliError::Usage {
+            message: format!(
+                "no digest to check `{}` against",
+                args.bundle.display()
+            ),
+            help: Some(
+                "pass --sha256 HEX (the digest you were given), or keep BUNDLE.sha256 beside the bundle"
+                    .to_owned(),
+            ),
+        });
+    };
+    let limits = limits(&args.limits);
+    let registration = match release::register(&args.bundle, &expected, &args.into, &limits) {
+        Ok(registration) => registration,
+        Err(error) => return refused(&args.bundle, error, args.json),
+    };
+    if args.json {
+        render::json(&registration)?;
+        return Ok(());
+    }
+    match registration.outcome {
+        Registered::Imported => outln!(
+            "registered {} {} (sha256 {}, matches {from}) at {}",
+            registration.name,
+            registration.version,
+            registration.sha256,
+            registration.path.display()
+        ),
+        Registered::AlreadyPresent => outln!(
+            "{} {} is already registered with this digest at {}; nothing to do",
+            registration.name,
+            registration.version,
+            registration.path.display()
+        ),
+    }
+    Ok(())
+}
+
+fn limits(args: &BundleLimits) -> Limits {
+    Limits {
+        max_file: args.max_file_size,
+        max_total: args.max_total_size,
+    }
+}
+
+fn summary(verified: &Verified) -> Result<(), CliError> {
+    let manifest = &verified.manifest;
+    outln!("  dataset          {} {}", manifest.name, manifest.version);
+    outln!("  semantic digest  {}", manifest.semantic_digest);
+    let counts: Vec<String> = manifest
+        .counts
+        .iter()
+        .map(|(split, n)| format!("{split} {n}"))
+        .collect();
+    outln!(
+        "  splits           {} ({} items)",
+        counts.join(", "),
+        manifest.total
+    );
+    outln!(
+        "  files            {} ({} bytes)",
+        verified.files.len(),
+        verified.bytes
+    );
+    Ok(())
+}
+
+/// Reports a refusal (every problem) and fails with exit 1.
+fn refused(bundle: &Path, error: ReleaseError, json: bool) -> Result<(), CliError> {
+    let ReleaseError::Refused(problems) = error else {
+        return Err(error.into());
+    };
+    if json {
+        render::json(&serde_json::json!({
+            "ok": false,
+            "bundle": bundle,
+            "problems": problems,
+        }))?;
+    } else {
+        eprintln!("error: refused `{}`:", bundle.display());
+        for problem in &problems {
+            eprintln!("  - {problem}");
+        }
+    }
+    Err(CliError::Exit(exit::STAGE_FAILED))
+}

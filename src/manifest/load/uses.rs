@@ -1,0 +1,237 @@
+//! Built-in stages: `uses = "NAME"` with a `with` table, checked against
+//! the built-in's signature in [`catalog`].
+
+use std::collections::BTreeMap;
+
+use super::super::catalog::{self, BuiltinSpec, Port, SettingKind};
+use super::super::model::{Command, PathDecl, Stage, Uses};
+use super::super::raw::{Entry, Node, NodeKind};
+use super::{Checker, find};
+use crate::manifest::error::Problem;
+
+impl Checker<'_> {
+    /// Validates a built-in stage and builds its settings and command.
+    pub(super) fn uses(
+        &mut self,
+        uses: &Entry,
+        with: Option<&Node>,
+        stage: &Stage,
+        params: &BTreeMap<String, serde_json::Value>,
+        referenced: &mut Vec<String>,
+    ) -> Option<(Uses, Command)> {
+        let name = self.string(&uses.value, "`uses`")?;
+        let Some(spec) = catalog::builtin(&name) else {
+            self.problems.push(
+                Problem::new(
+                    format!("unknown built-in `{name}`"),
+                    uses.value.span.clone(),
+                    "no such built-in",
+                )
+                .help(self.did_you_mean(
+                    &name,
+                    catalog::BUILTINS.iter().map(|b| b.name),
+                    &format!(
+                        "the built-ins are: {}",
+                        catalog::BUILTINS
+                            .iter()
+                            .map(|b| b.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )),
+            );
+            return None;
+        };
+        let ports_ok = self.ports(spec, uses, &stage.inputs, spec.inputs, "input")
+            & self.ports(spec, uses, &stage.outputs, spec.outputs, "output");
+
+        let entries: &[Entry] = match with {
+            None => &[],
+            Some(node) => self.expect_table(node, "`with`")?,
+        };
+        let names: Vec<&str> = spec.settings.iter().map(|s| s.name).collect();
+        self.unknown_keys(entries, &names, &format!("`with` of built-in `{name}`"));
+        let mut settings = serde_json::Map::new();
+        let mut settings_ok = true;
+        for setting in spec.settings {
+            match find(entries, setting.name) {
+                None if setting.required => {
+                    settings_ok = false;
+                    self.problems.push(
+                        Problem::new(
+                            format!("built-in `{name}` needs `with.{}`", setting.name),
+                            uses.key_span.clone(),
+                            "this stage",
+                        )
+                        .help(format!(
+                            "add `{}` ({}) to the stage's `with` table: {}",
+                            setting.name,
+                            setting.kind.describe(),
+                            setting.about
+                        )),
+                    );
+                }
+                None => {}
+                Some(entry) => match self.setting(setting.kind, entry, stage, params, referenced) {
+                    Some(value) => {
+                        settings.insert(setting.name.to_owned(), value);
+                    }
+                    None => settings_ok = false,
+                },
+            }
+        }
+        if !(ports_ok && settings_ok) {
+            return None;
+        }
+        let with = serde_json::Value::Object(settings);
+        let paths = |decls: &[PathDecl]| -> serde_json::Value {
+            decls
+                .iter()
+                .map(|d| (d.name.clone(), serde_json::Value::from(d.path.to_string())))
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        };
+        let invocation = serde_json::json!({
+            "with": with,
+            "inputs": paths(&stage.inputs),
+            "outputs": paths(&stage.outputs),
+        });
+        // serde_json's map is sorted: these bytes are canonical.
+        let encoded = serde_json::to_string(&invocation).expect("JSON values serialise");
+        let command = Command::Exec(vec![
+            "cairn".to_owned(),
+            "builtin".to_owned(),
+            format!("{}@{}", spec.name, spec.version),
+            encoded,
+        ]);
+        Some((
+            Uses {
+                name: spec.name.to_owned(),
+                version: spec.version,
+                with,
+            },
+            command,
+        ))
+    }
+
+    /// Checks that the stage declares exactly the built-in's ports.
+    fn ports(
+        &mut self,
+        spec: &BuiltinSpec,
+        uses: &Entry,
+        declared: &[PathDecl],
+        wanted: &[Port],
+        kind: &str,
+    ) -> bool {
+        let mut ok = true;
+        for port in wanted {
+            if !declared.iter().any(|d| d.name == port.name) {
+                ok = false;
+                self.problems.push(
+                    Problem::new(
+                        format!(
+                            "built-in `{}` needs an {kind} named `{}`",
+                            spec.name, port.name
+                        ),
+                        uses.value.span.clone(),
+                        "this built-in",
+                    )
+                    .help(format!(
+                        "declare it: `{kind}s = {{ {} = \"path\" }}` ({})",
+                        port.name, port.about
+                    )),
+                );
+            }
+        }
+        for decl in declared {
+            if !wanted.iter().any(|p| p.name == decl.name) {
+                ok = false;
+                let names: Vec<&str> = wanted.iter().map(|p| p.name).collect();
+                self.problems.push(
+                    Problem::new(
+                        format!(
+                            "built-in `{}` has no {kind} named `{}`",
+                            spec.name, decl.name
+                        ),
+                        decl.span.clone(),
+                        "not one of its ports",
+                    )
+                    .help(self.did_you_mean(
+                        &decl.name,
+                        names.iter().copied(),
+                        &format!("its {kind}s are named: {}", names.join(", ")),
+                    )),
+                );
+            }
+        }
+        ok
+    }
+
+    /// One `with` value, checked against its kind; strings interpolated.
+    fn setting(
+        &mut self,
+        kind: SettingKind,
+        entry: &Entry,
+        stage: &Stage,
+        params: &BTreeMap<String, serde_json::Value>,
+        referenced: &mut Vec<String>,
+    ) -> Option<serde_json::Value> {
+        let node = &entry.value;
+        let what = format!("`with.{}`", entry.key);
+        let mismatch = |checker: &mut Self| {
+            checker.type_error(node, &what, kind.describe());
+            None
+        };
+        match (kind, &node.kind) {
+            (SettingKind::String | SettingKind::Name, NodeKind::String(text)) => {
+                let text = self.interpolate(text, node, stage, params, referenced)?;
+                if kind == SettingKind::Name && !catalog::is_safe_name(&text) {
+                    self.problems.push(
+                        Problem::new(
+                            format!("{what} is `{text}`, which is not a safe name"),
+                            node.span.clone(),
+                            "here",
+                        )
+                        .help("it names files and directories: use letters, digits, `.`, `_` and `-`, not starting with `.`"),
+                    );
+                    return None;
+                }
+                Some(text.into())
+            }
+            (SettingKind::Count, NodeKind::Integer(n)) if *n >= 0 => Some((*n).into()),
+            (SettingKind::Level, NodeKind::Integer(n)) if (1..=19).contains(n) => Some((*n).into()),
+            (SettingKind::Bool, NodeKind::Boolean(b)) => Some((*b).into()),
+            (SettingKind::Strings, NodeKind::Array(items)) => {
+                let mut values = Vec::new();
+                for item in items {
+                    let text = self.string(item, &format!("an element of {what}"))?;
+                    values.push(
+                        self.interpolate(&text, item, stage, params, referenced)?
+                            .into(),
+                    );
+                }
+                Some(serde_json::Value::Array(values))
+            }
+            (SettingKind::Counts, NodeKind::Table(entries)) => {
+                let mut counts = serde_json::Map::new();
+                for e in entries {
+                    match e.value.kind {
+                        NodeKind::Integer(n) if n >= 0 => {
+                            counts.insert(e.key.clone(), n.into());
+                        }
+                        _ => {
+                            self.type_error(
+                                &e.value,
+                                &format!("`with.{}.{}`", entry.key, e.key),
+                                "a non-negative integer",
+                            );
+                            return None;
+                        }
+                    }
+                }
+                Some(serde_json::Value::Object(counts))
+            }
+            _ => mismatch(self),
+        }
+    }
+}
