@@ -216,6 +216,54 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "resource `window` needs a capacity of at least 1",
         "cairn.toml:4:10",
     ),
+    (
+        "unknown built-in",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nuses = \"frezee\"\n",
+        "unknown built-in `frezee`",
+        "cairn.toml:4:8",
+    ),
+    (
+        "built-in without its input",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nuses = \"export\"\noutputs = { bundle = \"b.tar.zst\", sha256 = \"b.sha256\" }\n",
+        "built-in `export` needs an input named `freeze`",
+        "cairn.toml:4:8",
+    ),
+    (
+        "built-in with a port it does not have",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nuses = \"export\"\ninputs = { freeze = \"cairn.toml\", extra = \"cairn.toml\" }\noutputs = { bundle = \"b.tar.zst\", sha256 = \"b.sha256\" }\n",
+        "built-in `export` has no input named `extra`",
+        "cairn.toml:5:43",
+    ),
+    (
+        "built-in without a required setting",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nuses = \"register\"\ninputs = { bundle = \"cairn.toml\", sha256 = \"cairn.toml\" }\noutputs = { receipt = \"r.json\" }\n",
+        "built-in `register` needs `with.into`",
+        "cairn.toml:4:1",
+    ),
+    (
+        "built-in setting of the wrong type",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nuses = \"export\"\ninputs = { freeze = \"cairn.toml\" }\noutputs = { bundle = \"b.tar.zst\", sha256 = \"b.sha256\" }\nwith = { level = 40 }\n",
+        "`with.level` must be an integer from 1 to 19",
+        "cairn.toml:7:18",
+    ),
+    (
+        "unsafe dataset name",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nuses = \"freeze\"\ninputs = { selection = \"cairn.toml\", items = \"cairn.toml\" }\noutputs = { freeze = \"f\" }\nwith = { name = \"../up\", version = \"1\" }\n",
+        "`with.name` is `../up`, which is not a safe name",
+        "cairn.toml:7:17",
+    ),
+    (
+        "both run and uses",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nuses = \"export\"\n",
+        "stage `a` has both `run` and `uses`",
+        "cairn.toml:5:1",
+    ),
+    (
+        "with without uses",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nwith = { level = 3 }\n",
+        "`with` in a stage without `uses`",
+        "cairn.toml:5:1",
+    ),
 ];
 
 #[test]

@@ -8,7 +8,7 @@ use super::render;
 use crate::release::{self, Limits, Registered, ReleaseError, Verified, expected_digest};
 
 pub fn verify(args: &VerifyArgs) -> Result<(), CliError> {
-    let pin = expected_digest(&args.bundle, args.sha256.as_deref())?;
+    let pin = pin(&args.bundle, args.sha256.as_deref())?;
     let limits = limits(&args.limits);
     let verified = release::verify_bundle(
         &args.bundle,
@@ -46,7 +46,7 @@ pub fn verify(args: &VerifyArgs) -> Result<(), CliError> {
 }
 
 pub fn register(args: &RegisterArgs) -> Result<(), CliError> {
-    let Some((expected, from)) = expected_digest(&args.bundle, args.sha256.as_deref())? else {
+    let Some((expected, from)) = pin(&args.bundle, args.sha256.as_deref())? else {
         return Err(CliError::Usage {
             message: format!(
                 "no digest to check `{}` against",
@@ -83,6 +83,18 @@ pub fn register(args: &RegisterArgs) -> Result<(), CliError> {
         ),
     }
     Ok(())
+}
+
+/// The digest the bundle must have, if any; a bundle that is not there or
+/// a malformed digest is bad input.
+fn pin(bundle: &Path, given: Option<&str>) -> Result<Option<(String, String)>, CliError> {
+    if !bundle.is_file() {
+        return Err(CliError::usage(format!(
+            "no bundle at `{}`",
+            bundle.display()
+        )));
+    }
+    expected_digest(bundle, given).map_err(|e| CliError::usage(e.to_string()))
 }
 
 fn limits(args: &BundleLimits) -> Limits {

@@ -102,6 +102,9 @@ pub fn verify_bundle(
         )]));
     }
     let scan = scan(bundle, limits)?;
+    if scan.broken {
+        return Err(ReleaseError::Refused(scan.problems));
+    }
     let mut problems = scan.problems;
     let manifest = check_contents(&scan.root, &scan.files, &scan.texts, &mut problems);
     match manifest {
@@ -125,6 +128,9 @@ struct Scan {
     /// The bytes of the small files at the root (`manifest.json`, …).
     texts: BTreeMap<String, Vec<u8>>,
     problems: Vec<String>,
+    /// The archive could not be read to its end: its contents are not
+    /// worth checking further.
+    broken: bool,
 }
 
 /// The largest root file kept in memory to be parsed.
@@ -138,12 +144,14 @@ fn scan(bundle: &Path, limits: &Limits) -> Result<Scan, ReleaseError> {
         dirs: BTreeSet::new(),
         texts: BTreeMap::new(),
         problems: Vec::new(),
+        broken: false,
     };
     let corrupt = |e: std::io::Error| format!("the archive is truncated or corrupt: {e}");
     let decoder = match zstd::stream::read::Decoder::new(file) {
         Ok(decoder) => decoder,
         Err(e) => {
             found.problems.push(corrupt(e));
+            found.broken = true;
             return Ok(found);
         }
     };
@@ -152,6 +160,7 @@ fn scan(bundle: &Path, limits: &Limits) -> Result<Scan, ReleaseError> {
         Ok(entries) => entries,
         Err(e) => {
             found.problems.push(corrupt(e));
+            found.broken = true;
             return Ok(found);
         }
     };
@@ -161,6 +170,7 @@ fn scan(bundle: &Path, limits: &Limits) -> Result<Scan, ReleaseError> {
             Ok(entry) => entry,
             Err(e) => {
                 found.problems.push(corrupt(e));
+                found.broken = true;
                 return Ok(found);
             }
         };
@@ -216,6 +226,7 @@ fn scan(bundle: &Path, limits: &Limits) -> Result<Scan, ReleaseError> {
                 let (_, hex, _) = reader.finish();
                 if let Err(e) = read {
                     found.problems.push(corrupt(e));
+                    found.broken = true;
                     return Ok(found);
                 }
                 if keep {
@@ -263,6 +274,7 @@ fn scan(bundle: &Path, limits: &Limits) -> Result<Scan, ReleaseError> {
     let mut decoder = archive.into_inner();
     if let Err(e) = std::io::copy(&mut decoder, &mut std::io::sink()) {
         found.problems.push(corrupt(e));
+        found.broken = true;
     }
     Ok(found)
 }
