@@ -413,3 +413,73 @@ fn a_broken_item_list_is_named_by_status_and_fails_the_run() {
         run.stderr()
     );
 }
+
+#[test]
+fn each_item_records_the_stage_code_that_produced_it() {
+    let p = oracle(3);
+    p.cairn(&["run"]).success();
+    let code = |p: &Project| -> String {
+        let show = p.cairn(&["show", "oracle", "--json"]);
+        show.success();
+        let json: serde_json::Value = serde_json::from_str(&show.stdout()).unwrap();
+        json["code"].as_str().unwrap().to_owned()
+    };
+    let first = code(&p);
+    // A new version of the stage's code, run on one item only.
+    let manifest = p.read("cairn.toml").replace("echo turn", "echo turn v2");
+    p.file("cairn.toml", &manifest);
+    let second = code(&p);
+    assert_ne!(first, second);
+    p.cairn(&["run", "--limit", "1"]).success();
+
+    let produced_by = |code: &str| -> Vec<String> {
+        let out = p.cairn(&["show", "oracle", "--items", "--code", code, "--json"]);
+        out.success();
+        let json: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+        json.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(produced_by(&first), ["t1", "t2", "t3"]);
+    assert_eq!(produced_by(&second), ["t1"]);
+    // A prefix without `blake3:` works too.
+    let prefix = &second["blake3:".len().."blake3:".len() + 12];
+    assert_eq!(produced_by(prefix), ["t1"]);
+    // And each attempt carries its code.
+    let attempts = attempts(&p, "oracle/t1");
+    let codes: Vec<&str> = attempts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, [first.as_str(), second.as_str()]);
+}
+
+#[test]
+fn a_schema_3_ledger_is_migrated_and_keeps_its_history() {
+    let p = oracle(2);
+    p.cairn(&["run"]).success();
+    {
+        let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+        db.execute_batch(
+            "ALTER TABLE items DROP COLUMN code; ALTER TABLE item_attempts DROP COLUMN code; PRAGMA user_version = 3;",
+        )
+        .unwrap();
+    }
+    let out = p.cairn(&["run"]);
+    out.success();
+    assert!(out.stderr().contains("0 ran, 1 fresh"), "{}", out.stderr());
+    let out = p.cairn(&["show", "oracle", "--items", "--json"]);
+    out.success();
+    let records: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    assert_eq!(records.as_array().unwrap().len(), 2);
+    assert!(records[0]["code"].is_null(), "{records}");
+    let version: i64 = rusqlite::Connection::open(p.path("cache/ledger.db"))
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 4);
+}

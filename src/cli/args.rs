@@ -242,6 +242,14 @@ pub struct LogArgs {
 pub struct ShowArgs {
     /// A stage, or `STAGE/ITEM` for one item's attempts.
     pub stage: String,
+    /// A per-item stage: list every recorded item outcome, with the
+    /// fingerprint of the stage code that produced it.
+    #[arg(long)]
+    pub items: bool,
+    /// With `--items`: only the outcomes produced by stage code whose
+    /// fingerprint starts with this (see `code` in `cairn show STAGE`).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub code: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

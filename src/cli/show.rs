@@ -18,6 +18,8 @@ struct ShowJson<'a> {
     command: String,
     inputs: Vec<(&'a str, &'a str)>,
     status: &'a StageStatus,
+    /// Per-item stages: the fingerprint of the stage's code.
+    code: Option<String>,
     last_ok: Option<&'a ResultRecord>,
     last_attempt: Option<&'a ResultRecord>,
 }
@@ -38,6 +40,10 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         .find(|s| s.stage == args.stage)
         .expect("target evaluated");
     let stage = &loaded.manifest.stages[target[0]];
+    let code = ctx.item_codes.get(&target[0]).copied();
+    if args.items || args.code.is_some() {
+        return show_items(&ctx, stage, code, args);
+    }
     let last_ok = ctx.latest_ok.get(&stage.name);
     let newest = match &ctx.ledger {
         Some(ledger) => ledger.results(Some(&stage.name), 1)?.into_iter().next(),
@@ -56,6 +62,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
                 .map(|i| (i.name.as_str(), i.path.as_str()))
                 .collect(),
             status,
+            code: code.map(|c| c.to_string()),
             last_ok,
             last_attempt,
         })?;
@@ -73,6 +80,11 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     outln!("state        {state}");
     if let Some(fp) = status.fingerprint {
         outln!("fingerprint  {fp}");
+    }
+    if let Some(code) = code {
+        outln!(
+            "code         {code}  (items run now are recorded under it; `--items --code` lists them)"
+        );
     }
     if !stage.inputs.is_empty() {
         outln!("inputs");
@@ -119,6 +131,75 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `cairn show STAGE --items [--code FINGERPRINT]`: the recorded outcomes
+/// of a per-item stage's items, with the stage code behind each.
+fn show_items(
+    ctx: &crate::schedule::Context<'_>,
+    stage: &crate::manifest::Stage,
+    current: Option<crate::fingerprint::Digest>,
+    args: &ShowArgs,
+) -> Result<(), CliError> {
+    if stage.foreach.is_none() {
+        return Err(CliError::usage(format!(
+            "stage `{}` is not a per-item stage; `--items` lists the items of one",
+            stage.name
+        )));
+    }
+    let records = match &ctx.ledger {
+        Some(ledger) => ledger.item_records(&stage.name, args.code.as_deref())?,
+        None => Vec::new(),
+    };
+    if args.json {
+        render::json(&records)?;
+        return Ok(());
+    }
+    if let Some(current) = current {
+        outln!("current code {current}");
+    }
+    let what = match &args.code {
+        Some(code) => format!(" produced by code {code}…"),
+        None => String::new(),
+    };
+    outln!("{} recorded item outcome(s){what}", records.len());
+    if records.is_empty() {
+        return Ok(());
+    }
+    let short = |digest: &str| digest.chars().take(19).collect::<String>();
+    let mut rows = vec![
+        [
+            "ITEM",
+            "CLASS",
+            "ATTEMPTS",
+            "RUN",
+            "FINISHED",
+            "CODE",
+            "FINGERPRINT",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for r in &records {
+        let code = match (&r.code, current) {
+            (Some(code), Some(current)) if *code == current.to_string() => {
+                format!("{} (current)", short(code))
+            }
+            (Some(code), _) => short(code),
+            (None, _) => "-".to_owned(),
+        };
+        rows.push(vec![
+            r.key.clone(),
+            r.class.clone(),
+            r.attempts.to_string(),
+            r.run_id.to_string(),
+            render::time(r.finished_ms),
+            code,
+            short(&r.fingerprint),
+        ]);
+    }
+    out!("{}", render::table(&rows));
+    Ok(())
+}
+
 /// `cairn show STAGE/ITEM`: every attempt of one item.
 fn show_item(
     loaded: &workspace::Loaded,
@@ -150,7 +231,7 @@ fn show_item(
     outln!("item {stage}/{key}: {} attempt(s)", attempts.len());
     let mut rows = vec![
         [
-            "RUN", "#", "STARTED", "DURATION", "EXIT", "CLASS", "RULE", "LOG",
+            "RUN", "#", "STARTED", "DURATION", "EXIT", "CLASS", "RULE", "CODE", "LOG",
         ]
         .map(String::from)
         .to_vec(),
@@ -164,6 +245,8 @@ fn show_item(
             a.exit_code.map_or("-".to_owned(), |c| c.to_string()),
             a.class.clone(),
             a.rule.clone().unwrap_or_default(),
+            a.code
+                .map_or("-".to_owned(), |c| c.to_string().chars().take(19).collect()),
             a.log_path.clone().unwrap_or_default(),
         ]);
     }

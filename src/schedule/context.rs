@@ -123,6 +123,9 @@ pub struct Context<'m> {
     pub produced: HashMap<String, Digest>,
     /// Per-item stages: their items, as of the last `key_of`.
     pub item_plans: HashMap<usize, Vec<PlannedItem>>,
+    /// Per-item stages: the fingerprint of the stage's code (its template,
+    /// before items), which every item's fingerprint builds on.
+    pub item_codes: HashMap<usize, Digest>,
     /// Whether a dirty stage's reason lists the components that changed.
     pub explain: bool,
 }
@@ -152,6 +155,7 @@ impl<'m> Context<'m> {
             latest_failure,
             produced: HashMap::new(),
             item_plans: HashMap::new(),
+            item_codes: HashMap::new(),
             explain: true,
         })
     }
@@ -186,7 +190,9 @@ impl<'m> Context<'m> {
             // The stage as a whole is its template plus each item's
             // fingerprint: adding one item changes it, but each item is
             // judged by its own fingerprint.
-            let items = self.plan_items(i, &key.fingerprint())?;
+            let code = key.fingerprint();
+            self.item_codes.insert(i, code);
+            let items = self.plan_items(i, &code)?;
             let mut listing = Vec::with_capacity(items.len() * 48);
             for planned in &items {
                 listing.extend_from_slice(planned.item.key.as_bytes());
@@ -253,6 +259,7 @@ impl<'m> Context<'m> {
             planned.push(PlannedItem {
                 item,
                 fingerprint,
+                code: *template,
                 outcome,
                 result,
             });

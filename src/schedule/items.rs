@@ -24,6 +24,8 @@ pub struct Item {
 pub struct PlannedItem {
     pub item: Item,
     pub fingerprint: Digest,
+    /// The fingerprint of the stage's code (its template) it is run by.
+    pub code: Digest,
     /// The newest outcome under this fingerprint, and how many attempts.
     pub outcome: Option<(ItemClass, u32)>,
     /// The JSON result recorded with that outcome (`item_result`).
@@ -226,6 +228,7 @@ mod tests {
                 canonical: String::new(),
             },
             fingerprint: Digest::of(key.as_bytes()),
+            code: Digest::of(b"code"),
             outcome: Some((ItemClass::Ok, 1)),
             result: None,
         };

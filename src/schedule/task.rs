@@ -554,6 +554,7 @@ impl ItemRunner {
                 rule,
                 log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
                 result: result.as_ref().map(|r| r.to_string()),
+                code: Some(planned.code),
             });
             let retry = &self.spec.retry;
             if retry.on.contains(&class) && attempt <= retry.max {

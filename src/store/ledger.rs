@@ -17,7 +17,7 @@ use super::objects::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 3;
+pub const LEDGER_SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -71,6 +71,9 @@ CREATE TABLE IF NOT EXISTS items (
     finished_ms INTEGER NOT NULL,
     -- The JSON result the item's command wrote (`item_result`), if any.
     result TEXT,
+    -- The fingerprint of the stage's code (its template: command, checks,
+    -- params, stage inputs, …) that produced this outcome.
+    code TEXT,
     PRIMARY KEY (stage, key, fingerprint)
 ) WITHOUT ROWID;
 -- Every attempt of every item.
@@ -86,7 +89,8 @@ CREATE TABLE IF NOT EXISTS item_attempts (
     exit_code INTEGER,
     class TEXT NOT NULL,
     rule TEXT,
-    log_path TEXT
+    log_path TEXT,
+    code TEXT
 );
 CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(stage, key, id);
 CREATE TABLE IF NOT EXISTS stat_cache (
@@ -172,6 +176,22 @@ pub struct ItemAttempt {
     /// The JSON result the command wrote (`item_result`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
+    /// The fingerprint of the stage's code (its template) that ran it;
+    /// unknown for attempts recorded before ledger schema 4.
+    pub code: Option<Digest>,
+}
+
+/// An item's newest outcome under one fingerprint.
+#[derive(Debug, Clone, Serialize)]
+pub struct ItemRecord {
+    pub key: String,
+    pub fingerprint: String,
+    /// The stage code's fingerprint behind it, if recorded.
+    pub code: Option<String>,
+    pub class: String,
+    pub attempts: u32,
+    pub run_id: i64,
+    pub finished_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -243,7 +263,8 @@ impl Ledger {
                 |row| row.get(0),
             )
             .map_err(|e| StoreError::db(&path, e))?;
-        if version != LEDGER_SCHEMA_VERSION && !(version == 0 && tables == 0) {
+        let migrate = version == 3;
+        if version != LEDGER_SCHEMA_VERSION && !(version == 0 && tables == 0) && !migrate {
             return Err(StoreError::LedgerVersion {
                 path,
                 found: version,
@@ -256,6 +277,11 @@ impl Ledger {
             .and_then(|()| {
                 if version == LEDGER_SCHEMA_VERSION {
                     Ok(())
+                } else if migrate {
+                    // 3 → 4: items record the code fingerprint behind them.
+                    conn.execute_batch(&format!(
+                        "BEGIN; ALTER TABLE items ADD COLUMN code TEXT; ALTER TABLE item_attempts ADD COLUMN code TEXT; PRAGMA user_version = {LEDGER_SCHEMA_VERSION}; COMMIT;"
+                    ))
                 } else {
                     conn.execute_batch(SCHEMA)?;
                     conn.execute_batch(&format!("PRAGMA user_version = {LEDGER_SCHEMA_VERSION}"))
@@ -398,18 +424,19 @@ impl Ledger {
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )
                 .map_err(|e| self.db(e))?;
             let mut upsert = tx
                 .prepare_cached(
-                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms, result) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7)
-                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7",
+                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8)
+                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8",
                 )
                 .map_err(|e| self.db(e))?;
             for attempt in attempts {
                 let fingerprint = attempt.fingerprint.to_string();
+                let code = attempt.code.map(|c| c.to_string());
                 insert
                     .execute(params![
                         attempt.run_id,
@@ -423,6 +450,7 @@ impl Ledger {
                         attempt.class,
                         attempt.rule,
                         attempt.log_path,
+                        code,
                     ])
                     .map_err(|e| self.db(e))?;
                 upsert
@@ -434,6 +462,7 @@ impl Ledger {
                         attempt.run_id,
                         attempt.finished_ms,
                         attempt.result,
+                        code,
                     ])
                     .map_err(|e| self.db(e))?;
             }
@@ -446,7 +475,7 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare(
-                "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path
+                "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code
                  FROM item_attempts WHERE stage = ?1 AND key = ?2 ORDER BY id",
             )
             .map_err(|e| self.db(e))?;
@@ -466,6 +495,49 @@ impl Ledger {
                     rule: row.get(9)?,
                     log_path: row.get(10)?,
                     result: None,
+                    code: row
+                        .get::<_, Option<String>>(11)?
+                        .and_then(|c| c.parse().ok()),
+                })
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// The newest outcome of each item of `stage` under each fingerprint,
+    /// optionally only those produced by stage code whose fingerprint
+    /// starts with `code` (`blake3:` may be left out); by key.
+    pub fn item_records(
+        &self,
+        stage: &str,
+        code: Option<&str>,
+    ) -> Result<Vec<ItemRecord>, StoreError> {
+        let pattern = code.map(|c| {
+            let c = c.trim();
+            let c = if c.starts_with("blake3:") {
+                c.to_owned()
+            } else {
+                format!("blake3:{c}")
+            };
+            format!("{}%", c.replace(['%', '_'], ""))
+        });
+        let mut statement = self
+            .conn
+            .prepare(
+                "SELECT key, fingerprint, code, class, attempts, run_id, finished_ms FROM items
+                 WHERE stage = ?1 AND (?2 IS NULL OR code LIKE ?2) ORDER BY key, finished_ms",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage, pattern], |row| {
+                Ok(ItemRecord {
+                    key: row.get(0)?,
+                    fingerprint: row.get(1)?,
+                    code: row.get(2)?,
+                    class: row.get(3)?,
+                    attempts: row.get(4)?,
+                    run_id: row.get(5)?,
+                    finished_ms: row.get(6)?,
                 })
             })
             .map_err(|e| self.db(e))?;

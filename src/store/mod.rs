@@ -13,7 +13,8 @@ mod workspace_lock;
 pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
 pub use audit::{AuditReport, Mismatch, MismatchKind, audit};
 pub use ledger::{
-    ItemAttempt, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord, now_ms,
+    ItemAttempt, ItemRecord, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord,
+    now_ms,
 };
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};
 pub use objects::{
