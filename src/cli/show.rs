@@ -55,7 +55,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         render::json(&ShowJson {
             stage: &stage.name,
             description: stage.description.as_deref(),
-            command: stage.run.display(),
+            command: stage.describe_run(),
             inputs: stage
                 .inputs
                 .iter()
@@ -72,7 +72,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     if let Some(description) = &stage.description {
         outln!("description  {description}");
     }
-    outln!("command      {}", stage.run.display());
+    outln!("command      {}", stage.describe_run());
     let state = match &status.reason {
         Some(reason) => format!("{} ({})", status.state.as_str(), reason.summary()),
         None => status.state.as_str().to_owned(),

@@ -55,6 +55,17 @@ pub struct Stage {
     pub foreach: Option<Foreach>,
 }
 
+impl Stage {
+    /// What the stage runs, as one line: its command, or for a built-in
+    /// `uses NAME@VERSION with {SETTINGS}`.
+    pub fn describe_run(&self) -> String {
+        match &self.uses {
+            Some(uses) => format!("uses {}@{} with {}", uses.name, uses.version, uses.with),
+            None => self.run.display(),
+        }
+    }
+}
+
 /// A built-in stage's name, version and settings.
 #[derive(Debug, Clone)]
 pub struct Uses {

@@ -543,7 +543,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let Published { records, inline } = published;
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
         let finished_ms = now_ms();
-        let command = stage.run.display();
+        let command = stage.describe_run();
         // Quiet stages leave no log file; record a path only if there is one.
         let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
         let id = ledger.record(
@@ -606,7 +606,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 key,
                 status: ResultStatus::Failed,
                 outputs: &[],
-                command: &stage.run.display(),
+                command: &stage.describe_run(),
                 started_ms,
                 finished_ms: now_ms(),
                 exit_code,
