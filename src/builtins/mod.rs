@@ -5,7 +5,10 @@
 
 mod export;
 mod freeze;
+pub mod gate;
 mod register;
+pub mod select;
+pub mod split;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,6 +34,14 @@ impl Invocation {
             .get(name)
             .map(PathBuf::from)
             .ok_or_else(|| BuiltinError::Invocation(format!("no input named `{name}`")))
+    }
+
+    fn optional_input(&self, name: &str) -> Option<PathBuf> {
+        self.inputs.get(name).map(PathBuf::from)
+    }
+
+    fn optional_output(&self, name: &str) -> Option<PathBuf> {
+        self.outputs.get(name).map(PathBuf::from)
     }
 
     fn output(&self, name: &str) -> Result<PathBuf, BuiltinError> {
@@ -80,9 +91,67 @@ pub fn run(name_version: &str, invocation: &str) -> Result<String, BuiltinError>
     let invocation: Invocation =
         serde_json::from_str(invocation).map_err(|e| BuiltinError::Invocation(e.to_string()))?;
     match name {
+        "select" => select::run(&invocation),
+        "split" => split::run(&invocation),
+        "gate" => gate::run(&invocation),
         "freeze" => freeze::run(&invocation),
         "export" => export::run(&invocation),
         "register" => register::run(&invocation),
         other => Err(BuiltinError::Unknown(other.to_owned())),
     }
+}
+
+/// The records of a JSON array or JSONL file.
+fn read_records(
+    path: &std::path::Path,
+    what: &str,
+) -> Result<Vec<serde_json::Value>, BuiltinError> {
+    crate::records::read(path, what).map_err(BuiltinError::Invocation)
+}
+
+/// IDs from a JSON array or JSONL file of strings, or of records with `key`.
+fn read_ids(
+    path: &std::path::Path,
+    key: &str,
+) -> Result<std::collections::BTreeSet<String>, BuiltinError> {
+    let mut ids = std::collections::BTreeSet::new();
+    for (n, value) in read_records(path, "ID list")?.iter().enumerate() {
+        let id = match value {
+            serde_json::Value::String(s) => Some(s.clone()),
+            other => crate::manifest::settings::field_text(other, key),
+        };
+        match id {
+            Some(id) => {
+                ids.insert(id);
+            }
+            None => {
+                return Err(BuiltinError::Invocation(format!(
+                    "entry {} of `{}` is neither a string nor a record with `{key}`",
+                    n + 1,
+                    path.display()
+                )));
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Writes one JSON record per line, atomically.
+fn write_jsonl<'a>(
+    path: &std::path::Path,
+    records: impl Iterator<Item = &'a serde_json::Value>,
+) -> Result<(), BuiltinError> {
+    let mut text = String::new();
+    for record in records {
+        text.push_str(&serde_json::to_string(record).expect("JSON values serialise"));
+        text.push('\n');
+    }
+    crate::release::write_atomic(path, text.as_bytes()).map_err(Into::into)
+}
+
+/// Writes pretty JSON, atomically.
+fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(), BuiltinError> {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialise");
+    text.push('\n');
+    crate::release::write_atomic(path, text.as_bytes()).map_err(Into::into)
 }

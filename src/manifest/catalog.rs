@@ -3,6 +3,8 @@
 //! `with` table takes. The manifest is checked against these; the
 //! implementations live in `crate::builtins`.
 
+use super::settings;
+
 /// One built-in stage's signature.
 #[derive(Debug)]
 pub struct BuiltinSpec {
@@ -12,15 +14,24 @@ pub struct BuiltinSpec {
     pub version: u32,
     pub summary: &'static str,
     pub inputs: &'static [Port],
+    /// Whether the stage may declare inputs of any name (besides these).
+    pub open_inputs: bool,
     pub outputs: &'static [Port],
     pub settings: &'static [Setting],
+    /// A deeper check of the whole `with` table (as JSON), given the names
+    /// of the stage's inputs; its message is shown at `with`.
+    pub validate: Option<Validate>,
 }
+
+/// Checks a whole `with` table, given the stage's input names.
+pub type Validate = fn(&serde_json::Value, &[&str]) -> Result<(), String>;
 
 /// A named input or output a built-in reads or writes.
 #[derive(Debug)]
 pub struct Port {
     pub name: &'static str,
     pub about: &'static str,
+    pub required: bool,
 }
 
 /// One key of a built-in's `with` table.
@@ -48,6 +59,9 @@ pub enum SettingKind {
     Strings,
     /// A table of NAME = non-negative integer.
     Counts,
+    /// Any value: arrays of tables (predicates, checks), checked as a whole
+    /// by the built-in's `validate`.
+    Json,
 }
 
 impl SettingKind {
@@ -60,136 +74,289 @@ impl SettingKind {
             SettingKind::Level => "an integer from 1 to 19",
             SettingKind::Strings => "an array of strings",
             SettingKind::Counts => "a table of NAME = non-negative integer",
+            SettingKind::Json => "a value",
         }
     }
 }
 
+const fn port(name: &'static str, about: &'static str) -> Port {
+    Port {
+        name,
+        about,
+        required: true,
+    }
+}
+
+const fn optional_port(name: &'static str, about: &'static str) -> Port {
+    Port {
+        name,
+        about,
+        required: false,
+    }
+}
+
+const fn setting(
+    name: &'static str,
+    kind: SettingKind,
+    required: bool,
+    about: &'static str,
+) -> Setting {
+    Setting {
+        name,
+        kind,
+        required,
+        about,
+    }
+}
+
+use SettingKind::{Bool, Count, Counts, Json, Level, Name, Strings};
+
 /// Every built-in stage.
 pub const BUILTINS: &[BuiltinSpec] = &[
+    BuiltinSpec {
+        name: "select",
+        version: 1,
+        summary: "a deterministic, tiered, group-balanced selection with a cap, a must-keep list and an explicit shortfall",
+        inputs: &[
+            port(
+                "candidates",
+                "a JSON array or JSONL file of candidate records",
+            ),
+            optional_port(
+                "must_keep",
+                "IDs (strings or records) that must be selected",
+            ),
+            optional_port(
+                "exclude",
+                "IDs (strings or records) that must not be selected",
+            ),
+        ],
+        open_inputs: false,
+        outputs: &[
+            port(
+                "selected",
+                "the selected records, JSONL, in selection order",
+            ),
+            optional_port("reserves", "the next records in the same order, JSONL"),
+            optional_port(
+                "report",
+                "counts per tier and group, and the shortfall, JSON",
+            ),
+        ],
+        settings: &[
+            setting(
+                "key",
+                SettingKind::String,
+                false,
+                "the field naming a record (default `id`)",
+            ),
+            setting(
+                "where",
+                Json,
+                false,
+                "predicates every candidate must pass: `[{ field, equals | in | not_in | contains | min | max | exists }]`",
+            ),
+            setting(
+                "tiers",
+                Strings,
+                false,
+                "fields ordering records into tiers, ascending",
+            ),
+            setting(
+                "prefer",
+                Json,
+                false,
+                "preferences inside a tier: `[{ field, order = [values] }]`",
+            ),
+            setting(
+                "group",
+                SettingKind::String,
+                false,
+                "round-robin over this field inside each tier",
+            ),
+            setting("max_per_group", Count, false, "at most this many per group"),
+            setting("target", Count, true, "how many to select"),
+            setting(
+                "reserves",
+                Count,
+                false,
+                "how many reserves to keep after them",
+            ),
+            setting(
+                "allow_shortfall",
+                Bool,
+                false,
+                "accept fewer than `target` (always reported)",
+            ),
+        ],
+        validate: Some(|with, _| settings::check::<settings::SelectSettings>(with)),
+    },
+    BuiltinSpec {
+        name: "split",
+        version: 1,
+        summary: "a group-isolated split with exact sizes",
+        inputs: &[port(
+            "items",
+            "a JSON array or JSONL file of records, in preference order",
+        )],
+        open_inputs: false,
+        outputs: &[
+            port(
+                "assignments",
+                "the assigned records with their split, JSONL",
+            ),
+            optional_port("report", "sizes wanted and got, groups per split, JSON"),
+        ],
+        settings: &[
+            setting(
+                "key",
+                SettingKind::String,
+                false,
+                "the field naming a record (default `id`)",
+            ),
+            setting(
+                "group",
+                SettingKind::String,
+                true,
+                "no value of this field is in two splits",
+            ),
+            setting("sizes", Counts, true, "the exact size of each split"),
+            setting(
+                "field",
+                SettingKind::String,
+                false,
+                "the field written into each record (default `split`)",
+            ),
+            setting(
+                "allow_shortfall",
+                Bool,
+                false,
+                "when sizes cannot be met, keep the largest feasible split and record the shortfall",
+            ),
+        ],
+        validate: Some(|with, _| settings::check::<settings::SplitSettings>(with)),
+    },
+    BuiltinSpec {
+        name: "gate",
+        version: 1,
+        summary: "declarative checks over JSON/JSONL outputs that stop the pipeline",
+        inputs: &[],
+        open_inputs: true,
+        outputs: &[port("report", "every check with its figures, JSON")],
+        settings: &[setting(
+            "checks",
+            Json,
+            true,
+            "`[{ input, count | min_count | max_count | unique | group + max_per_group | same_as | subset_of | disjoint_from | field + min/max, where }]`",
+        )],
+        validate: Some(settings::check_gate),
+    },
     BuiltinSpec {
         name: "freeze",
         version: 1,
         summary: "a checked, content-addressed freeze of the selected items, split by split",
         inputs: &[
-            Port {
-                name: "selection",
-                about: "a JSON array or JSONL file of the selected items, each with an ID and a split",
-            },
-            Port {
-                name: "items",
-                about: "a directory with one subdirectory per item, named by its ID",
-            },
+            port(
+                "selection",
+                "a JSON array or JSONL file of the selected items, each with an ID and a split",
+            ),
+            port(
+                "items",
+                "a directory with one subdirectory per item, named by its ID",
+            ),
         ],
-        outputs: &[Port {
-            name: "freeze",
-            about: "the freeze directory: manifest.json, SHA256SUMS and items/ID/",
-        }],
+        open_inputs: false,
+        outputs: &[port(
+            "freeze",
+            "the freeze directory: manifest.json, SHA256SUMS and items/ID/",
+        )],
         settings: &[
-            Setting {
-                name: "name",
-                kind: SettingKind::Name,
-                required: true,
-                about: "the dataset's name",
-            },
-            Setting {
-                name: "version",
-                kind: SettingKind::Name,
-                required: true,
-                about: "the dataset's version",
-            },
-            Setting {
-                name: "id",
-                kind: SettingKind::String,
-                required: false,
-                about: "the field that holds an item's ID (default `id`)",
-            },
-            Setting {
-                name: "split",
-                kind: SettingKind::String,
-                required: false,
-                about: "the field that holds an item's split (default `split`)",
-            },
-            Setting {
-                name: "group",
-                kind: SettingKind::String,
-                required: false,
-                about: "the field that groups items (e.g. `repo`) for the group checks",
-            },
-            Setting {
-                name: "sizes",
-                kind: SettingKind::Counts,
-                required: false,
-                about: "the exact number of items each split must have; no other split may appear",
-            },
-            Setting {
-                name: "disjoint_groups",
-                kind: SettingKind::Bool,
-                required: false,
-                about: "no group may have items in two splits (default true when `group` is set)",
-            },
-            Setting {
-                name: "max_per_group",
-                kind: SettingKind::Count,
-                required: false,
-                about: "at most this many items per group",
-            },
-            Setting {
-                name: "require",
-                kind: SettingKind::Strings,
-                required: false,
-                about: "IDs that must be in the freeze",
-            },
+            setting("name", Name, true, "the dataset's name"),
+            setting("version", Name, true, "the dataset's version"),
+            setting(
+                "id",
+                SettingKind::String,
+                false,
+                "the field that holds an item's ID (default `id`)",
+            ),
+            setting(
+                "split",
+                SettingKind::String,
+                false,
+                "the field that holds an item's split (default `split`)",
+            ),
+            setting(
+                "group",
+                SettingKind::String,
+                false,
+                "the field that groups items (e.g. `repo`) for the group checks",
+            ),
+            setting(
+                "sizes",
+                Counts,
+                false,
+                "the exact number of items each split must have; no other split may appear",
+            ),
+            setting(
+                "disjoint_groups",
+                Bool,
+                false,
+                "no group may have items in two splits (default true when `group` is set)",
+            ),
+            setting(
+                "max_per_group",
+                Count,
+                false,
+                "at most this many items per group",
+            ),
+            setting("require", Strings, false, "IDs that must be in the freeze"),
         ],
+        validate: None,
     },
     BuiltinSpec {
         name: "export",
         version: 1,
         summary: "a reproducible tar + zstd bundle of a freeze, with its SHA-256 and an in-toto attestation inside",
-        inputs: &[Port {
-            name: "freeze",
-            about: "a freeze directory written by `uses = \"freeze\"`",
-        }],
+        inputs: &[port(
+            "freeze",
+            "a freeze directory written by `uses = \"freeze\"`",
+        )],
+        open_inputs: false,
         outputs: &[
-            Port {
-                name: "bundle",
-                about: "the archive (`.tar.zst`)",
-            },
-            Port {
-                name: "sha256",
-                about: "the archive's SHA-256, in `sha256sum` format",
-            },
+            port("bundle", "the archive (`.tar.zst`)"),
+            port("sha256", "the archive's SHA-256, in `sha256sum` format"),
         ],
-        settings: &[Setting {
-            name: "level",
-            kind: SettingKind::Level,
-            required: false,
-            about: "the zstd compression level, 1 to 19 (default 3)",
-        }],
+        settings: &[setting(
+            "level",
+            Level,
+            false,
+            "the zstd compression level, 1 to 19 (default 3)",
+        )],
+        validate: None,
     },
     BuiltinSpec {
         name: "register",
         version: 1,
         summary: "verify a bundle, then import it into a registry directory",
         inputs: &[
-            Port {
-                name: "bundle",
-                about: "an archive written by `uses = \"export\"`",
-            },
-            Port {
-                name: "sha256",
-                about: "the archive's expected SHA-256, in `sha256sum` format",
-            },
+            port("bundle", "an archive written by `uses = \"export\"`"),
+            port(
+                "sha256",
+                "the archive's expected SHA-256, in `sha256sum` format",
+            ),
         ],
-        outputs: &[Port {
-            name: "receipt",
-            about: "a JSON receipt: name, version, digests and where it was registered",
-        }],
-        settings: &[Setting {
-            name: "into",
-            kind: SettingKind::String,
-            required: true,
-            about: "the registry directory (relative to the project root, or absolute)",
-        }],
+        open_inputs: false,
+        outputs: &[port(
+            "receipt",
+            "a JSON receipt: name, version, digests and where it was registered",
+        )],
+        settings: &[setting(
+            "into",
+            SettingKind::String,
+            true,
+            "the registry directory (relative to the project root, or absolute)",
+        )],
+        validate: None,
     },
 ];
 

@@ -10,6 +10,7 @@ pub mod interpolate;
 mod load;
 mod model;
 mod raw;
+pub mod settings;
 
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};

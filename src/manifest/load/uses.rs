@@ -45,6 +45,7 @@ impl Checker<'_> {
         let ports_ok = self.ports(spec, uses, &stage.inputs, spec.inputs, "input")
             & self.ports(spec, uses, &stage.outputs, spec.outputs, "output");
 
+        let with_node = with;
         let entries: &[Entry] = match with {
             None => &[],
             Some(node) => self.expect_table(node, "`with`")?,
@@ -84,6 +85,27 @@ impl Checker<'_> {
             return None;
         }
         let with = serde_json::Value::Object(settings);
+        if let Some(validate) = spec.validate {
+            let inputs: Vec<&str> = stage.inputs.iter().map(|d| d.name.as_str()).collect();
+            if let Err(message) = validate(&with, &inputs) {
+                let span = with_node_span(with_node, uses);
+                self.problems.push(
+                    Problem::new(
+                        format!("invalid `with` for built-in `{name}`: {message}"),
+                        span,
+                        "here",
+                    )
+                    .help(
+                        spec.settings
+                            .iter()
+                            .map(|s| format!("`{}`: {}", s.name, s.about))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    ),
+                );
+                return None;
+            }
+        }
         let paths = |decls: &[PathDecl]| -> serde_json::Value {
             decls
                 .iter()
@@ -125,7 +147,7 @@ impl Checker<'_> {
     ) -> bool {
         let mut ok = true;
         for port in wanted {
-            if !declared.iter().any(|d| d.name == port.name) {
+            if port.required && !declared.iter().any(|d| d.name == port.name) {
                 ok = false;
                 self.problems.push(
                     Problem::new(
@@ -143,8 +165,9 @@ impl Checker<'_> {
                 );
             }
         }
+        let open = kind == "input" && spec.open_inputs;
         for decl in declared {
-            if !wanted.iter().any(|p| p.name == decl.name) {
+            if !open && !wanted.iter().any(|p| p.name == decl.name) {
                 ok = false;
                 let names: Vec<&str> = wanted.iter().map(|p| p.name).collect();
                 self.problems.push(
@@ -199,8 +222,27 @@ impl Checker<'_> {
                 Some(text.into())
             }
             (SettingKind::Count, NodeKind::Integer(n)) if *n >= 0 => Some((*n).into()),
+            (SettingKind::Count, NodeKind::String(text)) if text.contains('{') => {
+                // `"{params.target}"`: a count taken from a param.
+                let text = self.interpolate(text, node, stage, params, referenced)?;
+                match text.trim().parse::<u64>() {
+                    Ok(n) => Some(n.into()),
+                    Err(_) => {
+                        self.problems.push(
+                            Problem::new(
+                                format!("{what} is `{text}`, not a non-negative integer"),
+                                node.span.clone(),
+                                "here",
+                            )
+                            .help("the param it names must be a non-negative integer"),
+                        );
+                        None
+                    }
+                }
+            }
             (SettingKind::Level, NodeKind::Integer(n)) if (1..=19).contains(n) => Some((*n).into()),
             (SettingKind::Bool, NodeKind::Boolean(b)) => Some((*b).into()),
+            (SettingKind::Json, _) => Some(super::param_value(node)),
             (SettingKind::Strings, NodeKind::Array(items)) => {
                 let mut values = Vec::new();
                 for item in items {
@@ -234,4 +276,8 @@ impl Checker<'_> {
             _ => mismatch(self),
         }
     }
+}
+
+fn with_node_span(with: Option<&Node>, uses: &Entry) -> crate::manifest::Span {
+    with.map_or(uses.key_span.clone(), |node| node.span.clone())
 }
