@@ -259,6 +259,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:5:1",
     ),
     (
+        "resource held in an unknown way",
+        "[pipeline]\nname = \"x\"\n[resources]\nwindow = { capacity = 1, hold = \"sometimes\" }\n[stages.a]\nrun = \"true\"\n",
+        "`hold` must be \"command\" or \"stage\"",
+        "cairn.toml:4:33",
+    ),
+    (
         "with without uses",
         "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nwith = { level = 3 }\n",
         "`with` in a stage without `uses`",

@@ -116,3 +116,55 @@ fn items_hold_the_window_and_jobs_caps_a_stage() {
         }
     }
 }
+
+/// A resource held per stage: a per-item stage takes one unit for as long
+/// as its items run, so its own items run side by side, while another stage
+/// holding the same window never overlaps it.
+#[test]
+fn a_stage_held_window_lets_items_run_together_but_never_beside_another_stage() {
+    let p = Project::new();
+    let list: String = (1..=4).map(|i| format!("{{\"id\": \"i{i}\"}}\n")).collect();
+    p.file("list.jsonl", &list);
+    std::fs::create_dir_all(p.path("times")).unwrap();
+    let stage = |name: &str| {
+        format!(
+            "[stages.{name}]\nforeach = {{ items = \"list.jsonl\", key = \"id\" }}\nrun = \"date +%s%N >> times/{name}-{{item.id}}; sleep 0.3; date +%s%N >> times/{name}-{{item.id}}\"\noutputs = {{ r = \"state/{name}.jsonl\" }}\nresources = [\"cluster-window\"]\n"
+        )
+    };
+    let manifest = String::from(
+        "[pipeline]\nname = \"w\"\n\n[resources]\ncluster-window = { capacity = 1, hold = \"stage\" }\n\n",
+    ) + &stage("oracle")
+        + &stage("canary");
+    p.file("cairn.toml", &manifest);
+    p.cairn(&["run", "-j", "4"]).success();
+
+    let spans = |name: &str| -> Vec<(u128, u128)> {
+        (1..=4)
+            .map(|i| interval(&p, &format!("{name}-i{i}")))
+            .collect()
+    };
+    let (oracle, canary) = (spans("oracle"), spans("canary"));
+    for x in &oracle {
+        for y in &canary {
+            assert!(
+                !overlap(*x, *y),
+                "oracle and canary overlapped: {x:?} {y:?}"
+            );
+        }
+    }
+    // Items of one stage ran side by side (4 × 0.3 s with 4 job slots).
+    let together = |spans: &[(u128, u128)]| {
+        spans
+            .iter()
+            .enumerate()
+            .any(|(a, x)| spans[a + 1..].iter().any(|y| overlap(*x, *y)))
+    };
+    assert!(
+        together(&oracle),
+        "oracle items ran one at a time: {oracle:?}"
+    );
+    assert!(
+        together(&canary),
+        "canary items ran one at a time: {canary:?}"
+    );
+}

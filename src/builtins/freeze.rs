@@ -36,6 +36,8 @@ struct Settings {
     max_per_group: Option<usize>,
     #[serde(default)]
     require: Vec<String>,
+    #[serde(default)]
+    content_version: bool,
 }
 
 fn default_id() -> String {
@@ -332,10 +334,25 @@ fn write_freeze(
     for ids in splits.values_mut() {
         ids.sort();
     }
+    let version = if settings.content_version {
+        // What the freeze holds: each item's split and digest.
+        let content: BTreeMap<&String, (&String, &String)> = items
+            .iter()
+            .map(|(id, item): (&String, &FrozenItem)| (id, (&item.split, &item.digest)))
+            .collect();
+        let canonical = serde_json::to_string(&content).expect("JSON values serialise");
+        format!(
+            "{}-{}",
+            settings.version,
+            &sha256_hex(canonical.as_bytes())[..12]
+        )
+    } else {
+        settings.version.clone()
+    };
     let manifest = FreezeManifest {
         format: FREEZE_FORMAT.to_owned(),
         name: settings.name.clone(),
-        version: settings.version.clone(),
+        version,
         semantic_digest: semantic_digest(&splits),
         total: selected.len(),
         counts: splits

@@ -95,7 +95,7 @@ pub fn evaluate(
         let keys = |records: &[&Value]| -> BTreeSet<String> {
             records
                 .iter()
-                .filter_map(|r| field_text(r, &check.key))
+                .filter_map(|r| key_of(r, &check.key))
                 .collect()
         };
         let mine = keys(&records);
@@ -162,6 +162,14 @@ pub fn evaluate(
         }));
     }
     (results, failures)
+}
+
+/// A record's key; a bare string (an ID list) is its own key.
+fn key_of(record: &Value, key: &str) -> Option<String> {
+    match record {
+        Value::String(s) => Some(s.clone()),
+        other => field_text(other, key),
+    }
 }
 
 fn considered<'a>(check: &GateCheck, records: Option<&'a Vec<Value>>) -> Vec<&'a Value> {

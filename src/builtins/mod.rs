@@ -6,6 +6,7 @@
 mod export;
 mod freeze;
 pub mod gate;
+mod oci_mirror;
 mod register;
 pub mod select;
 pub mod split;
@@ -94,6 +95,7 @@ pub fn run(name_version: &str, invocation: &str) -> Result<String, BuiltinError>
         "select" => select::run(&invocation),
         "split" => split::run(&invocation),
         "gate" => gate::run(&invocation),
+        "oci-mirror" => oci_mirror::run(&invocation),
         "freeze" => freeze::run(&invocation),
         "export" => export::run(&invocation),
         "register" => register::run(&invocation),

@@ -252,6 +252,77 @@ pub const BUILTINS: &[BuiltinSpec] = &[
         validate: Some(settings::check_gate),
     },
     BuiltinSpec {
+        name: "oci-mirror",
+        version: 1,
+        summary: "copy container images between OCI layouts and registries, under a per-shard tag quota",
+        inputs: &[
+            port(
+                "images",
+                "records naming the images wanted (`id` and `image` fields by default)",
+            ),
+            optional_port(
+                "layout",
+                "an OCI image layout the images are read from, so its content enters the fingerprint (use `source = \"oci:{in.layout}\"`)",
+            ),
+        ],
+        open_inputs: false,
+        outputs: &[port(
+            "mirrored",
+            "per record: source, target reference and manifest digest, JSONL",
+        )],
+        settings: &[
+            setting(
+                "source",
+                SettingKind::String,
+                true,
+                "`oci:PATH` or `http(s)://HOST[:PORT][/PREFIX]`",
+            ),
+            setting(
+                "target",
+                SettingKind::String,
+                true,
+                "`oci:PATH` or `http(s)://HOST[:PORT][/PREFIX]`",
+            ),
+            setting(
+                "key",
+                SettingKind::String,
+                false,
+                "the field naming a record (default `id`)",
+            ),
+            setting(
+                "image",
+                SettingKind::String,
+                false,
+                "the field naming its image (default `image`)",
+            ),
+            setting(
+                "prefix",
+                SettingKind::String,
+                false,
+                "target repositories are PREFIX-NN (default `task`)",
+            ),
+            setting(
+                "shards",
+                Count,
+                false,
+                "how many target repositories (default 80)",
+            ),
+            setting(
+                "quota",
+                Count,
+                false,
+                "at most this many tags per shard (default 100)",
+            ),
+            setting(
+                "token_env",
+                SettingKind::String,
+                false,
+                "a variable (list it in `secrets`) holding a bearer token",
+            ),
+        ],
+        validate: None,
+    },
+    BuiltinSpec {
         name: "freeze",
         version: 1,
         summary: "a checked, content-addressed freeze of the selected items, split by split",
@@ -310,6 +381,12 @@ pub const BUILTINS: &[BuiltinSpec] = &[
                 "at most this many items per group",
             ),
             setting("require", Strings, false, "IDs that must be in the freeze"),
+            setting(
+                "content_version",
+                Bool,
+                false,
+                "append the first 12 hex digits of the content's SHA-256 to `version`, so a changed freeze is a new version",
+            ),
         ],
         validate: None,
     },

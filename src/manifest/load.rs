@@ -8,7 +8,7 @@ use super::error::{LoadError, ManifestErrors, Problem};
 use super::interpolate::{Placeholder, interpolate};
 use super::model::{
     ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, Manifest, Named, OutputIndex,
-    PathDecl, ProjectPath, ResultCheck, Retry, Stage,
+    PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
@@ -579,7 +579,7 @@ impl<'s> Checker<'s> {
     }
 
     /// `[resources]`: named capacities (positive integers).
-    fn resources(&mut self, entries: &[Entry]) -> BTreeMap<String, u32> {
+    fn resources(&mut self, entries: &[Entry]) -> BTreeMap<String, Resource> {
         let mut resources = BTreeMap::new();
         let Some(entry) = find(entries, "resources") else {
             return resources;
@@ -588,24 +588,53 @@ impl<'s> Checker<'s> {
             return resources;
         };
         for resource in table {
-            match resource.value.kind {
-                NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => {
-                    resources.insert(resource.key.clone(), n as u32);
+            let capacity = |node: &Node| match node.kind {
+                NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => Some(n as u32),
+                _ => None,
+            };
+            let (count, per_stage) = match &resource.value.kind {
+                NodeKind::Table(spec) => {
+                    self.unknown_keys(
+                        spec,
+                        &["capacity", "hold"],
+                        &format!("resource `{}`", resource.key),
+                    );
+                    let per_stage = match find(spec, "hold").map(|e| (&e.value, e.value.as_str())) {
+                        None | Some((_, Some("command"))) => false,
+                        Some((_, Some("stage"))) => true,
+                        Some((node, _)) => {
+                            self.problems.push(
+                                Problem::new("`hold` must be \"command\" or \"stage\"", node.span.clone(), "here")
+                                    .help("\"command\": each command (each item) holds a unit; \"stage\": a per-item stage holds one unit while all its items run"),
+                            );
+                            false
+                        }
+                    };
+                    (
+                        find(spec, "capacity").and_then(|e| capacity(&e.value)),
+                        per_stage,
+                    )
                 }
-                _ => self.problems.push(
+                _ => (capacity(&resource.value), false),
+            };
+            match count {
+                Some(capacity) => {
+                    resources.insert(resource.key.clone(), Resource { capacity, per_stage });
+                }
+                None => self.problems.push(
                     Problem::new(
                         format!("resource `{}` needs a capacity of at least 1", resource.key),
                         resource.value.span.clone(),
                         "not a positive integer",
                     )
-                    .help("write how many holders may use it at once, e.g. `cluster-window = 1`"),
+                    .help("write how many holders may use it at once, e.g. `cluster-window = 1` or `cluster-window = { capacity = 1, hold = \"stage\" }`"),
                 ),
             }
         }
         resources
     }
 
-    fn check_resource_names(&mut self, stages: &[Stage], resources: &BTreeMap<String, u32>) {
+    fn check_resource_names(&mut self, stages: &[Stage], resources: &BTreeMap<String, Resource>) {
         for stage in stages {
             for held in &stage.resources {
                 if !resources.contains_key(&held.name) {

@@ -16,6 +16,6 @@ pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, Manifest, Named, OutputIndex,
-    PathDecl, ProjectPath, ResultCheck, Retry, Stage, Uses,
+    PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage, Uses,
 };
 pub use raw::Span;

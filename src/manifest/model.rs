@@ -19,10 +19,19 @@ pub struct Manifest {
     pub profile: Option<String>,
     /// Param values after the profile's overrides.
     pub params: BTreeMap<String, serde_json::Value>,
-    /// `[resources]`: name → capacity.
-    pub resources: BTreeMap<String, u32>,
+    /// `[resources]`: name → capacity and how it is held.
+    pub resources: BTreeMap<String, Resource>,
     /// Stages in document order.
     pub stages: Vec<Stage>,
+}
+
+/// A named capacity (`[resources]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resource {
+    pub capacity: u32,
+    /// Held by a per-item stage as a whole while it runs (its items run
+    /// concurrently inside), instead of by each item's command.
+    pub per_stage: bool,
 }
 
 #[derive(Debug, Clone)]

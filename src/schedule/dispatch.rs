@@ -14,7 +14,7 @@ use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
 use super::limits::Limits;
-use super::task::{Only, StageTask, TaskLinks, TaskResult};
+use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::{LocalExecutor, kill_marked_processes};
 use crate::fingerprint::{Digest, StageKey};
 use crate::store::{
@@ -87,7 +87,7 @@ struct Dispatcher<'a, 'm> {
     /// Job slots and resources, shared with the running tasks.
     limits: Limits,
     /// Per stage: the resources it holds while it runs (indices).
-    holds: Vec<Vec<usize>>,
+    holds: Vec<Holds>,
     /// The result each stage used in this run (fingerprint, outputs).
     used: HashMap<usize, (Digest, Vec<OutputRecord>)>,
     /// Some stage used a result other than its newest one (or made one).
@@ -149,17 +149,28 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             .map(|i| (rank[i], i))
             .collect();
         let names: Vec<&String> = ctx.manifest.resources.keys().collect();
-        let limits = Limits::new(options.jobs, ctx.manifest.resources.values().copied());
+        let limits = Limits::new(
+            options.jobs,
+            ctx.manifest.resources.values().map(|r| r.capacity),
+        );
         let holds = ctx
             .manifest
             .stages
             .iter()
             .map(|stage| {
-                stage
-                    .resources
-                    .iter()
-                    .filter_map(|held| names.iter().position(|n| **n == held.name))
-                    .collect()
+                let mut holds = Holds::default();
+                for held in &stage.resources {
+                    let Some(index) = names.iter().position(|n| **n == held.name) else {
+                        continue;
+                    };
+                    let per_stage = ctx.manifest.resources[&held.name].per_stage;
+                    if per_stage && stage.foreach.is_some() {
+                        holds.per_stage.push(index);
+                    } else {
+                        holds.per_command.push(index);
+                    }
+                }
+                holds
             })
             .collect();
         reporter.event(Event::RunStarted {

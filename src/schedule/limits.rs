@@ -25,25 +25,34 @@ struct State {
     free_jobs: usize,
     free: Vec<u32>,
     waiters: BTreeMap<(u64, u64), Waiter>,
+    /// How many waiters want no job slot.
+    slotless: usize,
     next: u64,
     stopping: bool,
 }
 
 struct Waiter {
     resources: Vec<usize>,
+    /// Whether it needs a job slot (a whole per-item stage holding a
+    /// stage-held resource does not: its items take the slots).
+    job: bool,
     tx: oneshot::Sender<Permits>,
 }
 
-/// Held while a command and its checks run.
+/// Held while a command and its checks run (or, for resources held per
+/// stage, while a per-item stage runs).
 pub struct Permits {
     limits: Limits,
     resources: Vec<usize>,
+    job: bool,
 }
 
 impl Drop for Permits {
     fn drop(&mut self) {
         let mut state = self.limits.lock();
-        state.free_jobs += 1;
+        if self.job {
+            state.free_jobs += 1;
+        }
         for &r in &self.resources {
             state.free[r] += 1;
         }
@@ -58,6 +67,7 @@ impl Limits {
                 free_jobs: jobs.max(1),
                 free: capacities.into_iter().collect(),
                 waiters: BTreeMap::new(),
+                slotless: 0,
                 next: 0,
                 stopping: false,
             })),
@@ -74,6 +84,16 @@ impl Limits {
     /// Waits for a job slot and the resources (indices into `[resources]`);
     /// lower `priority` goes first. `None` if the run stopped meanwhile.
     pub async fn acquire(&self, priority: u64, resources: &[usize]) -> Option<Permits> {
+        self.wait(priority, resources, true).await
+    }
+
+    /// Waits for the resources alone, without a job slot: what a per-item
+    /// stage holds for its whole run. `None` if the run stopped meanwhile.
+    pub async fn acquire_resources(&self, priority: u64, resources: &[usize]) -> Option<Permits> {
+        self.wait(priority, resources, false).await
+    }
+
+    async fn wait(&self, priority: u64, resources: &[usize], job: bool) -> Option<Permits> {
         let mut wanted = resources.to_vec();
         wanted.sort_unstable();
         wanted.dedup();
@@ -85,10 +105,14 @@ impl Limits {
             let (tx, rx) = oneshot::channel();
             let seq = state.next;
             state.next += 1;
+            if !job {
+                state.slotless += 1;
+            }
             state.waiters.insert(
                 (priority, seq),
                 Waiter {
                     resources: wanted,
+                    job,
                     tx,
                 },
             );
@@ -102,28 +126,42 @@ impl Limits {
     /// looks only as far as the first waiter that fits, so with thousands of
     /// waiting items this stays cheap.
     fn grant(&self, state: &mut State) {
-        while state.free_jobs > 0 {
+        loop {
+            let jobs_free = state.free_jobs > 0;
+            if !jobs_free && state.slotless == 0 {
+                // Nothing can be granted: do not scan the queue.
+                return;
+            }
             let Some(key) = state
                 .waiters
                 .iter()
-                .find(|(_, w)| w.resources.iter().all(|&r| state.free[r] > 0))
+                .find(|(_, w)| {
+                    (jobs_free || !w.job) && w.resources.iter().all(|&r| state.free[r] > 0)
+                })
                 .map(|(key, _)| *key)
             else {
                 return;
             };
             let waiter = state.waiters.remove(&key).expect("found above");
-            state.free_jobs -= 1;
+            if waiter.job {
+                state.free_jobs -= 1;
+            } else {
+                state.slotless -= 1;
+            }
             for &r in &waiter.resources {
                 state.free[r] -= 1;
             }
             let permits = Permits {
                 limits: self.clone(),
                 resources: waiter.resources,
+                job: waiter.job,
             };
             if let Err(unclaimed) = waiter.tx.send(permits) {
                 // The waiter gave up (its task was aborted): take the
                 // grant back by hand, since dropping it would lock again.
-                state.free_jobs += 1;
+                if unclaimed.job {
+                    state.free_jobs += 1;
+                }
                 for &r in &unclaimed.resources {
                     state.free[r] += 1;
                 }
@@ -138,6 +176,7 @@ impl Limits {
         let mut state = self.lock();
         state.stopping = true;
         state.waiters.clear();
+        state.slotless = 0;
     }
 }
 

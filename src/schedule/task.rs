@@ -93,6 +93,15 @@ fn builtin_command(command: &Command) -> Command {
     }
 }
 
+/// The resources a stage holds (indices into `[resources]`).
+#[derive(Debug, Clone, Default)]
+pub struct Holds {
+    /// Held by each command: the stage's, or each item's.
+    pub per_command: Vec<usize>,
+    /// Held once by a per-item stage for as long as its items run.
+    pub per_stage: Vec<usize>,
+}
+
 /// A declared output: (name, path as written, absolute path).
 pub type Declared = (String, String, PathBuf);
 
@@ -103,8 +112,8 @@ pub struct StageTask {
     store: ObjectStore,
     outputs: Vec<Declared>,
     limits: Limits,
-    /// Indices of the resources the stage holds.
-    holds: Vec<usize>,
+    /// The resources the stage holds.
+    holds: Holds,
     /// The stage's rank in the topological order: earlier goes first.
     priority: u64,
     /// Set for a per-item stage.
@@ -120,7 +129,7 @@ impl StageTask {
         log_dir: &Path,
         run_token: &str,
         limits: Limits,
-        holds: Vec<usize>,
+        holds: Holds,
         priority: u64,
     ) -> Result<Self, ScheduleError> {
         let outputs = stage
@@ -230,7 +239,11 @@ impl StageTask {
         if self.items.is_some() {
             return self.run_items(executor, links).await;
         }
-        let Some(permits) = self.limits.acquire(self.priority, &self.holds).await else {
+        let Some(permits) = self
+            .limits
+            .acquire(self.priority, &self.holds.per_command)
+            .await
+        else {
             return Ok(TaskResult::not_started());
         };
         self.clear_outputs()?;
@@ -320,6 +333,20 @@ impl StageTask {
             todo.truncate(limit);
         }
 
+        // Resources held per stage: taken once, for as long as the items
+        // run; the items themselves only need job slots.
+        let _window = if todo.is_empty() || self.holds.per_stage.is_empty() {
+            None
+        } else {
+            match self
+                .limits
+                .acquire_resources(self.priority, &self.holds.per_stage)
+                .await
+            {
+                Some(permits) => Some(permits),
+                None => return Ok(TaskResult::not_started()),
+            }
+        };
         let stage_jobs = Arc::new(Semaphore::new(
             items.spec.jobs.unwrap_or(Semaphore::MAX_PERMITS),
         ));
@@ -329,7 +356,7 @@ impl StageTask {
             checks: self.checks.clone(),
             spec: items.spec.clone(),
             limits: self.limits.clone(),
-            holds: self.holds.clone(),
+            holds: self.holds.per_command.clone(),
             priority: self.priority,
             log_dir: items.log_dir.clone(),
             stage: items.name.clone(),

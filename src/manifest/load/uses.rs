@@ -190,7 +190,9 @@ impl Checker<'_> {
         ok
     }
 
-    /// One `with` value, checked against its kind; strings interpolated.
+    /// One `with` value, checked against its kind. Strings are
+    /// interpolated; a string that is exactly one `{params.NAME}` takes the
+    /// param's typed value, so `target = "{params.size}"` is a number.
     fn setting(
         &mut self,
         kind: SettingKind,
@@ -201,79 +203,85 @@ impl Checker<'_> {
     ) -> Option<serde_json::Value> {
         let node = &entry.value;
         let what = format!("`with.{}`", entry.key);
-        let mismatch = |checker: &mut Self| {
-            checker.type_error(node, &what, kind.describe());
-            None
+        let value = self.typed(node, stage, params, referenced)?;
+        let fits = match kind {
+            SettingKind::String | SettingKind::Name => value.is_string(),
+            SettingKind::Count => value.as_u64().is_some(),
+            SettingKind::Level => value.as_u64().is_some_and(|n| (1..=19).contains(&n)),
+            SettingKind::Bool => value.is_boolean(),
+            SettingKind::Strings => value
+                .as_array()
+                .is_some_and(|items| items.iter().all(serde_json::Value::is_string)),
+            SettingKind::Counts => value
+                .as_object()
+                .is_some_and(|map| map.values().all(|v| v.as_u64().is_some())),
+            SettingKind::Json => true,
         };
-        match (kind, &node.kind) {
-            (SettingKind::String | SettingKind::Name, NodeKind::String(text)) => {
-                let text = self.interpolate(text, node, stage, params, referenced)?;
-                if kind == SettingKind::Name && !catalog::is_safe_name(&text) {
-                    self.problems.push(
-                        Problem::new(
-                            format!("{what} is `{text}`, which is not a safe name"),
-                            node.span.clone(),
-                            "here",
-                        )
-                        .help("it names files and directories: use letters, digits, `.`, `_` and `-`, not starting with `.`"),
-                    );
-                    return None;
+        if !fits {
+            self.problems.push(
+                Problem::new(
+                    format!("{what} must be {}, found {value}", kind.describe()),
+                    node.span.clone(),
+                    "here",
+                )
+                .help(format!("write {what} as {}", kind.describe())),
+            );
+            return None;
+        }
+        if kind == SettingKind::Name
+            && let Some(text) = value.as_str()
+            && !catalog::is_safe_name(text)
+        {
+            self.problems.push(
+                Problem::new(
+                    format!("{what} is `{text}`, which is not a safe name"),
+                    node.span.clone(),
+                    "here",
+                )
+                .help("it names files and directories: use letters, digits, `.`, `_` and `-`, not starting with `.`"),
+            );
+            return None;
+        }
+        Some(value)
+    }
+
+    /// A TOML value as JSON, its strings interpolated (see [`Self::setting`]).
+    fn typed(
+        &mut self,
+        node: &Node,
+        stage: &Stage,
+        params: &BTreeMap<String, serde_json::Value>,
+        referenced: &mut Vec<String>,
+    ) -> Option<serde_json::Value> {
+        match &node.kind {
+            NodeKind::String(text) => {
+                let whole = text
+                    .strip_prefix("{params.")
+                    .and_then(|t| t.strip_suffix('}'))
+                    .filter(|name| !name.contains(['{', '}']));
+                if let Some(value) = whole.and_then(|name| params.get(name)) {
+                    referenced.push(whole.expect("matched").to_owned());
+                    return Some(value.clone());
                 }
-                Some(text.into())
+                self.interpolate(text, node, stage, params, referenced)
+                    .map(serde_json::Value::from)
             }
-            (SettingKind::Count, NodeKind::Integer(n)) if *n >= 0 => Some((*n).into()),
-            (SettingKind::Count, NodeKind::String(text)) if text.contains('{') => {
-                // `"{params.target}"`: a count taken from a param.
-                let text = self.interpolate(text, node, stage, params, referenced)?;
-                match text.trim().parse::<u64>() {
-                    Ok(n) => Some(n.into()),
-                    Err(_) => {
-                        self.problems.push(
-                            Problem::new(
-                                format!("{what} is `{text}`, not a non-negative integer"),
-                                node.span.clone(),
-                                "here",
-                            )
-                            .help("the param it names must be a non-negative integer"),
-                        );
-                        None
-                    }
-                }
-            }
-            (SettingKind::Level, NodeKind::Integer(n)) if (1..=19).contains(n) => Some((*n).into()),
-            (SettingKind::Bool, NodeKind::Boolean(b)) => Some((*b).into()),
-            (SettingKind::Json, _) => Some(super::param_value(node)),
-            (SettingKind::Strings, NodeKind::Array(items)) => {
-                let mut values = Vec::new();
+            NodeKind::Array(items) => {
+                let mut values = Vec::with_capacity(items.len());
                 for item in items {
-                    let text = self.string(item, &format!("an element of {what}"))?;
-                    values.push(
-                        self.interpolate(&text, item, stage, params, referenced)?
-                            .into(),
-                    );
+                    values.push(self.typed(item, stage, params, referenced)?);
                 }
                 Some(serde_json::Value::Array(values))
             }
-            (SettingKind::Counts, NodeKind::Table(entries)) => {
-                let mut counts = serde_json::Map::new();
+            NodeKind::Table(entries) => {
+                let mut map = serde_json::Map::new();
                 for e in entries {
-                    match e.value.kind {
-                        NodeKind::Integer(n) if n >= 0 => {
-                            counts.insert(e.key.clone(), n.into());
-                        }
-                        _ => {
-                            self.type_error(
-                                &e.value,
-                                &format!("`with.{}.{}`", entry.key, e.key),
-                                "a non-negative integer",
-                            );
-                            return None;
-                        }
-                    }
+                    let value = self.typed(&e.value, stage, params, referenced)?;
+                    map.insert(e.key.clone(), value);
                 }
-                Some(serde_json::Value::Object(counts))
+                Some(serde_json::Value::Object(map))
             }
-            _ => mismatch(self),
+            _ => Some(super::param_value(node)),
         }
     }
 }

@@ -1,0 +1,453 @@
+#!/usr/bin/env python3
+"""The task-specific steps of the swesmith-curation pipeline.
+
+Everything here is deterministic: the same arguments give the same bytes.
+cairn does the rest (selection, splits, gates, freeze, export, register,
+images) with its built-ins; see ../swesmith-curation.toml.
+
+    pool OUT --size N --repos R --seed S --old-freeze K
+                                             the candidate pool and its lists
+    combine A B OUT                          stage A + stage B = the main list
+    materialize PLAN REPOS OUT LIST          one task directory per planned task
+    static-check TASK RESULT                 static checks of one task
+    accepted RESULTS OUT                     the `ok` items of a per-item stage
+    oracle TASK RESULT [--fault-rate F]      NOP must fail, gold must pass
+    canary-lists RECEIPT SMOKE FULL          fixed canary lists from the registered freeze
+    canary MODEL TASK_ID RECEIPT RESULT      evaluate one fixture model on one task
+    canary-report RESULTS OUT                pass@1 per model and sub-list
+    check-context AGENT SERVER TRAINER       the context length agrees everywhere
+    train RECEIPT TRAINER OUT [--dry-run]    load every frozen task, resolve the config
+"""
+
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def h(*parts):
+    """A stable integer from the parts (sha256)."""
+    text = "\0".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
+
+
+def frac(*parts):
+    return h(*parts) / 2**64
+
+
+def write_jsonl(path, records):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def write_json(path, value):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def templates():
+    repos = os.path.join(HERE, "repos")
+    out = {}
+    for name in sorted(os.listdir(repos)):
+        with open(os.path.join(repos, name, "mutations.json")) as f:
+            out[name] = sorted(json.load(f))
+    return out
+
+
+# ---- pool ------------------------------------------------------------------
+
+OWNERS = ["pallets", "psf", "pydata", "python", "encode", "tiangolo", "sympy", "astropy",
+          "oauthlib", "marshmallow", "pygments", "sqlfluff", "cool-retro", "mwaskom",
+          "pyca", "getmoto"]
+MUTATIONS = ["lm_rewrite", "combine_file", "func_pm_op_change", "func_basic",
+             "pr_2817", "func_pm_remove_assign"]
+MODELS = ["gpt-4o", "claude-3.5", "claude-3.7"]
+
+
+def pool(args):
+    out = args[0]
+    size, n_repos = int(args[args.index("--size") + 1]), int(args[args.index("--repos") + 1])
+    seed, n_old = args[args.index("--seed") + 1], int(args[args.index("--old-freeze") + 1])
+    tpl = templates()
+    names = sorted(tpl)
+    repos = []
+    for i in range(n_repos):
+        owner = OWNERS[i % len(OWNERS)]
+        repos.append(f"{owner}__{owner[:4]}{i:03d}")
+    records = []
+    for i in range(size):
+        # Repos are skewed, as in the real pool: a few have thousands.
+        r = repos[min(int(frac(seed, "repo", i) ** 2 * n_repos), n_repos - 1)]
+        commit = f"{h(seed, r) % 16**8:08x}"
+        task = f"{r}.{commit}.{MUTATIONS[h(seed, 'mut', i) % len(MUTATIONS)]}__{h(seed, 'id', i) % 16**8:08x}"
+        template = names[h(seed, r, "tpl") % len(names)]
+        func = tpl[template][h(seed, task, "func") % len(tpl[template])]
+        x = frac(seed, task, "evidence")
+        tier = 1 if x < 0.2 else 2 if x < 0.45 else 3 if x < 0.55 else 4
+        models = [m for k, m in enumerate(MODELS) if frac(seed, task, "model", k) < (0.05, 0.15, 0.7)[k]]
+        d = frac(seed, task, "defect")
+        defect = "bad-patch" if d < 0.04 else "nop-passes" if d < 0.09 else "gold-fails" if d < 0.14 else "none"
+        records.append({
+            "id": task,
+            "repo": r,
+            "template": template,
+            "func": func,
+            "defect": defect,
+            "tier": tier,
+            "models": models,
+            "master": ("reward-1" if tier == 3 else "partial" if tier == 4 else "none"),
+            "image": f"swesmith/{r}:base",
+            "image_status": "ok" if frac(seed, task, "img") < 0.97 else "missing",
+            "in_filtered": False,
+            "filter_pro": False,
+            "old_freeze": False,
+        })
+    # The third-party filtered subset (3,748 at full size), the filter-pro
+    # subset inside it (487), and an older freeze inside that (125).
+    ranked = sorted(records, key=lambda r: h(seed, "filtered", r["id"]))
+    n_filtered = max(1, size * 3748 // 59136)
+    n_pro = max(1, size * 487 // 59136)
+    for k, r in enumerate(ranked[:n_filtered]):
+        r["in_filtered"] = True
+        r["filter_pro"] = k < n_pro
+    pro = [r for r in ranked[:n_pro] if r["image_status"] == "ok"]
+    for r in sorted(pro, key=lambda r: h(seed, "old", r["id"]))[:n_old]:
+        r["old_freeze"] = True
+    write_jsonl(f"{out}/candidates.jsonl", records)
+    write_jsonl(f"{out}/filtered.jsonl", [r["id"] for r in ranked[:n_filtered]])
+    write_jsonl(f"{out}/old-freeze.jsonl", [r["id"] for r in records if r["old_freeze"]])
+    write_oci_layout(f"{out}/images", sorted({r["image"] for r in records}))
+
+
+def write_oci_layout(root, images):
+    """An OCI image layout with one tiny image per name."""
+    import gzip
+    import io
+    import tarfile
+    blobs = os.path.join(root, "blobs", "sha256")
+    os.makedirs(blobs, exist_ok=True)
+
+    def blob(data):
+        digest = hashlib.sha256(data).hexdigest()
+        with open(os.path.join(blobs, digest), "wb") as f:
+            f.write(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    manifests = []
+    for name in images:
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            data = f"{name}\n".encode()
+            info = tarfile.TarInfo("etc/swesmith-image")
+            info.size, info.mtime, info.mode = len(data), 946684800, 0o644
+            tar.addfile(info, io.BytesIO(data))
+        layer = blob(gzip.compress(raw.getvalue(), mtime=0))
+        config = blob(json.dumps({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Env": ["PATH=/usr/bin"], "Labels": {"swesmith.image": name}},
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()]},
+        }, sort_keys=True).encode())
+        manifest = blob(json.dumps({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}],
+        }, sort_keys=True).encode())
+        manifests.append({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest,
+            "annotations": {"org.opencontainers.image.ref.name": name},
+        })
+    with open(os.path.join(root, "oci-layout"), "w") as f:
+        f.write('{"imageLayoutVersion":"1.0.0"}')
+    with open(os.path.join(root, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                   "manifests": manifests}, f, sort_keys=True)
+
+
+# ---- plan and materialize --------------------------------------------------
+
+def combine(args):
+    a, b, out = args
+    rows = [dict(r, stage="A") for r in read_jsonl(a)] + [dict(r, stage="B") for r in read_jsonl(b)]
+    write_jsonl(out, rows)
+
+
+def materialize(args):
+    plan, repos, out, listing = args
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    rows = []
+    for task in read_jsonl(plan):
+        d = os.path.join(out, task["id"])
+        build_task(task, os.path.join(repos, task["template"]), d)
+        rows.append({"id": task["id"], "repo": task["repo"], "dir": d, "stage": task["stage"],
+                     "tier": task["tier"], "image": task["image"]})
+    write_jsonl(listing, rows)
+
+
+def build_task(task, template, d):
+    name, func = task["template"], task["func"]
+    with open(os.path.join(template, "mutations.json")) as f:
+        mutation = json.load(f)[func]
+    with open(os.path.join(template, "pkg", f"{name}.py")) as f:
+        fixed = f.read()
+    broken = fixed if task["defect"] == "nop-passes" else \
+        fixed.replace(mutation["original"], mutation["mutated"], 1)
+    os.makedirs(os.path.join(d, "repo", "pkg"))
+    os.makedirs(os.path.join(d, "repo", "tests"))
+    with open(os.path.join(d, "repo", "pkg", f"{name}.py"), "w") as f:
+        f.write(broken)
+    open(os.path.join(d, "repo", "pkg", "__init__.py"), "w").close()
+    shutil.copyfile(os.path.join(template, "tests", f"test_{func}.py"),
+                    os.path.join(d, "repo", "tests", f"test_{func}.py"))
+    # A gold patch that fails only touches a comment.
+    target = broken + "\n# reviewed\n" if task["defect"] == "gold-fails" else fixed
+    patch = "".join(difflib.unified_diff(
+        broken.splitlines(True), target.splitlines(True),
+        f"a/pkg/{name}.py", f"b/pkg/{name}.py"))
+    if task["defect"] == "bad-patch":
+        # A patch made against another revision: its context is wrong.
+        patch = patch.replace("\n ", "\n #", 1)
+    with open(os.path.join(d, "gold.patch"), "w") as f:
+        f.write(patch)
+    write_json(os.path.join(d, "task.json"), {
+        "id": task["id"], "repo": task["repo"], "image": task["image"],
+        "test": f"tests/test_{func}.py", "instance": f"Fix `{func}` in `pkg/{name}.py`.",
+    })
+
+
+# ---- per-task checks -------------------------------------------------------
+
+def static_check(args):
+    task_dir, result = args
+    problems = []
+    try:
+        with open(os.path.join(task_dir, "task.json")) as f:
+            meta = json.load(f)
+        test = os.path.join(task_dir, "repo", meta["test"])
+        with open(test) as f:
+            compile(f.read(), test, "exec")
+    except (OSError, ValueError, KeyError, SyntaxError) as e:
+        problems.append(f"task metadata or test unreadable: {e}")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(task_dir, "repo"), os.path.join(tmp, "repo"))
+        applied = subprocess.run(["patch", "-p1", "--dry-run", "-s", "-d", os.path.join(tmp, "repo"),
+                                  "-i", os.path.abspath(os.path.join(task_dir, "gold.patch"))],
+                                 capture_output=True, text=True)
+        if applied.returncode != 0:
+            problems.append("gold patch does not apply: " + (applied.stdout + applied.stderr).strip()[:200])
+    write_json(result, {"ok": not problems, "problems": problems})
+    if problems:
+        print("static-reject:", "; ".join(problems))
+        sys.exit(1)
+
+
+def accepted(args):
+    results, out = args
+    write_jsonl(out, [r["item"] for r in read_jsonl(results) if r["class"] == "ok"])
+
+
+def run_tests(repo, test):
+    done = subprocess.run([sys.executable, "-B", test], cwd=repo, capture_output=True, text=True)
+    return done.returncode == 0
+
+
+def oracle(args):
+    task_dir, result = args[0], args[1]
+    fault_rate = float(args[args.index("--fault-rate") + 1]) if "--fault-rate" in args else 0.0
+    task_id = os.path.basename(os.path.normpath(task_dir))
+    if fault_rate > 0 and frac(task_id, "fault") < fault_rate:
+        marker = os.path.join("state", "scratch", "oracle-fault", task_id)
+        if not os.path.exists(marker):
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            open(marker, "w").close()
+            print("PodReadyTimeout: pod did not become ready in 300s", file=sys.stderr)
+            sys.exit(75)
+    with open(os.path.join(task_dir, "task.json")) as f:
+        meta = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = os.path.join(tmp, "repo")
+        shutil.copytree(os.path.join(task_dir, "repo"), repo)
+        nop_passes = run_tests(repo, meta["test"])
+        subprocess.run(["patch", "-p1", "-s", "-d", repo, "-i",
+                        os.path.abspath(os.path.join(task_dir, "gold.patch"))], check=True)
+        gold_passes = run_tests(repo, meta["test"])
+    verdict = "nop-passes" if nop_passes else "accepted" if gold_passes else "gold-fails"
+    write_json(result, {"verdict": verdict, "nop": "pass" if nop_passes else "fail",
+                        "gold": "pass" if gold_passes else "fail"})
+    print(verdict)
+    sys.exit({"accepted": 0, "nop-passes": 3, "gold-fails": 4}[verdict])
+
+
+# ---- canary ----------------------------------------------------------------
+
+def registered(receipt_path):
+    with open(receipt_path) as f:
+        receipt = json.load(f)
+    root = os.path.join(receipt["registry"], receipt["name"], receipt["version"])
+    with open(os.path.join(root, "manifest.json")) as f:
+        return root, json.load(f)
+
+
+def canary_lists(args):
+    receipt, smoke, full, n_val, n_train = args[0], args[1], args[2], int(args[3]), int(args[4])
+    models = args[5].split(",")
+    _, manifest = registered(receipt)
+    by_hash = lambda ids: sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    val_split = "val" if "val" in manifest["splits"] else sorted(manifest["splits"])[0]
+    val = by_hash(manifest["splits"].get(val_split, []))[:n_val]
+    train = by_hash(manifest["splits"].get("train", []))[:n_train]
+    lists = [(f"validation{len(val)}", val), (f"train{len(train)}", train)]
+    items = [{"key": f"{m}/{t}", "model": m, "task": t, "list": name}
+             for m in models for name, tasks in lists for t in tasks]
+    write_jsonl(full, items)
+    first = lists[0][1][:1] or lists[1][1][:1]
+    write_jsonl(smoke, [{"key": f"{m}/{t}", "model": m, "task": t, "list": "smoke"}
+                        for m in models for t in first])
+
+
+def canary(args):
+    model_name, task_id, receipt, result = args
+    root, _ = registered(receipt)
+    with open(os.path.join(HERE, "models", f"{model_name}.json")) as f:
+        model = json.load(f)
+    task_dir = os.path.join(root, "items", task_id)
+    with open(os.path.join(task_dir, "task.json")) as f:
+        meta = json.load(f)
+    roll = frac(model_name, task_id, "canary")
+    if roll < model["infra_rate"]:
+        marker = os.path.join("state", "scratch", "canary-infra", model_name, task_id)
+        if not os.path.exists(marker):
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            open(marker, "w").close()
+            print("vLLM server: connection reset by peer", file=sys.stderr)
+            sys.exit(75)
+    empty = frac(model["revision"], task_id, "empty") < model["empty_rate"]
+    solves = frac(model_name, task_id, "solve") < model["accuracy"]
+    trajectory = [] if empty else [
+        {"role": "assistant", "content": f"Reading {meta['test']} to understand the failure."},
+        {"role": "tool", "content": "1 failed"},
+        {"role": "assistant", "content": "Editing the implementation." if solves else "Changing the test expectations."},
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = os.path.join(tmp, "repo")
+        shutil.copytree(os.path.join(task_dir, "repo"), repo)
+        if solves:
+            subprocess.run(["patch", "-p1", "-s", "-d", repo, "-i",
+                            os.path.abspath(os.path.join(task_dir, "gold.patch"))], check=False)
+        passed = (not empty) and run_tests(repo, meta["test"])
+    write_json(result, {"model": model_name, "task": task_id, "turns": len(trajectory),
+                        "reward": 1 if passed else 0, "model_revision": model["revision"]})
+    print(f"{model_name} {task_id}: reward {1 if passed else 0}, {len(trajectory)} turns")
+
+
+def canary_report(args):
+    results, out = args
+    rows = read_jsonl(results)
+    stats = {}
+    for r in rows:
+        item = r["item"]
+        s = stats.setdefault(item["model"], {}).setdefault(item["list"], {"n": 0, "pass": 0, "error": 0, "other": 0})
+        s["n"] += 1
+        if r["class"] == "ok":
+            s["pass"] += r.get("result", {}).get("reward", 0)
+        elif r["class"] == "error":
+            s["error"] += 1
+        else:
+            s["other"] += 1
+    lines = ["# Canary", "",
+             "pass@1 per model and sub-list; items in `error` (e.g. an empty trajectory) are",
+             "counted, never passes; infrastructure attempts were retried and are in the ledger",
+             "(`cairn show canary/MODEL/TASK`).", "",
+             "| model | list | tasks | passed | errors | pass@1 (valid trials) |", "|---|---|---|---|---|---|"]
+    for model in sorted(stats):
+        for name in sorted(stats[model]):
+            s = stats[model][name]
+            valid = s["n"] - s["error"] - s["other"]
+            rate = f"{s['pass'] / valid:.3f}" if valid else "—"
+            lines.append(f"| {model} | {name} | {s['n']} | {s['pass']} | {s['error']} | {rate} |")
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+# ---- train -----------------------------------------------------------------
+
+def context_lengths(agent, server, trainer):
+    import tomllib
+    with open(agent, "rb") as f:
+        a = tomllib.load(f)["agent"]["max_context"]
+    with open(server) as f:
+        s = json.load(f)["max_model_len"]
+    t = None
+    with open(trainer) as f:
+        for line in f:
+            if line.strip().startswith("max_seq_len:"):
+                t = int(line.split(":", 1)[1])
+    return {"agent": a, "server": s, "trainer": t}
+
+
+def check_context(args):
+    lengths = context_lengths(*args)
+    if len(set(lengths.values())) != 1:
+        print("context length disagrees: " + ", ".join(f"{k} {v}" for k, v in lengths.items()))
+        sys.exit(1)
+    print(f"context length {lengths['agent']} everywhere")
+
+
+def train(args):
+    receipt, trainer, out = args[0], args[1], args[2]
+    root, manifest = registered(receipt)
+    sums = {}
+    with open(os.path.join(root, "SHA256SUMS")) as f:
+        for line in f:
+            digest, path = line.rstrip("\n").split("  ", 1)
+            sums[path] = digest
+    loaded = 0
+    for split, ids in manifest["splits"].items():
+        for task in ids:
+            for path, digest in sums.items():
+                if path.startswith(f"items/{task}/"):
+                    with open(os.path.join(root, path), "rb") as f:
+                        if hashlib.sha256(f.read()).hexdigest() != digest:
+                            sys.exit(f"{path}: does not match the freeze")
+            loaded += 1
+    config = {"dataset": {"name": manifest["name"], "version": manifest["version"],
+                          "semantic_digest": manifest["semantic_digest"], "counts": manifest["counts"],
+                          "train_split": "train"},
+              "trainer": {}, "mode": "dry-run" if "--dry-run" in args else "train"}
+    with open(trainer) as f:
+        for line in f:
+            if ":" in line and not line.strip().startswith("#"):
+                k, v = line.split(":", 1)
+                config["trainer"][k.strip()] = v.strip()
+    write_json(out, config)
+    print(f"loaded {loaded} frozen tasks; resolved config written ({config['mode']})")
+
+
+COMMANDS = {
+    "pool": pool, "combine": combine, "materialize": materialize, "static-check": static_check,
+    "accepted": accepted, "oracle": oracle, "canary-lists": canary_lists, "canary": canary,
+    "canary-report": canary_report, "check-context": check_context, "train": train,
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(__doc__)
+    COMMANDS[sys.argv[1]](sys.argv[2:])

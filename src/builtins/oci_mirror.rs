@@ -1,0 +1,675 @@
+//! `uses = "oci-mirror"`: copy container images between OCI locations, an
+//! OCI image layout directory (`oci:PATH`) or a registry over HTTP
+//! (`http://HOST[:PORT][/PREFIX]`, `https://…`, the distribution API).
+//!
+//! 1. The images wanted (one per record of the `images` input) are named
+//!    deterministically in the target: repository `PREFIX-NN`, where `NN` is
+//!    the shard (`sha256(source) mod shards`), tag `baseanchor-` + the first
+//!    12 hex digits of `sha256(source)`.
+//! 2. The target's real tags are listed, shard by shard, before anything is
+//!    copied; if any shard would exceed `quota` tags, nothing is copied.
+//! 3. Each image not already there is copied blob by blob (every blob's
+//!    digest checked), then its manifest; a tag already holding another
+//!    manifest is refused.
+//! 4. The output lists, per record, the source, the target reference and the
+//!    manifest digest.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use super::{BuiltinError, Invocation, read_records, write_jsonl};
+use crate::manifest::settings::field_text;
+use crate::release::format::hex;
+
+const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+const ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    source: String,
+    target: String,
+    #[serde(default = "default_key")]
+    key: String,
+    #[serde(default = "default_image")]
+    image: String,
+    #[serde(default = "default_prefix")]
+    prefix: String,
+    #[serde(default = "default_shards")]
+    shards: u64,
+    #[serde(default = "default_quota")]
+    quota: usize,
+    /// A variable holding a bearer token for HTTP registries.
+    #[serde(default)]
+    token_env: Option<String>,
+}
+
+fn default_key() -> String {
+    "id".to_owned()
+}
+fn default_image() -> String {
+    "image".to_owned()
+}
+fn default_prefix() -> String {
+    "task".to_owned()
+}
+fn default_shards() -> u64 {
+    80
+}
+fn default_quota() -> usize {
+    100
+}
+
+fn fail(message: impl Into<String>) -> BuiltinError {
+    BuiltinError::Checks(vec![message.into()])
+}
+
+pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
+    let settings: Settings = invocation.settings()?;
+    if settings.shards == 0 {
+        return Err(fail("`shards` must be at least 1"));
+    }
+    let records = read_records(&invocation.input("images")?, "images")?;
+    let token = settings
+        .token_env
+        .as_ref()
+        .and_then(|name| std::env::var(name).ok());
+    let source = Location::open(&settings.source, token.clone(), false)?;
+    let mut target = Location::open(&settings.target, token, true)?;
+
+    // What goes where.
+    let mut wanted: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut rows = Vec::new();
+    for (n, record) in records.iter().enumerate() {
+        let (Some(id), Some(image)) = (
+            field_text(record, &settings.key),
+            field_text(record, &settings.image),
+        ) else {
+            return Err(fail(format!(
+                "record {} has no `{}` or no `{}`",
+                n + 1,
+                settings.key,
+                settings.image
+            )));
+        };
+        let digest = Sha256::digest(image.as_bytes());
+        let shard = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes")) % settings.shards;
+        let repo = target.repository(&format!("{}-{shard:02}", settings.prefix));
+        let tag = format!("baseanchor-{}", &hex(&digest)[..12]);
+        wanted.insert(image.clone(), (repo, tag));
+        rows.push((id, image));
+    }
+
+    // The quota gate, on the target's real tags.
+    let mut by_shard: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (repo, tag) in wanted.values() {
+        by_shard.entry(repo).or_default().insert(tag);
+    }
+    let mut existing: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut over = Vec::new();
+    for (repo, tags) in &by_shard {
+        let present = target.tags(repo)?;
+        let total = present
+            .union(&tags.iter().map(|t| (*t).to_owned()).collect())
+            .count();
+        if total > settings.quota {
+            over.push(format!(
+                "{repo}: {} tags there + {} new = {total} > {}",
+                present.len(),
+                tags.iter().filter(|t| !present.contains(**t)).count(),
+                settings.quota
+            ));
+        }
+        existing.insert((*repo).to_owned(), present);
+    }
+    if !over.is_empty() {
+        return Err(BuiltinError::Checks(
+            std::iter::once(format!(
+                "refusing to copy anything: {} shard(s) would exceed the quota of {} tags",
+                over.len(),
+                settings.quota
+            ))
+            .chain(over)
+            .collect(),
+        ));
+    }
+
+    // Copy what is missing.
+    let mut digests: BTreeMap<String, String> = BTreeMap::new();
+    let (mut copied, mut present) = (0, 0);
+    for (image, (repo, tag)) in &wanted {
+        let (src_repo, src_ref) = split_reference(image)?;
+        let src_repo = source.repository(src_repo);
+        let (bytes, media_type) = source.manifest(&src_repo, src_ref)?;
+        let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
+        if existing[repo].contains(tag) {
+            let there = target.manifest_digest(repo, tag)?;
+            if there.as_deref() != Some(digest.as_str()) {
+                return Err(fail(format!(
+                    "{repo}:{tag} already holds {} , not {digest} ({image})",
+                    there.unwrap_or_else(|| "an unreadable manifest".to_owned())
+                )));
+            }
+            present += 1;
+        } else {
+            let manifest: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| fail(format!("the manifest of {image} is not JSON: {e}")))?;
+            let mut blobs = vec![manifest["config"]["digest"].as_str().unwrap_or_default()];
+            blobs.extend(
+                manifest["layers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|l| l["digest"].as_str().unwrap_or_default()),
+            );
+            for blob in blobs {
+                if blob.is_empty() {
+                    return Err(fail(format!("the manifest of {image} lacks a digest")));
+                }
+                if !target.has_blob(repo, blob)? {
+                    let data = source.blob(&src_repo, blob)?;
+                    check_digest(blob, &data, image)?;
+                    target.put_blob(repo, blob, data)?;
+                }
+            }
+            target.put_manifest(repo, tag, &bytes, &media_type)?;
+            copied += 1;
+        }
+        digests.insert(image.clone(), digest);
+    }
+    target.finish()?;
+
+    let mut out: Vec<Value> = rows
+        .iter()
+        .map(|(id, image)| {
+            let (repo, tag) = &wanted[image];
+            serde_json::json!({
+                "id": id,
+                "source": image,
+                "target": format!("{repo}:{tag}"),
+                "digest": digests[image],
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    write_jsonl(&invocation.output("mirrored")?, out.iter())?;
+    Ok(format!(
+        "{} image(s) for {} record(s) over {} shard(s): {copied} copied, {present} already there; target {}",
+        wanted.len(),
+        rows.len(),
+        by_shard.len(),
+        settings.target
+    ))
+}
+
+fn check_digest(digest: &str, data: &[u8], image: &str) -> Result<(), BuiltinError> {
+    let actual = format!("sha256:{}", hex(&Sha256::digest(data)));
+    if actual != digest {
+        return Err(fail(format!(
+            "blob {digest} of {image} is damaged: its bytes hash to {actual}"
+        )));
+    }
+    Ok(())
+}
+
+/// `name:tag` (or `name@sha256:…`) → (name, reference).
+fn split_reference(image: &str) -> Result<(&str, &str), BuiltinError> {
+    if let Some((name, digest)) = image.split_once('@') {
+        return Ok((name, digest));
+    }
+    let slash = image.rfind('/').map_or(0, |i| i + 1);
+    match image[slash..].rfind(':') {
+        Some(i) => Ok((&image[..slash + i], &image[slash + i + 1..])),
+        None => Err(fail(format!("`{image}` names no tag"))),
+    }
+}
+
+/// Where images are read from or written to.
+enum Location {
+    Layout(Layout),
+    Registry(Registry),
+}
+
+impl Location {
+    fn open(spec: &str, token: Option<String>, create: bool) -> Result<Self, BuiltinError> {
+        if let Some(path) = spec.strip_prefix("oci:") {
+            return Layout::open(Path::new(path), create).map(Location::Layout);
+        }
+        if spec.starts_with("http://") || spec.starts_with("https://") {
+            return Registry::open(spec, token).map(Location::Registry);
+        }
+        Err(fail(format!(
+            "`{spec}` is not an OCI location: write `oci:PATH` or `http(s)://HOST[:PORT][/PREFIX]`"
+        )))
+    }
+
+    /// The full repository name for `name` (a registry adds its prefix).
+    fn repository(&self, name: &str) -> String {
+        match self {
+            Location::Layout(_) => name.to_owned(),
+            Location::Registry(r) => match &r.prefix {
+                Some(prefix) => format!("{prefix}/{name}"),
+                None => name.to_owned(),
+            },
+        }
+    }
+
+    fn tags(&self, repo: &str) -> Result<BTreeSet<String>, BuiltinError> {
+        match self {
+            Location::Layout(l) => Ok(l.tags(repo)),
+            Location::Registry(r) => r.tags(repo),
+        }
+    }
+
+    fn manifest(&self, repo: &str, reference: &str) -> Result<(Vec<u8>, String), BuiltinError> {
+        match self {
+            Location::Layout(l) => l.manifest(repo, reference),
+            Location::Registry(r) => r.manifest(repo, reference),
+        }
+    }
+
+    fn manifest_digest(&self, repo: &str, tag: &str) -> Result<Option<String>, BuiltinError> {
+        match self {
+            Location::Layout(l) => Ok(l
+                .refs
+                .get(&format!("{repo}:{tag}"))
+                .map(|d| d["digest"].as_str().unwrap_or_default().to_owned())),
+            Location::Registry(r) => r.manifest_digest(repo, tag),
+        }
+    }
+
+    fn has_blob(&self, repo: &str, digest: &str) -> Result<bool, BuiltinError> {
+        match self {
+            Location::Layout(l) => Ok(l.blob_path(digest)?.is_file()),
+            Location::Registry(r) => r.has_blob(repo, digest),
+        }
+    }
+
+    fn blob(&self, repo: &str, digest: &str) -> Result<Vec<u8>, BuiltinError> {
+        match self {
+            Location::Layout(l) => l.blob(digest),
+            Location::Registry(r) => r.blob(repo, digest),
+        }
+    }
+
+    fn put_blob(&mut self, repo: &str, digest: &str, data: Vec<u8>) -> Result<(), BuiltinError> {
+        match self {
+            Location::Layout(l) => l.put_blob(digest, &data),
+            Location::Registry(r) => r.put_blob(repo, digest, data),
+        }
+    }
+
+    fn put_manifest(
+        &mut self,
+        repo: &str,
+        tag: &str,
+        bytes: &[u8],
+        media_type: &str,
+    ) -> Result<(), BuiltinError> {
+        match self {
+            Location::Layout(l) => l.put_manifest(repo, tag, bytes, media_type),
+            Location::Registry(r) => r.put_manifest(repo, tag, bytes, media_type),
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), BuiltinError> {
+        match self {
+            Location::Layout(l) => l.write_index(),
+            Location::Registry(_) => Ok(()),
+        }
+    }
+}
+
+/// An OCI image layout directory; images are named by the
+/// `org.opencontainers.image.ref.name` annotation (`repo:tag`).
+struct Layout {
+    root: PathBuf,
+    /// ref name → the index entry.
+    refs: BTreeMap<String, Value>,
+    /// Index entries without a ref name, kept as they are.
+    unnamed: Vec<Value>,
+}
+
+impl Layout {
+    fn open(root: &Path, create: bool) -> Result<Self, BuiltinError> {
+        let index = root.join("index.json");
+        let text = match std::fs::read(&index) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+                return Ok(Layout {
+                    root: root.to_owned(),
+                    refs: BTreeMap::new(),
+                    unnamed: Vec::new(),
+                });
+            }
+            Err(e) => return Err(crate::release::ReleaseError::io(&index, e).into()),
+        };
+        let value: Value = serde_json::from_slice(&text)
+            .map_err(|e| fail(format!("`{}` is not an OCI index: {e}", index.display())))?;
+        let mut refs = BTreeMap::new();
+        let mut unnamed = Vec::new();
+        for entry in value["manifests"].as_array().into_iter().flatten() {
+            match entry["annotations"][REF_NAME].as_str() {
+                Some(name) => {
+                    refs.insert(name.to_owned(), entry.clone());
+                }
+                None => unnamed.push(entry.clone()),
+            }
+        }
+        Ok(Layout {
+            root: root.to_owned(),
+            refs,
+            unnamed,
+        })
+    }
+
+    fn tags(&self, repo: &str) -> BTreeSet<String> {
+        self.refs
+            .keys()
+            .filter_map(|name| split_reference(name).ok())
+            .filter(|(r, _)| *r == repo)
+            .map(|(_, tag)| tag.to_owned())
+            .collect()
+    }
+
+    fn blob_path(&self, digest: &str) -> Result<PathBuf, BuiltinError> {
+        let hex = digest
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| fail(format!("`{digest}` is not a sha256 digest")))?;
+        Ok(self.root.join("blobs").join("sha256").join(hex))
+    }
+
+    fn blob(&self, digest: &str) -> Result<Vec<u8>, BuiltinError> {
+        let path = self.blob_path(digest)?;
+        std::fs::read(&path).map_err(|e| crate::release::ReleaseError::io(&path, e).into())
+    }
+
+    fn manifest(&self, repo: &str, reference: &str) -> Result<(Vec<u8>, String), BuiltinError> {
+        let name = format!("{repo}:{reference}");
+        let entry = self.refs.get(&name).ok_or_else(|| {
+            fail(format!(
+                "image `{name}` is not in the layout `{}`",
+                self.root.display()
+            ))
+        })?;
+        let digest = entry["digest"].as_str().unwrap_or_default();
+        let bytes = self.blob(digest)?;
+        check_digest(digest, &bytes, &name)?;
+        let media_type = entry["mediaType"]
+            .as_str()
+            .unwrap_or(MANIFEST_TYPE)
+            .to_owned();
+        Ok((bytes, media_type))
+    }
+
+    fn put_blob(&self, digest: &str, data: &[u8]) -> Result<(), BuiltinError> {
+        let path = self.blob_path(digest)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| crate::release::ReleaseError::io(parent, e))?;
+        }
+        crate::release::write_atomic(&path, data).map_err(Into::into)
+    }
+
+    fn put_manifest(
+        &mut self,
+        repo: &str,
+        tag: &str,
+        bytes: &[u8],
+        media_type: &str,
+    ) -> Result<(), BuiltinError> {
+        let digest = format!("sha256:{}", hex(&Sha256::digest(bytes)));
+        self.put_blob(&digest, bytes)?;
+        let name = format!("{repo}:{tag}");
+        self.refs.insert(
+            name.clone(),
+            serde_json::json!({
+                "mediaType": media_type,
+                "digest": digest,
+                "size": bytes.len(),
+                "annotations": { REF_NAME: name },
+            }),
+        );
+        Ok(())
+    }
+
+    fn write_index(&self) -> Result<(), BuiltinError> {
+        std::fs::create_dir_all(&self.root)
+            .map_err(|e| crate::release::ReleaseError::io(&self.root, e))?;
+        crate::release::write_atomic(
+            &self.root.join("oci-layout"),
+            br#"{"imageLayoutVersion":"1.0.0"}"#,
+        )?;
+        let manifests: Vec<&Value> = self.unnamed.iter().chain(self.refs.values()).collect();
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": INDEX_TYPE,
+            "manifests": manifests,
+        });
+        let bytes = serde_json::to_vec(&index).expect("JSON values serialise");
+        crate::release::write_atomic(&self.root.join("index.json"), &bytes).map_err(Into::into)
+    }
+}
+
+/// A registry speaking the distribution API.
+struct Registry {
+    /// `http(s)://host:port`.
+    base: String,
+    prefix: Option<String>,
+    client: reqwest::blocking::Client,
+    token: Option<String>,
+}
+
+impl Registry {
+    fn open(spec: &str, token: Option<String>) -> Result<Self, BuiltinError> {
+        let scheme_end = spec.find("://").map_or(0, |i| i + 3);
+        let (base, prefix) = match spec[scheme_end..].find('/') {
+            Some(i) => (
+                &spec[..scheme_end + i],
+                Some(spec[scheme_end + i + 1..].trim_matches('/').to_owned()),
+            ),
+            None => (spec, None),
+        };
+        let client = reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(300))
+            .build()
+            .map_err(|e| fail(format!("cannot set up an HTTP client: {e}")))?;
+        Ok(Registry {
+            base: base.trim_end_matches('/').to_owned(),
+            prefix: prefix.filter(|p| !p.is_empty()),
+            client,
+            token,
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::blocking::RequestBuilder {
+        let request = self.client.request(method, url);
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    fn send(
+        &self,
+        request: reqwest::blocking::RequestBuilder,
+        what: &str,
+    ) -> Result<reqwest::blocking::Response, BuiltinError> {
+        request
+            .send()
+            .map_err(|e| fail(format!("{what}: {e} (registry {})", self.base)))
+    }
+
+    fn unexpected(&self, response: reqwest::blocking::Response, what: &str) -> BuiltinError {
+        let status = response.status();
+        let body = response.text().unwrap_or_default();
+        fail(format!(
+            "{what}: the registry answered {status}: {}",
+            body.chars().take(300).collect::<String>()
+        ))
+    }
+
+    fn tags(&self, repo: &str) -> Result<BTreeSet<String>, BuiltinError> {
+        let what = format!("listing the tags of {repo}");
+        let url = format!("{}/v2/{repo}/tags/list", self.base);
+        let response = self.send(self.request(reqwest::Method::GET, &url), &what)?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(BTreeSet::new());
+        }
+        if !response.status().is_success() {
+            return Err(self.unexpected(response, &what));
+        }
+        let bytes = response.bytes().map_err(|e| fail(format!("{what}: {e}")))?;
+        let body: Value =
+            serde_json::from_slice(&bytes).map_err(|e| fail(format!("{what}: not JSON: {e}")))?;
+        Ok(body["tags"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.as_str().map(str::to_owned))
+            .collect())
+    }
+
+    fn manifest(&self, repo: &str, reference: &str) -> Result<(Vec<u8>, String), BuiltinError> {
+        let what = format!("reading {repo}:{reference}");
+        let url = format!("{}/v2/{repo}/manifests/{reference}", self.base);
+        let response = self.send(
+            self.request(reqwest::Method::GET, &url)
+                .header("Accept", ACCEPT),
+            &what,
+        )?;
+        if !response.status().is_success() {
+            return Err(self.unexpected(response, &what));
+        }
+        let media_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(MANIFEST_TYPE)
+            .to_owned();
+        let bytes = response.bytes().map_err(|e| fail(format!("{what}: {e}")))?;
+        Ok((bytes.to_vec(), media_type))
+    }
+
+    fn manifest_digest(&self, repo: &str, tag: &str) -> Result<Option<String>, BuiltinError> {
+        let what = format!("checking {repo}:{tag}");
+        let url = format!("{}/v2/{repo}/manifests/{tag}", self.base);
+        let response = self.send(
+            self.request(reqwest::Method::HEAD, &url)
+                .header("Accept", ACCEPT),
+            &what,
+        )?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            return Err(self.unexpected(response, &what));
+        }
+        Ok(response
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned))
+    }
+
+    fn has_blob(&self, repo: &str, digest: &str) -> Result<bool, BuiltinError> {
+        let what = format!("checking blob {digest} in {repo}");
+        let url = format!("{}/v2/{repo}/blobs/{digest}", self.base);
+        let response = self.send(self.request(reqwest::Method::HEAD, &url), &what)?;
+        match response.status() {
+            s if s.is_success() => Ok(true),
+            reqwest::StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.unexpected(response, &what)),
+        }
+    }
+
+    fn blob(&self, repo: &str, digest: &str) -> Result<Vec<u8>, BuiltinError> {
+        let what = format!("reading blob {digest} of {repo}");
+        let url = format!("{}/v2/{repo}/blobs/{digest}", self.base);
+        let response = self.send(self.request(reqwest::Method::GET, &url), &what)?;
+        if !response.status().is_success() {
+            return Err(self.unexpected(response, &what));
+        }
+        response
+            .bytes()
+            .map(|b| b.to_vec())
+            .map_err(|e| fail(format!("{what}: {e}")))
+    }
+
+    fn put_blob(&self, repo: &str, digest: &str, data: Vec<u8>) -> Result<(), BuiltinError> {
+        let what = format!("uploading blob {digest} to {repo}");
+        let url = format!("{}/v2/{repo}/blobs/uploads/", self.base);
+        let response = self.send(self.request(reqwest::Method::POST, &url), &what)?;
+        if response.status() != reqwest::StatusCode::ACCEPTED {
+            return Err(self.unexpected(response, &what));
+        }
+        let location = response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| fail(format!("{what}: the registry gave no upload location")))?;
+        let mut upload = if location.starts_with("http://") || location.starts_with("https://") {
+            location.to_owned()
+        } else {
+            format!("{}{location}", self.base)
+        };
+        upload.push(if upload.contains('?') { '&' } else { '?' });
+        upload.push_str(&format!("digest={digest}"));
+        let response = self.send(
+            self.request(reqwest::Method::PUT, &upload)
+                .header("Content-Type", "application/octet-stream")
+                .body(data),
+            &what,
+        )?;
+        if response.status() != reqwest::StatusCode::CREATED {
+            return Err(self.unexpected(response, &what));
+        }
+        Ok(())
+    }
+
+    fn put_manifest(
+        &self,
+        repo: &str,
+        tag: &str,
+        bytes: &[u8],
+        media_type: &str,
+    ) -> Result<(), BuiltinError> {
+        let what = format!("pushing {repo}:{tag}");
+        let url = format!("{}/v2/{repo}/manifests/{tag}", self.base);
+        let response = self.send(
+            self.request(reqwest::Method::PUT, &url)
+                .header("Content-Type", media_type)
+                .body(bytes.to_vec()),
+            &what,
+        )?;
+        if !response.status().is_success() {
+            return Err(self.unexpected(response, &what));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_reference;
+
+    #[test]
+    fn references_split_at_the_tag_not_the_port() {
+        assert_eq!(
+            split_reference("swesmith/a__b:base").unwrap(),
+            ("swesmith/a__b", "base")
+        );
+        assert_eq!(
+            split_reference("host:5000/a/b:v1").unwrap(),
+            ("host:5000/a/b", "v1")
+        );
+        assert!(split_reference("host:5000/a/b").is_err());
+    }
+}

@@ -1,0 +1,208 @@
+//! The shipped swesmith-curation pipeline, under its reduced `ci` profile,
+//! from a copy of the repository's files: end to end, a no-op, every
+//! inspection command, and one edited test file re-validating exactly the
+//! tasks built on it.
+
+mod common;
+
+use std::path::Path;
+
+use common::Project;
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if ["state", "cache", "dist", "__pycache__"].contains(&name.to_str().unwrap()) {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn shipped() -> Project {
+    let p = Project::new();
+    let pipelines = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+    std::fs::copy(
+        pipelines.join("swesmith-curation.toml"),
+        p.path("swesmith-curation.toml"),
+    )
+    .unwrap();
+    copy_tree(
+        &pipelines.join("swesmith-curation"),
+        &p.path("swesmith-curation"),
+    );
+    p
+}
+
+fn cairn(p: &Project, args: &[&str]) -> common::Run {
+    let mut all = vec!["-f", "swesmith-curation.toml", "--profile", "ci"];
+    all.extend_from_slice(args);
+    p.cairn(&all)
+}
+
+/// The keys of a per-item stage's outcomes recorded in run `run`.
+fn items_run_in(p: &Project, stage: &str, run: i64) -> Vec<String> {
+    let out = cairn(p, &["show", stage, "--items", "--json"]);
+    out.success();
+    let records: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    let mut keys: Vec<String> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["run_id"] == run)
+        .map(|r| r["key"].as_str().unwrap().to_owned())
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn jsonl(p: &Project, path: &str) -> Vec<serde_json::Value> {
+    p.read(path)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() {
+    let p = shipped();
+    let first = cairn(&p, &["run"]);
+    first.success();
+    assert!(
+        first.stderr().contains("22 ran, 0 fresh"),
+        "{}",
+        first.stderr()
+    );
+    let state = "swesmith-curation/state";
+
+    // What the workflow asks of each stage.
+    let pool = jsonl(&p, &format!("{state}/pool/candidates.jsonl"));
+    assert_eq!(pool.len(), 6000);
+    let a = jsonl(&p, &format!("{state}/plan/stage-a.jsonl"));
+    let b = jsonl(&p, &format!("{state}/plan/stage-b.jsonl"));
+    assert_eq!((a.len(), b.len()), (16, 16));
+    let old: Vec<String> = jsonl(&p, &format!("{state}/pool/old-freeze.jsonl"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert!(old.iter().all(|id| a.iter().any(|r| r["id"] == *id)));
+    assert!(a.iter().all(|r| r["filter_pro"] == true));
+    assert!(b.iter().all(|r| r["in_filtered"] == false));
+    let oracle = jsonl(&p, &format!("{state}/oracle.jsonl"));
+    let classes: std::collections::BTreeSet<&str> = oracle
+        .iter()
+        .map(|r| r["class"].as_str().unwrap())
+        .collect();
+    assert!(classes.contains("ok"), "{classes:?}");
+    let splits = jsonl(&p, &format!("{state}/resolve/splits.jsonl"));
+    let mut repo_split = std::collections::HashMap::new();
+    for r in &splits {
+        let previous = repo_split.insert(r["repo"].as_str().unwrap(), r["split"].as_str().unwrap());
+        assert!(
+            previous.is_none_or(|s| s == r["split"]),
+            "a repo in two splits"
+        );
+    }
+    assert!(
+        p.read(&format!("{state}/canary/report.md"))
+            .contains("| model-a |")
+    );
+    let resolved: serde_json::Value =
+        serde_json::from_str(&p.read(&format!("{state}/train/resolved-config.json"))).unwrap();
+    assert_eq!(resolved["mode"], "dry-run");
+
+    // The registered dataset re-verifies.
+    let receipt: serde_json::Value =
+        serde_json::from_str(&p.read(&format!("{state}/registered.json"))).unwrap();
+    let bundle = "swesmith-curation/dist/swesmith-rl.tar.zst";
+    let verify = p.cairn(&["verify", bundle]);
+    verify.success();
+    assert!(
+        verify
+            .stdout()
+            .contains(receipt["sha256"].as_str().unwrap()),
+        "{}",
+        verify.stdout()
+    );
+
+    // A no-op, and every inspection command.
+    let again = cairn(&p, &["run"]);
+    assert!(
+        again.stderr().contains("0 ran, 22 fresh"),
+        "{}",
+        again.stderr()
+    );
+    for args in [
+        &["status"][..],
+        &["why", "oracle"],
+        &["dag", "--format", "mermaid"],
+        &["audit"],
+        &["provenance", "dist/swesmith-rl.tar.zst"],
+        &["provenance", "freeze", "--format", "intoto"],
+    ] {
+        cairn(&p, args).success();
+    }
+
+    // Edit the test file one repository function's tasks are built on: the
+    // static filter and the oracle re-run exactly those tasks.
+    let accepted = jsonl(&p, &format!("{state}/static-accepted.jsonl"));
+    let plan = jsonl(&p, &format!("{state}/plan/main.jsonl"));
+    let first_task = plan
+        .iter()
+        .find(|t| accepted.iter().any(|a| a["id"] == t["id"]))
+        .unwrap();
+    let (template, func) = (
+        first_task["template"].as_str().unwrap(),
+        first_task["func"].as_str().unwrap(),
+    );
+    let mut affected: Vec<String> = plan
+        .iter()
+        .filter(|t| t["template"] == template && t["func"] == func)
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    affected.sort();
+    let test = format!("swesmith-curation/repos/{template}/tests/test_{func}.py");
+    let text = p.read(&test);
+    p.file(&test, &format!("{text}# reviewed\n"));
+    let third = cairn(&p, &["run"]);
+    third.success();
+    assert_eq!(items_run_in(&p, "static-filter", 3), affected);
+    let affected_accepted: Vec<String> = affected
+        .iter()
+        .filter(|id| accepted.iter().any(|a| a["id"] == **id))
+        .cloned()
+        .collect();
+    assert_eq!(items_run_in(&p, "oracle", 3), affected_accepted);
+    // Their verdicts did not change, so nothing between the oracle and the
+    // freeze ran; the freeze re-ran (it copies task files) and, unless one
+    // of these tasks is frozen, wrote the same bytes: nothing after it ran.
+    let stderr = third.stderr();
+    let ran: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("ok  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let frozen = splits
+        .iter()
+        .any(|r| affected.iter().any(|id| r["id"] == *id));
+    let mut expected = vec!["materialize", "static-filter", "oracle", "freeze"];
+    if frozen {
+        expected.extend([
+            "export",
+            "register",
+            "canary-lists",
+            "canary-smoke",
+            "canary",
+            "canary-report",
+            "train",
+        ]);
+    }
+    assert_eq!(ran, expected, "{stderr}");
+}
