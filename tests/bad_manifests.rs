@@ -265,6 +265,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:4:33",
     ),
     (
+        "item output naming no output",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nitem_outputs = { tasks = \"{item.id}\" }\noutputs = [\"r.jsonl\"]\n",
+        "item output `tasks` names no output of stage `a`",
+        "cairn.toml:6:18",
+    ),
+    (
         "with without uses",
         "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nwith = { level = 3 }\n",
         "`with` in a stage without `uses`",

@@ -465,7 +465,7 @@ fn a_schema_3_ledger_is_migrated_and_keeps_its_history() {
     {
         let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
         db.execute_batch(
-            "ALTER TABLE items DROP COLUMN code; ALTER TABLE item_attempts DROP COLUMN code; PRAGMA user_version = 3;",
+            "ALTER TABLE items DROP COLUMN code; ALTER TABLE items DROP COLUMN outputs; ALTER TABLE item_attempts DROP COLUMN code; PRAGMA user_version = 3;",
         )
         .unwrap();
     }
@@ -481,5 +481,94 @@ fn a_schema_3_ledger_is_migrated_and_keeps_its_history() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
+}
+
+/// A per-item stage whose items each write a directory (`item_outputs`).
+fn materializer(n: usize) -> Project {
+    let p = Project::new();
+    for i in 1..=n {
+        p.file(&format!("src/t{i}.txt"), &format!("task {i}\n"));
+    }
+    let list: String = (1..=n).map(|i| format!("{{\"id\": \"t{i}\"}}\n")).collect();
+    p.file("list.jsonl", &list);
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "materialize"
+
+[stages.materialize]
+foreach = { items = "list.jsonl", key = "id" }
+item_inputs = ["src/{item.id}.txt"]
+item_outputs = { tasks = "{item.id}" }
+run = "echo {item.id} >> runs.log; mkdir -p {out.tasks}/{item.id} && cp src/{item.id}.txt {out.tasks}/{item.id}/task.txt"
+outputs = { results = "state/materialize.jsonl", tasks = "state/tasks" }
+
+[stages.count]
+run = "ls {in.tasks} | wc -l > {out.n}"
+inputs = { tasks = "state/tasks" }
+outputs = { n = "state/n.txt" }
+"#,
+    );
+    p
+}
+
+#[test]
+fn item_outputs_are_kept_per_item_restored_and_pruned() {
+    let p = materializer(4);
+    p.cairn(&["run"]).success();
+    assert_eq!(p.read("state/n.txt").trim(), "4");
+    assert_eq!(p.read("state/tasks/t2/task.txt"), "task 2\n");
+
+    // One item's input changes, and another item's output is tampered
+    // with meanwhile: only the first item runs, the second is restored.
+    p.file("src/t3.txt", "task 3, edited\n");
+    p.file("state/tasks/t1/task.txt", "tampered\n");
+    std::fs::write(p.path("runs.log"), "").unwrap();
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log"), ["t3"]);
+    assert_eq!(p.read("state/tasks/t3/task.txt"), "task 3, edited\n");
+    assert_eq!(p.read("state/tasks/t1/task.txt"), "task 1\n");
+
+    // An item leaves the list: its directory leaves the output.
+    p.file(
+        "list.jsonl",
+        "{\"id\": \"t1\"}\n{\"id\": \"t2\"}\n{\"id\": \"t3\"}\n",
+    );
+    p.file("state/tasks/stray/junk.txt", "junk\n");
+    std::fs::write(p.path("runs.log"), "").unwrap();
+    p.cairn(&["run"]).success();
+    assert!(p.lines("runs.log").is_empty(), "{:?}", p.lines("runs.log"));
+    assert!(!p.exists("state/tasks/t4"));
+    assert!(!p.exists("state/tasks/stray"));
+    assert_eq!(p.read("state/n.txt").trim(), "3");
+
+    // The whole directory deleted: the fresh stage is restored, not re-run.
+    std::fs::remove_dir_all(p.path("state/tasks")).unwrap();
+    p.cairn(&["run"]).success();
+    assert!(p.lines("runs.log").is_empty());
+    assert_eq!(p.read("state/tasks/t2/task.txt"), "task 2\n");
+}
+
+#[test]
+fn an_ok_item_that_writes_no_output_is_an_error() {
+    let p = materializer(2);
+    let manifest = p.read("cairn.toml").replace(
+        "mkdir -p {out.tasks}/{item.id} && cp",
+        "test {item.id} = t2 || exit 0; mkdir -p {out.tasks}/{item.id} && cp",
+    );
+    p.file("cairn.toml", &manifest);
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    let show = p.cairn(&["show", "materialize/t1", "--json"]);
+    let attempts: serde_json::Value = serde_json::from_str(&show.stdout()).unwrap();
+    assert_eq!(attempts[0]["class"], "error");
+    assert!(
+        attempts[0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("did not write its output `state/tasks/t1`"),
+        "{attempts}"
+    );
 }

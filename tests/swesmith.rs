@@ -150,8 +150,9 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
         cairn(&p, args).success();
     }
 
-    // Edit the test file one repository function's tasks are built on: the
-    // static filter and the oracle re-run exactly those tasks.
+    // Edit the test file one repository function's tasks are built on:
+    // materialize, the static filter and the oracle re-run exactly those
+    // tasks.
     let accepted = jsonl(&p, &format!("{state}/static-accepted.jsonl"));
     let plan = jsonl(&p, &format!("{state}/plan/main.jsonl"));
     let first_task = plan
@@ -173,6 +174,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     p.file(&test, &format!("{text}# reviewed\n"));
     let third = cairn(&p, &["run"]);
     third.success();
+    assert_eq!(items_run_in(&p, "materialize", 3), affected);
     assert_eq!(items_run_in(&p, "static-filter", 3), affected);
     let affected_accepted: Vec<String> = affected
         .iter()

@@ -8,7 +8,8 @@ images) with its built-ins; see ../swesmith-curation.toml.
     pool OUT --size N --repos R --seed S --old-freeze K
                                              the candidate pool and its lists
     combine A B OUT                          stage A + stage B = the main list
-    materialize PLAN REPOS OUT LIST          one task directory per planned task
+    materialize-one DIR ID REPO TEMPLATE FUNC DEFECT IMAGE
+                                             the task directory of one planned task
     static-check TASK RESULT                 static checks of one task
     accepted RESULTS OUT                     the `ok` items of a per-item stage
     oracle TASK RESULT [--fault-rate F]      NOP must fail, gold must pass
@@ -189,17 +190,11 @@ def combine(args):
     write_jsonl(out, rows)
 
 
-def materialize(args):
-    plan, repos, out, listing = args
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    rows = []
-    for task in read_jsonl(plan):
-        d = os.path.join(out, task["id"])
-        build_task(task, os.path.join(repos, task["template"]), d)
-        rows.append({"id": task["id"], "repo": task["repo"], "dir": d, "stage": task["stage"],
-                     "tier": task["tier"], "image": task["image"]})
-    write_jsonl(listing, rows)
+def materialize_one(args):
+    d, task_id, repo, template, func, defect, image = args
+    task = {"id": task_id, "repo": repo, "template": template, "func": func,
+            "defect": defect, "image": image}
+    build_task(task, os.path.join(HERE, "repos", template), d)
 
 
 def build_task(task, template, d):
@@ -442,7 +437,7 @@ def train(args):
 
 
 COMMANDS = {
-    "pool": pool, "combine": combine, "materialize": materialize, "static-check": static_check,
+    "pool": pool, "combine": combine, "materialize-one": materialize_one, "static-check": static_check,
     "accepted": accepted, "oracle": oracle, "canary-lists": canary_lists, "canary": canary,
     "canary-report": canary_report, "check-context": check_context, "train": train,
 }

@@ -118,6 +118,16 @@ pub fn stage_key(
             "item_result": foreach.result,
             "result_checks": result_checks,
         });
+        let mut spec = spec;
+        if !foreach.item_outputs.is_empty() {
+            // Only when used, so that older per-item results stay valid.
+            let outputs: Vec<String> = foreach
+                .item_outputs
+                .iter()
+                .map(|o| format!("{}/{}", o.output, o.template))
+                .collect();
+            spec["item_outputs"] = outputs.into();
+        }
         let encoded = canonical_json(&spec);
         key.insert(
             "foreach",

@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::interpolate::{Placeholder, interpolate};
 use super::model::{
-    ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, Manifest, Named, OutputIndex,
-    PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage,
+    ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest, Named,
+    OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
@@ -39,6 +39,7 @@ const STAGE_KEYS: &[&str] = &[
     "secrets",
     "uses",
     "with",
+    "item_outputs",
 ];
 const FOREACH_KEYS: &[&str] = &["items", "key"];
 const CLASSIFY_KEYS: &[&str] = &["exit", "output", "result", "equals", "min", "exists", "as"];
@@ -47,6 +48,7 @@ const RETRY_KEYS: &[&str] = &["max", "on", "backoff"];
 /// Stage keys that only mean something for a `foreach` stage.
 const ITEM_ONLY_KEYS: &[&str] = &[
     "item_inputs",
+    "item_outputs",
     "classify",
     "retry",
     "allow_errors",
@@ -253,6 +255,36 @@ impl<'s> Checker<'s> {
                 .collect(),
             None => Vec::new(),
         };
+        let item_outputs = match find(table, "item_outputs") {
+            None => Vec::new(),
+            Some(e) => match e.value.as_table() {
+                Some(entries) => entries
+                    .iter()
+                    .filter_map(|entry| {
+                        let template = self.string(&entry.value, "an item output")?;
+                        let ok = !template.is_empty()
+                            && !template.contains('/')
+                            && template.contains("{item.");
+                        if !ok {
+                            self.problems.push(
+                                Problem::new(format!("item output `{template}` must be one path component naming the item"), entry.value.span.clone(), "here")
+                                    .help("each item writes one entry of the output directory, e.g. `item_outputs = { tasks = \"{item.id}\" }`"),
+                            );
+                            return None;
+                        }
+                        Some(ItemOutput {
+                            output: entry.key.clone(),
+                            template,
+                            span: entry.key_span.clone(),
+                        })
+                    })
+                    .collect(),
+                None => {
+                    self.type_error(&e.value, "`item_outputs`", "a table of OUTPUT = \"{item.FIELD}\"");
+                    Vec::new()
+                }
+            },
+        };
         let classify = match find(table, "classify") {
             None => Vec::new(),
             Some(e) => match e.value.as_array() {
@@ -287,6 +319,7 @@ impl<'s> Checker<'s> {
                 .unwrap_or(span.clone()),
             key,
             item_inputs,
+            item_outputs,
             classify,
             retry,
             allow_errors,
@@ -565,15 +598,34 @@ impl<'s> Checker<'s> {
                 foreach.items = path;
                 foreach.items_span = span;
             }
-            if stage.foreach.is_some() && stage.outputs.len() != 1 {
-                self.problems.push(
-                    Problem::new(
-                        format!("per-item stage `{}` must declare exactly one output", stage.name),
-                        stage.span.clone(),
-                        "this stage",
-                    )
-                    .help("cairn writes the merged item results there, e.g. `outputs = { results = \"state/oracle/results.jsonl\" }`"),
-                );
+            if let Some(foreach) = &stage.foreach {
+                for item_output in &foreach.item_outputs {
+                    if !stage.outputs.iter().any(|o| o.name == item_output.output) {
+                        self.problems.push(
+                            Problem::new(
+                                format!("item output `{}` names no output of stage `{}`", item_output.output, stage.name),
+                                item_output.span.clone(),
+                                "not in `outputs`",
+                            )
+                            .help("declare the directory the items write into: `outputs = { results = \"…\", tasks = \"state/tasks\" }`"),
+                        );
+                    }
+                }
+                let merged = stage
+                    .outputs
+                    .iter()
+                    .filter(|o| !foreach.item_outputs.iter().any(|i| i.output == o.name))
+                    .count();
+                if merged != 1 {
+                    self.problems.push(
+                        Problem::new(
+                            format!("per-item stage `{}` must declare exactly one output besides its item outputs", stage.name),
+                            stage.span.clone(),
+                            "this stage",
+                        )
+                        .help("cairn writes the merged item results there, e.g. `outputs = { results = \"state/oracle/results.jsonl\" }`"),
+                    );
+                }
             }
         }
     }

@@ -15,7 +15,7 @@ pub mod settings;
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
 pub use model::{
-    ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, Manifest, Named, OutputIndex,
-    PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage, Uses,
+    ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest, Named,
+    OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage, Uses,
 };
 pub use raw::Span;

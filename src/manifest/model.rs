@@ -94,6 +94,8 @@ pub struct Foreach {
     pub key: String,
     /// Paths each item reads, with `{item.FIELD}` placeholders.
     pub item_inputs: Vec<String>,
+    /// Entries the items write inside the stage's directory outputs.
+    pub item_outputs: Vec<ItemOutput>,
     pub classify: Vec<ClassifyRule>,
     pub retry: Retry,
     /// How many items may end in `error` before the stage fails.
@@ -106,6 +108,17 @@ pub struct Foreach {
     pub result: Option<String>,
     /// Checks over that JSON result.
     pub result_checks: Vec<ResultCheck>,
+}
+
+/// What each item writes inside one of the stage's directory outputs:
+/// `OUTPUT/TEMPLATE`, the template naming the item (`{item.id}`).
+#[derive(Debug, Clone)]
+pub struct ItemOutput {
+    /// The declared output (a directory) the entry lies in.
+    pub output: String,
+    /// One path component with `{item.FIELD}` placeholders.
+    pub template: String,
+    pub span: Span,
 }
 
 /// A predicate over an item's JSON result, at a JSON pointer.

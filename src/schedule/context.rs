@@ -252,14 +252,17 @@ impl<'m> Context<'m> {
             }
             let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
             let recorded = outcomes.get(&(item.key.clone(), fingerprint));
-            let outcome = recorded.map(|(class, attempts, _)| (ItemClass::parse(class), *attempts));
+            let outcome =
+                recorded.map(|(class, attempts, _, _)| (ItemClass::parse(class), *attempts));
+            let outputs = recorded.and_then(|(_, _, _, outputs)| outputs.clone());
             let result = recorded
-                .and_then(|(_, _, result)| result.as_deref())
+                .and_then(|(_, _, result, _)| result.as_deref())
                 .and_then(|text| serde_json::from_str(text).ok());
             planned.push(PlannedItem {
                 item,
                 fingerprint,
                 code: *template,
+                outputs,
                 outcome,
                 result,
             });

@@ -402,7 +402,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             match self
                 .ctx
                 .store
-                .restore(output, &self.ctx.abs(&output.path), ledger)
+                .restore(output, &self.ctx.abs(&output.path), Some(ledger))
             {
                 Ok(()) => restored = true,
                 Err(StoreError::Corrupt { path, detail }) => {

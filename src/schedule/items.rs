@@ -30,6 +30,8 @@ pub struct PlannedItem {
     pub outcome: Option<(ItemClass, u32)>,
     /// The JSON result recorded with that outcome (`item_result`).
     pub result: Option<serde_json::Value>,
+    /// What the item wrote (`item_outputs`), as recorded with that outcome.
+    pub outputs: Option<Vec<crate::store::OutputRecord>>,
 }
 
 /// Counts of a per-item stage's items by state.
@@ -231,6 +233,7 @@ mod tests {
             code: Digest::of(b"code"),
             outcome: Some((ItemClass::Ok, 1)),
             result: None,
+            outputs: None,
         };
         let a = aggregate(&[planned("b"), planned("a"), planned("c")]);
         let b = aggregate(&[planned("c"), planned("b"), planned("a")]);

@@ -7,6 +7,7 @@
 mod context;
 mod dispatch;
 mod events;
+mod item_outputs;
 mod items;
 mod limits;
 mod status;

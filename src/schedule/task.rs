@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 
 use super::ScheduleError;
 use super::context::Context;
+use super::item_outputs::ItemOutputs;
 use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
 use crate::exec::{Executor, Job, LocalExecutor, Outcome, RUN_MARKER, base_environment};
@@ -73,6 +74,7 @@ pub enum Only {
 struct Items {
     name: String,
     spec: Foreach,
+    outputs: ItemOutputs,
     plan: Vec<PlannedItem>,
     only: Option<Only>,
     limit: Option<usize>,
@@ -203,6 +205,7 @@ impl StageTask {
         self.items = Some(Items {
             name: stage.name.clone(),
             spec,
+            outputs: ItemOutputs::of(stage, &self.job.cwd),
             plan,
             only,
             limit,
@@ -316,6 +319,12 @@ impl StageTask {
             path: items.log_dir.clone(),
             source,
         })?;
+        if !items.outputs.is_empty() {
+            let restored = items.outputs.prepare(&mut items.plan, &self.store)?;
+            if restored > 0 {
+                tracing::info!("restored {restored} item output(s) of `{}`", items.name);
+            }
+        }
         let mut todo: Vec<usize> = items
             .plan
             .iter()
@@ -362,6 +371,8 @@ impl StageTask {
             stage: items.name.clone(),
             run_id: items.run_id,
             attempts: links.attempts.clone(),
+            outputs: items.outputs.clone(),
+            store: self.store.clone(),
         });
         // A bounded window of item tasks: tens of thousands of waiting
         // futures would cost memory and buy nothing.
@@ -433,12 +444,23 @@ impl StageTask {
             return Ok(task);
         }
 
-        self.clear_outputs()?;
+        // The merged results: the one output the items do not write into.
         let (_, _, path) = self
             .outputs
-            .first()
+            .iter()
+            .find(|(name, _, _)| !items.outputs.contains(name))
             .cloned()
             .ok_or_else(|| ScheduleError::Task("a per-item stage has no output".to_owned()))?;
+        remove_path(&path).map_err(|source| ScheduleError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io {
+                path: parent.to_owned(),
+                source,
+            })?;
+        }
         std::fs::write(&path, aggregate(&items.plan)).map_err(|source| ScheduleError::Io {
             path: path.clone(),
             source,
@@ -493,6 +515,8 @@ struct ItemRunner {
     stage: String,
     run_id: i64,
     attempts: UnboundedSender<ItemAttempt>,
+    outputs: ItemOutputs,
+    store: ObjectStore,
 }
 
 impl ItemRunner {
@@ -519,6 +543,7 @@ impl ItemRunner {
             let log = self
                 .log_dir
                 .join(format!("{}.{attempt}.log", file_name(&item.key)));
+            self.outputs.clear(item)?;
             let (class, rule, exit_code, result) = match &filled {
                 Err(message) => (ItemClass::Error, Some(message.clone()), None, None),
                 Ok((command, checks)) => {
@@ -568,6 +593,21 @@ impl ItemRunner {
                 }
             };
             drop(permits);
+            let (class, rule, outputs) = if self.outputs.is_empty() {
+                (class, rule, None)
+            } else if class.is_final() {
+                match self.outputs.store(item, &class, &self.store).await? {
+                    Ok(records) => (class, rule, Some(records)),
+                    Err(message) => {
+                        self.outputs.clear(item)?;
+                        (ItemClass::Error, Some(message), None)
+                    }
+                }
+            } else {
+                // A failed attempt leaves nothing behind.
+                self.outputs.clear(item)?;
+                (class, rule, None)
+            };
             let _ = self.attempts.send(ItemAttempt {
                 run_id: self.run_id,
                 stage: self.stage.clone(),
@@ -582,6 +622,7 @@ impl ItemRunner {
                 log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
                 result: result.as_ref().map(|r| r.to_string()),
                 code: Some(planned.code),
+                outputs,
             });
             let retry = &self.spec.retry;
             if retry.on.contains(&class) && attempt <= retry.max {

@@ -17,7 +17,7 @@ use super::objects::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 4;
+pub const LEDGER_SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -74,6 +74,8 @@ CREATE TABLE IF NOT EXISTS items (
     -- The fingerprint of the stage's code (its template: command, checks,
     -- params, stage inputs, …) that produced this outcome.
     code TEXT,
+    -- The item's outputs (`item_outputs`), as a JSON array of records.
+    outputs TEXT,
     PRIMARY KEY (stage, key, fingerprint)
 ) WITHOUT ROWID;
 -- Every attempt of every item.
@@ -154,7 +156,9 @@ pub struct NewResult<'a> {
 }
 
 /// (item key, item fingerprint) → (class, attempts, JSON result).
-pub type ItemOutcomes = HashMap<(String, Digest), (String, u32, Option<String>)>;
+/// (key, fingerprint) → (class, attempts, result, outputs).
+pub type ItemOutcomes =
+    HashMap<(String, Digest), (String, u32, Option<String>, Option<Vec<OutputRecord>>)>;
 
 /// One attempt of one item of a per-item stage.
 #[derive(Debug, Clone, Serialize)]
@@ -179,6 +183,9 @@ pub struct ItemAttempt {
     /// The fingerprint of the stage's code (its template) that ran it;
     /// unknown for attempts recorded before ledger schema 4.
     pub code: Option<Digest>,
+    /// What it wrote (`item_outputs`), stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Vec<OutputRecord>>,
 }
 
 /// An item's newest outcome under one fingerprint.
@@ -263,7 +270,7 @@ impl Ledger {
                 |row| row.get(0),
             )
             .map_err(|e| StoreError::db(&path, e))?;
-        let migrate = version == 3;
+        let migrate = version == 3 || version == 4;
         if version != LEDGER_SCHEMA_VERSION && !(version == 0 && tables == 0) && !migrate {
             return Err(StoreError::LedgerVersion {
                 path,
@@ -278,9 +285,15 @@ impl Ledger {
                 if version == LEDGER_SCHEMA_VERSION {
                     Ok(())
                 } else if migrate {
-                    // 3 → 4: items record the code fingerprint behind them.
+                    // 3 → 4: items record the code fingerprint behind them;
+                    // 4 → 5: and their outputs.
+                    let to_4 = if version == 3 {
+                        "ALTER TABLE items ADD COLUMN code TEXT; ALTER TABLE item_attempts ADD COLUMN code TEXT;"
+                    } else {
+                        ""
+                    };
                     conn.execute_batch(&format!(
-                        "BEGIN; ALTER TABLE items ADD COLUMN code TEXT; ALTER TABLE item_attempts ADD COLUMN code TEXT; PRAGMA user_version = {LEDGER_SCHEMA_VERSION}; COMMIT;"
+                        "BEGIN; {to_4} ALTER TABLE items ADD COLUMN outputs TEXT; PRAGMA user_version = {LEDGER_SCHEMA_VERSION}; COMMIT;"
                     ))
                 } else {
                     conn.execute_batch(SCHEMA)?;
@@ -394,7 +407,7 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare_cached(
-                "SELECT key, fingerprint, class, attempts, result FROM items WHERE stage = ?1",
+                "SELECT key, fingerprint, class, attempts, result, outputs FROM items WHERE stage = ?1",
             )
             .map_err(|e| self.db(e))?;
         let rows = statement
@@ -405,14 +418,17 @@ impl Ledger {
                     row.get::<_, String>(2)?,
                     row.get::<_, u32>(3)?,
                     row.get::<_, Option<String>>(4)?,
+                    row.get::<_, Option<String>>(5)?,
                 ))
             })
             .map_err(|e| self.db(e))?;
         let mut outcomes = HashMap::new();
         for row in rows {
-            let (key, fingerprint, class, attempts, result) = row.map_err(|e| self.db(e))?;
+            let (key, fingerprint, class, attempts, result, outputs) =
+                row.map_err(|e| self.db(e))?;
+            let outputs = outputs.and_then(|text| serde_json::from_str(&text).ok());
             if let Ok(fingerprint) = fingerprint.parse() {
-                outcomes.insert((key, fingerprint), (class, attempts, result));
+                outcomes.insert((key, fingerprint), (class, attempts, result, outputs));
             }
         }
         Ok(outcomes)
@@ -430,13 +446,17 @@ impl Ledger {
                 .map_err(|e| self.db(e))?;
             let mut upsert = tx
                 .prepare_cached(
-                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8)
-                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8",
+                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8, outputs = ?9",
                 )
                 .map_err(|e| self.db(e))?;
             for attempt in attempts {
                 let fingerprint = attempt.fingerprint.to_string();
                 let code = attempt.code.map(|c| c.to_string());
+                let outputs = attempt
+                    .outputs
+                    .as_ref()
+                    .map(|o| serde_json::to_string(o).expect("records serialise"));
                 insert
                     .execute(params![
                         attempt.run_id,
@@ -463,6 +483,7 @@ impl Ledger {
                         attempt.finished_ms,
                         attempt.result,
                         code,
+                        outputs,
                     ])
                     .map_err(|e| self.db(e))?;
             }
@@ -498,6 +519,7 @@ impl Ledger {
                     code: row
                         .get::<_, Option<String>>(11)?
                         .and_then(|c| c.parse().ok()),
+                    outputs: None,
                 })
             })
             .map_err(|e| self.db(e))?;

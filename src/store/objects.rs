@@ -159,13 +159,30 @@ impl ObjectStore {
     /// store's temporary area and hashes them. The digests are final; the
     /// objects become durable and visible only through [`Self::publish`].
     pub fn stage(&self, outputs: &[(String, String, PathBuf)]) -> Result<Staged, StoreError> {
+        self.stage_with(outputs, true)
+    }
+
+    /// Like [`Self::stage`], but every file goes to `objects/`, none into
+    /// the ledger: for outputs recorded outside a result (an item's).
+    pub fn stage_in_objects(
+        &self,
+        outputs: &[(String, String, PathBuf)],
+    ) -> Result<Staged, StoreError> {
+        self.stage_with(outputs, false)
+    }
+
+    fn stage_with(
+        &self,
+        outputs: &[(String, String, PathBuf)],
+        inline: bool,
+    ) -> Result<Staged, StoreError> {
         let mut staged = Staged {
             records: Vec::with_capacity(outputs.len()),
             pending: Vec::new(),
             inline: Vec::new(),
         };
         for (name, path, abs) in outputs {
-            let record = self.stage_one(name, path, abs, &mut staged)?;
+            let record = self.stage_one(name, path, abs, inline, &mut staged)?;
             staged.records.push(record);
         }
         Ok(staged)
@@ -176,12 +193,13 @@ impl ObjectStore {
         name: &str,
         path: &str,
         abs: &Path,
+        inline: bool,
         staged: &mut Staged,
     ) -> Result<OutputRecord, StoreError> {
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
         let executable = meta.permissions().mode() & 0o111 != 0;
         if !meta.is_dir() {
-            let (digest, size, inline) = self.stage_file(abs, meta.len(), staged)?;
+            let (digest, size, inline) = self.stage_file(abs, meta.len(), inline, staged)?;
             return Ok(OutputRecord {
                 name: name.to_owned(),
                 path: path.to_owned(),
@@ -232,9 +250,10 @@ impl ObjectStore {
         &self,
         abs: &Path,
         len: u64,
+        inline: bool,
         staged: &mut Staged,
     ) -> Result<(Digest, u64, bool), StoreError> {
-        if len <= INLINE_MAX {
+        if inline && len <= INLINE_MAX {
             let bytes = fs::read(abs).map_err(|e| StoreError::io(abs, e))?;
             if bytes.len() as u64 <= INLINE_MAX {
                 let digest = Digest::of(&bytes);
@@ -326,7 +345,7 @@ impl ObjectStore {
         &self,
         record: &OutputRecord,
         dest: &Path,
-        ledger: &Ledger,
+        ledger: Option<&Ledger>,
     ) -> Result<(), StoreError> {
         let parent = dest.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
@@ -340,6 +359,10 @@ impl ObjectStore {
         remove_path(&staging).map_err(|e| StoreError::io(&staging, e))?;
         match record.kind {
             OutputKind::File if record.inline => {
+                let ledger = ledger.ok_or_else(|| StoreError::Corrupt {
+                    path: dest.to_owned(),
+                    detail: "an inline object needs the ledger".to_owned(),
+                })?;
                 let bytes =
                     ledger
                         .inline_object(&record.digest)?

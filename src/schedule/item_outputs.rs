@@ -1,0 +1,210 @@
+//! What the items of a per-item stage write (`item_outputs`): one entry per
+//! item inside a directory output, e.g. `state/tasks/{item.id}`.
+//!
+//! Each item's entry is stored (in `objects/`, never inline) when the item
+//! reaches a final outcome, and recorded with it. Before the stage's items
+//! run, entries that belong to no current item are removed, and the entries
+//! of items whose outcome is reused are checked against their records and
+//! restored from the store if they changed; an entry that cannot be
+//! restored makes its item run again. An item's entry is removed before
+//! each attempt, so a retry starts clean.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use super::ScheduleError;
+use super::items::{Item, PlannedItem, fill};
+use crate::fingerprint::StatCache;
+use crate::manifest::{ItemClass, Stage};
+use crate::store::{ObjectStore, OutputRecord, StoreError, remove_path};
+
+/// One directory output the items write into.
+#[derive(Debug, Clone)]
+struct OutputDir {
+    name: String,
+    rel: String,
+    abs: PathBuf,
+    template: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ItemOutputs {
+    dirs: Vec<OutputDir>,
+}
+
+impl ItemOutputs {
+    pub fn of(stage: &Stage, root: &std::path::Path) -> Self {
+        let Some(foreach) = &stage.foreach else {
+            return Self::default();
+        };
+        let dirs = foreach
+            .item_outputs
+            .iter()
+            .filter_map(|o| {
+                let decl = stage.outputs.iter().find(|d| d.name == o.output)?;
+                Some(OutputDir {
+                    name: o.output.clone(),
+                    rel: decl.path.to_string(),
+                    abs: decl.path.resolve(root),
+                    template: o.template.clone(),
+                })
+            })
+            .collect();
+        Self { dirs }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dirs.is_empty()
+    }
+
+    /// Whether `name` is a directory the items write into.
+    pub fn contains(&self, name: &str) -> bool {
+        self.dirs.iter().any(|d| d.name == name)
+    }
+
+    /// The item's entries: (name, path as written, absolute path).
+    pub fn paths(&self, item: &Item) -> Result<Vec<(String, String, PathBuf)>, String> {
+        self.dirs
+            .iter()
+            .map(|dir| {
+                let entry = fill(&dir.template, &item.value)?;
+                if entry.is_empty() || entry == "." || entry == ".." || entry.contains('/') {
+                    return Err(format!(
+                        "item output `{}` gives `{entry}` for item `{}`: not one path component",
+                        dir.template, item.key
+                    ));
+                }
+                Ok((
+                    format!("{}/{entry}", dir.name),
+                    format!("{}/{entry}", dir.rel),
+                    dir.abs.join(&entry),
+                ))
+            })
+            .collect()
+    }
+
+    /// Removes the item's entries, so an attempt starts clean.
+    pub fn clear(&self, item: &Item) -> Result<(), ScheduleError> {
+        for (_, _, abs) in self.paths(item).unwrap_or_default() {
+            remove_path(&abs).map_err(|source| ScheduleError::Io { path: abs, source })?;
+        }
+        Ok(())
+    }
+
+    /// Before the items run: removes entries of no current item, and brings
+    /// back the entries of reused items. An item whose entries cannot be
+    /// brought back loses its outcome (it runs again). Returns how many
+    /// entries were restored.
+    pub fn prepare(
+        &self,
+        plan: &mut [PlannedItem],
+        store: &ObjectStore,
+    ) -> Result<usize, ScheduleError> {
+        let mut expected: HashSet<PathBuf> = HashSet::new();
+        for planned in plan.iter() {
+            for (_, _, abs) in self.paths(&planned.item).unwrap_or_default() {
+                expected.insert(abs);
+            }
+        }
+        for dir in &self.dirs {
+            std::fs::create_dir_all(&dir.abs).map_err(|source| ScheduleError::Io {
+                path: dir.abs.clone(),
+                source,
+            })?;
+            let entries = std::fs::read_dir(&dir.abs).map_err(|source| ScheduleError::Io {
+                path: dir.abs.clone(),
+                source,
+            })?;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if !expected.contains(&path) {
+                    remove_path(&path).map_err(|source| ScheduleError::Io { path, source })?;
+                }
+            }
+        }
+        let mut restored = 0;
+        let mut stat = StatCache::default();
+        for planned in plan.iter_mut() {
+            let Some((class, _)) = &planned.outcome else {
+                continue;
+            };
+            if !class.is_final() {
+                continue;
+            }
+            let records = match &planned.outputs {
+                Some(records) => records.clone(),
+                // Recorded without entries: an ok item must write them.
+                None if *class == ItemClass::Ok => {
+                    planned.outcome = None;
+                    continue;
+                }
+                None => Vec::new(),
+            };
+            for record in &records {
+                let Some(dir) = self
+                    .dirs
+                    .iter()
+                    .find(|d| record.path.starts_with(&format!("{}/", d.rel)))
+                else {
+                    continue;
+                };
+                let abs = dir.abs.join(&record.path[dir.rel.len() + 1..]);
+                let matches = stat
+                    .content(&abs)
+                    .is_ok_and(|content| content.digest() == record.digest);
+                if matches {
+                    continue;
+                }
+                match store.restore(record, &abs, None) {
+                    Ok(()) => restored += 1,
+                    Err(StoreError::Corrupt { .. } | StoreError::Io { .. }) => {
+                        tracing::warn!(
+                            "cannot restore `{}` of item `{}`; running it again",
+                            record.path,
+                            planned.item.key
+                        );
+                        planned.outcome = None;
+                        break;
+                    }
+                    Err(other) => return Err(other.into()),
+                }
+            }
+        }
+        Ok(restored)
+    }
+
+    /// After an attempt with a final outcome: stores the item's entries.
+    /// `Err(message)` if an `ok` item did not write one.
+    pub async fn store(
+        &self,
+        item: &Item,
+        class: &ItemClass,
+        store: &ObjectStore,
+    ) -> Result<Result<Vec<OutputRecord>, String>, ScheduleError> {
+        let paths = match self.paths(item) {
+            Ok(paths) => paths,
+            Err(message) => return Ok(Err(message)),
+        };
+        let present: Vec<(String, String, PathBuf)> = paths
+            .iter()
+            .filter(|(_, _, abs)| abs.exists())
+            .cloned()
+            .collect();
+        if *class == ItemClass::Ok
+            && let Some((_, rel, _)) = paths.iter().find(|(_, _, abs)| !abs.exists())
+        {
+            return Ok(Err(format!("the item did not write its output `{rel}`")));
+        }
+        if present.is_empty() {
+            return Ok(Ok(Vec::new()));
+        }
+        let store = store.clone();
+        let published = tokio::task::spawn_blocking(move || {
+            let staged = store.stage_in_objects(&present)?;
+            store.publish(staged)
+        })
+        .await
+        .map_err(|e| ScheduleError::Task(e.to_string()))??;
+        Ok(Ok(published.records))
+    }
+}
