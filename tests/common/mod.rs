@@ -141,3 +141,17 @@ impl Project {
         Run { output }
     }
 }
+
+/// Where `statement` breaks the in-toto Statement v1 / SLSA Provenance v1
+/// schema shipped as a fixture (empty if it validates).
+pub fn intoto_errors(statement: &serde_json::Value) -> Vec<String> {
+    let schema: serde_json::Value = serde_json::from_str(include_str!(
+        "../fixtures/intoto-statement-v1-slsa-provenance-v1.schema.json"
+    ))
+    .unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    validator
+        .iter_errors(statement)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect()
+}
