@@ -572,3 +572,17 @@ fn an_ok_item_that_writes_no_output_is_an_error() {
         "{attempts}"
     );
 }
+
+#[test]
+fn gc_keeps_what_items_wrote_restorable() {
+    let p = materializer(3);
+    p.cairn(&["run"]).success();
+    p.cairn(&["gc"]).success();
+    // An item re-runs while another's entry must come back from the store.
+    p.file("src/t2.txt", "task 2, edited\n");
+    std::fs::remove_dir_all(p.path("state/tasks/t1")).unwrap();
+    std::fs::write(p.path("runs.log"), "").unwrap();
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log"), ["t2"]);
+    assert_eq!(p.read("state/tasks/t1/task.txt"), "task 1\n");
+}

@@ -11,7 +11,9 @@ use super::args::{GcArgs, Global};
 use super::error::CliError;
 use super::workspace;
 use crate::fingerprint::Digest;
-use crate::store::{Ledger, ObjectStore, OutputKind, StoreError, WhenLocked, WorkspaceLock};
+use crate::store::{
+    Ledger, ObjectStore, OutputKind, OutputRecord, StoreError, WhenLocked, WorkspaceLock,
+};
 
 pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
@@ -31,18 +33,27 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
     let mut live_objects: HashSet<Digest> = HashSet::new();
     let mut live_trees: HashSet<Digest> = HashSet::new();
     let mut live_inline: HashSet<Digest> = HashSet::new();
+    let mut keep = |output: &OutputRecord| {
+        if output.inline {
+            live_inline.insert(output.digest);
+            return;
+        }
+        if output.kind == OutputKind::Dir {
+            live_trees.insert(output.digest);
+        }
+        live_objects.extend(store.referenced(output));
+    };
     for stage in &loaded.manifest.stages {
         if let Some(record) = latest.get(&stage.name) {
-            for output in &record.outputs {
-                if output.inline {
-                    live_inline.insert(output.digest);
-                    continue;
-                }
-                if output.kind == OutputKind::Dir {
-                    live_trees.insert(output.digest);
-                }
-                live_objects.extend(store.referenced(output));
-            }
+            record.outputs.iter().for_each(&mut keep);
+        }
+        // What per-item stages' items wrote stays restorable, item by item.
+        if stage
+            .foreach
+            .as_ref()
+            .is_some_and(|f| !f.item_outputs.is_empty())
+        {
+            ledger.item_outputs(&stage.name)?.iter().for_each(&mut keep);
         }
     }
 

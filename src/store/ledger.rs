@@ -434,6 +434,26 @@ impl Ledger {
         Ok(outcomes)
     }
 
+    /// Every output recorded with an outcome of an item of `stage` (under
+    /// any fingerprint): what `gc` must keep for items to be restorable.
+    pub fn item_outputs(&self, stage: &str) -> Result<Vec<OutputRecord>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT outputs FROM items WHERE stage = ?1 AND outputs IS NOT NULL")
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage], |row| row.get::<_, String>(0))
+            .map_err(|e| self.db(e))?;
+        let mut records = Vec::new();
+        for row in rows {
+            let text = row.map_err(|e| self.db(e))?;
+            if let Ok(mut parsed) = serde_json::from_str::<Vec<OutputRecord>>(&text) {
+                records.append(&mut parsed);
+            }
+        }
+        Ok(records)
+    }
+
     /// Records attempts of items and their outcomes, in one transaction.
     pub fn record_item_attempts(&self, attempts: &[ItemAttempt]) -> Result<(), StoreError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
