@@ -586,3 +586,25 @@ fn gc_keeps_what_items_wrote_restorable() {
     assert_eq!(p.lines("runs.log"), ["t2"]);
     assert_eq!(p.read("state/tasks/t1/task.txt"), "task 1\n");
 }
+
+#[test]
+fn commands_see_which_attempt_they_are() {
+    let p = Project::new();
+    p.file("list.jsonl", "{\"id\": \"a\"}\n");
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "attempts"
+
+[stages.flaky]
+foreach = { items = "list.jsonl", key = "id" }
+run = "echo $CAIRN_ITEM $CAIRN_ATTEMPT >> attempts.log; test $CAIRN_ATTEMPT -ge 2 || exit 75"
+classify = [{ exit = 75, as = "infra" }]
+retry = { max = 1, on = ["infra"] }
+outputs = { results = "state/flaky.jsonl" }
+"#,
+    );
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("attempts.log"), ["a 1", "a 2"]);
+}

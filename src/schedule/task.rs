@@ -553,6 +553,9 @@ impl ItemRunner {
                         ..self.job.clone()
                     };
                     job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
+                    let previous = planned.outcome.as_ref().map_or(0, |(_, n)| *n);
+                    job.env
+                        .push((ATTEMPT_MARKER.to_owned(), (previous + attempt).to_string()));
                     let outcome = self.executor.run(&job).await?;
                     let mut failed_check = None;
                     if outcome == Outcome::Success {
@@ -714,3 +717,8 @@ const ITEMS_IN_FLIGHT: usize = 256;
 
 /// The variable that tells an item's command which item it runs.
 pub const ITEM_MARKER: &str = "CAIRN_ITEM";
+
+/// The variable that numbers an item's attempts (1 for its first ever
+/// under its fingerprint), so a harness can record which attempt produced
+/// a verdict.
+pub const ATTEMPT_MARKER: &str = "CAIRN_ATTEMPT";
