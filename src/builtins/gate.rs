@@ -235,6 +235,44 @@ mod tests {
         assert!(text.contains("outside [0, 1]: y, y"), "{text}");
     }
 
+    proptest::proptest! {
+        #[test]
+        fn each_check_fails_exactly_when_its_condition_is_broken(
+            a in proptest::collection::vec((0u8..8, 0u8..4), 0..20),
+            b in proptest::collection::vec(0u8..8, 0..10),
+            cap in 1usize..4,
+        ) {
+            let records = |ids: &[(u8, u8)]| -> Vec<Value> {
+                ids.iter().map(|(id, g)| json!({"id": format!("t{id}"), "repo": format!("r{g}")})).collect()
+            };
+            let inputs = BTreeMap::from([
+                ("a".to_owned(), records(&a)),
+                ("b".to_owned(), b.iter().map(|id| Value::from(format!("t{id}"))).collect()),
+            ]);
+            let fails = |check: Value| !evaluate(&gate(json!([check])), &inputs).1.is_empty();
+
+            let ids: Vec<u8> = a.iter().map(|(id, _)| *id).collect();
+            let unique: std::collections::HashSet<u8> = ids.iter().copied().collect();
+            proptest::prop_assert_eq!(fails(json!({"input": "a", "unique": "id"})), unique.len() != ids.len());
+
+            let mut per: HashMap<u8, usize> = HashMap::new();
+            for (_, g) in &a {
+                *per.entry(*g).or_default() += 1;
+            }
+            proptest::prop_assert_eq!(
+                fails(json!({"input": "a", "group": "repo", "max_per_group": cap})),
+                per.values().any(|n| *n > cap)
+            );
+
+            let shared = ids.iter().any(|id| b.contains(id));
+            proptest::prop_assert_eq!(fails(json!({"input": "a", "disjoint_from": "b"})), shared);
+            let contained = ids.iter().all(|id| b.contains(id));
+            proptest::prop_assert_eq!(fails(json!({"input": "a", "subset_of": "b"})), !contained);
+            proptest::prop_assert_eq!(fails(json!({"input": "a", "count": a.len()})), false);
+            proptest::prop_assert_eq!(fails(json!({"input": "a", "min_count": a.len() + 1})), true);
+        }
+    }
+
     #[test]
     fn passing_checks_report_their_counts() {
         let inputs = BTreeMap::from([("a".to_owned(), vec![json!({"id": "x"})])]);
