@@ -43,7 +43,13 @@ pub fn stage_key(
     environment: impl Fn(&str) -> Option<String>,
 ) -> StageKey {
     let mut key = StageKey::default();
-    key.insert("command", command_component("command", &stage.run));
+    let mut command = command_component("command", &stage.run);
+    if stage.uses.is_some() {
+        // Shown by `why`: the built-in and its settings (the ports are
+        // components of their own), not the whole invocation.
+        command.detail = stage.describe_run();
+    }
+    key.insert("command", command);
     if !stage.checks.is_empty() {
         let text: Vec<String> = stage.checks.iter().map(Command::display).collect();
         let encoded =
