@@ -73,6 +73,9 @@ pub enum BuiltinError {
     /// Declared checks that failed: every violation.
     #[error("{} check(s) failed:\n{}", .0.len(), .0.iter().map(|v| format!("  - {v}")).collect::<Vec<_>>().join("\n"))]
     Checks(Vec<String>),
+    /// The work could not be done; the message says why.
+    #[error("{0}")]
+    Failed(String),
     #[error(transparent)]
     Release(#[from] ReleaseError),
 }

@@ -67,7 +67,19 @@ fn default_quota() -> usize {
 }
 
 fn fail(message: impl Into<String>) -> BuiltinError {
-    BuiltinError::Checks(vec![message.into()])
+    BuiltinError::Failed(message.into())
+}
+
+/// An error and its causes on one line (reqwest's own message is terse).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
@@ -504,7 +516,7 @@ impl Registry {
     ) -> Result<reqwest::blocking::Response, BuiltinError> {
         request
             .send()
-            .map_err(|e| fail(format!("{what}: {e} (registry {})", self.base)))
+            .map_err(|e| fail(format!("{what}: {} (registry {})", chain(&e), self.base)))
     }
 
     fn unexpected(&self, response: reqwest::blocking::Response, what: &str) -> BuiltinError {
