@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use serde::Deserialize;
 
 use super::{BuiltinError, Invocation};
+use crate::manifest::settings::field_text;
 use crate::release::format::{
     FREEZE_FORMAT, FreezeManifest, FrozenItem, ITEMS_DIR, MANIFEST_FILE, SUMS_FILE, is_safe_id,
     item_digest, render_listing, semantic_digest, sha256_hex,
@@ -100,11 +101,7 @@ fn read_selection(path: &Path, settings: &Settings) -> Result<Vec<Selected>, Bui
     let mut selected = Vec::with_capacity(records.len());
     let mut problems = Vec::new();
     for (n, record) in records.iter().enumerate() {
-        let field = |name: &str| match record.get(name) {
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        };
+        let field = |name: &str| field_text(record, name);
         let Some(id) = field(&settings.id) else {
             problems.push(format!(
                 "record {} of the selection has no string field `{}`",

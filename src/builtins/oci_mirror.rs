@@ -22,8 +22,8 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use super::{BuiltinError, Invocation, read_records, write_jsonl};
+use crate::fingerprint::hex;
 use crate::manifest::settings::field_text;
-use crate::release::format::hex;
 
 const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
@@ -159,7 +159,7 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         let (src_repo, src_ref) = split_reference(image)?;
         let src_repo = source.repository(src_repo);
         let (bytes, media_type) = source.manifest(&src_repo, src_ref)?;
-        let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
+        let digest = content_digest(&bytes);
         if existing[repo].contains(tag) {
             let there = target.manifest_digest(repo, tag)?;
             if there.as_deref() != Some(digest.as_str()) {
@@ -220,8 +220,13 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     ))
 }
 
+/// An OCI content digest: `sha256:HEX`.
+fn content_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", crate::release::format::sha256_hex(bytes))
+}
+
 fn check_digest(digest: &str, data: &[u8], image: &str) -> Result<(), BuiltinError> {
-    let actual = format!("sha256:{}", hex(&Sha256::digest(data)));
+    let actual = content_digest(data);
     if actual != digest {
         return Err(fail(format!(
             "blob {digest} of {image} is damaged: its bytes hash to {actual}"
@@ -437,7 +442,7 @@ impl Layout {
         bytes: &[u8],
         media_type: &str,
     ) -> Result<(), BuiltinError> {
-        let digest = format!("sha256:{}", hex(&Sha256::digest(bytes)));
+        let digest = content_digest(bytes);
         self.put_blob(&digest, bytes)?;
         let name = format!("{repo}:{tag}");
         self.refs.insert(

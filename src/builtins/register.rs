@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::{BuiltinError, Invocation};
-use crate::release::{Limits, Registered, expected_digest, register, write_atomic};
+use crate::release::{Limits, Registered, read_sha256_file, register, write_atomic};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -18,10 +18,7 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     let bundle = invocation.input("bundle")?;
     let sidecar = invocation.input("sha256")?;
     let receipt = invocation.output("receipt")?;
-    let text = std::fs::read_to_string(&sidecar)
-        .map_err(|e| crate::release::ReleaseError::io(&sidecar, e))?;
-    let first = text.split_whitespace().next().unwrap_or("");
-    let (expected, _) = expected_digest(&bundle, Some(first))?.expect("a given digest is returned");
+    let expected = read_sha256_file(&sidecar)?;
     let into = std::path::Path::new(&settings.into);
     let registration = register(&bundle, &expected, into, &Limits::default())?;
     let record = serde_json::json!({

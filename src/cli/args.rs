@@ -69,45 +69,38 @@ pub enum Command {
     Builtin(BuiltinArgs),
 }
 
+/// What `verify` and `register` read: a bundle, its pin and the limits.
 #[derive(Debug, Args)]
-pub struct BundleLimits {
+pub struct BundleArgs {
+    /// The bundle (`.tar.zst`) written by `uses = "export"`.
+    pub bundle: PathBuf,
+    /// The SHA-256 the archive must have (default: from `BUNDLE.sha256`
+    /// beside it; `register` needs one of the two).
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
     /// Refuse a bundle holding a file larger than this (e.g. 512MiB).
     #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = parse_size)]
     pub max_file_size: u64,
     /// Refuse a bundle that unpacks to more than this.
     #[arg(long, value_name = "SIZE", default_value = "1TiB", value_parser = parse_size)]
     pub max_total_size: u64,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The bundle (`.tar.zst`) written by `uses = "export"`.
-    pub bundle: PathBuf,
-    /// The SHA-256 the archive must have (default: from `BUNDLE.sha256`
-    /// beside it, if present).
-    #[arg(long, value_name = "HEX")]
-    pub sha256: Option<String>,
     #[command(flatten)]
-    pub limits: BundleLimits,
-    #[arg(long)]
-    pub json: bool,
+    pub bundle: BundleArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct RegisterArgs {
-    /// The bundle (`.tar.zst`) written by `uses = "export"`.
-    pub bundle: PathBuf,
+    #[command(flatten)]
+    pub bundle: BundleArgs,
     /// The registry directory; the freeze goes to `DIR/NAME/VERSION/`.
     #[arg(long, value_name = "DIR")]
     pub into: PathBuf,
-    /// The SHA-256 the archive must have (default: from `BUNDLE.sha256`
-    /// beside it; one of the two is required).
-    #[arg(long, value_name = "HEX")]
-    pub sha256: Option<String>,
-    #[command(flatten)]
-    pub limits: BundleLimits,
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Debug, Args)]

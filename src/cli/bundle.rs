@@ -2,14 +2,15 @@
 
 use std::path::Path;
 
-use super::args::{BundleLimits, RegisterArgs, VerifyArgs};
+use super::args::{BundleArgs, RegisterArgs, VerifyArgs};
 use super::error::{CliError, exit};
 use super::render;
 use crate::release::{self, Limits, Registered, ReleaseError, Verified, expected_digest};
 
 pub fn verify(args: &VerifyArgs) -> Result<(), CliError> {
+    let args = &args.bundle;
     let pin = pin(&args.bundle, args.sha256.as_deref())?;
-    let limits = limits(&args.limits);
+    let limits = limits(args);
     let verified = release::verify_bundle(
         &args.bundle,
         pin.as_ref().map(|(hex, _)| hex.as_str()),
@@ -46,6 +47,8 @@ pub fn verify(args: &VerifyArgs) -> Result<(), CliError> {
 }
 
 pub fn register(args: &RegisterArgs) -> Result<(), CliError> {
+    let into = &args.into;
+    let args = &args.bundle;
     let Some((expected, from)) = pin(&args.bundle, args.sha256.as_deref())? else {
         return Err(CliError::Usage {
             message: format!(
@@ -58,8 +61,8 @@ pub fn register(args: &RegisterArgs) -> Result<(), CliError> {
             ),
         });
     };
-    let limits = limits(&args.limits);
-    let registration = match release::register(&args.bundle, &expected, &args.into, &limits) {
+    let limits = limits(args);
+    let registration = match release::register(&args.bundle, &expected, into, &limits) {
         Ok(registration) => registration,
         Err(error) => return refused(&args.bundle, error, args.json),
     };
@@ -97,7 +100,7 @@ fn pin(bundle: &Path, given: Option<&str>) -> Result<Option<(String, String)>, C
     expected_digest(bundle, given).map_err(|e| CliError::usage(e.to_string()))
 }
 
-fn limits(args: &BundleLimits) -> Limits {
+fn limits(args: &BundleArgs) -> Limits {
     Limits {
         max_file: args.max_file_size,
         max_total: args.max_total_size,

@@ -31,6 +31,16 @@ impl Digest {
     }
 }
 
+/// Lowercase hex of any bytes (a SHA-256, say).
+pub fn hex(bytes: &[u8]) -> String {
+    use fmt::Write as _;
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}{}", Self::PREFIX, self.hex())

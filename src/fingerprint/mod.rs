@@ -30,7 +30,7 @@ mod key;
 pub use content::{
     Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, tree_digest,
 };
-pub use digest::{Digest, ParseDigestError};
+pub use digest::{Digest, ParseDigestError, hex};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};
 
 use crate::manifest::{Command, EnvValue, Stage};

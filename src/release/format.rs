@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::fingerprint::hex;
+
 pub const FREEZE_FORMAT: &str = "cairn.freeze/1";
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const SUMS_FILE: &str = "SHA256SUMS";
@@ -70,15 +72,6 @@ impl FreezeManifest {
 /// Lowercase hex of the SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        let _ = write!(text, "{byte:02x}");
-    }
-    text
 }
 
 /// The semantic digest of a split assignment (IDs are sorted first).

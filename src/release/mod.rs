@@ -13,7 +13,7 @@ mod verify;
 pub use archive::{BundleWritten, write_bundle};
 pub use format::{FreezeManifest, FrozenItem};
 pub use registry::{Registered, Registration, register};
-pub use verify::{Limits, Verified, expected_digest, verify_bundle};
+pub use verify::{Limits, Verified, expected_digest, read_sha256_file, verify_bundle};
 
 use std::path::{Path, PathBuf};
 
@@ -62,7 +62,11 @@ impl<W: std::io::Write> HashingWriter<W> {
     /// The inner writer, the hex digest and the byte count.
     pub fn finish(self) -> (W, String, u64) {
         use sha2::Digest as _;
-        (self.inner, format::hex(&self.hasher.finalize()), self.bytes)
+        (
+            self.inner,
+            crate::fingerprint::hex(&self.hasher.finalize()),
+            self.bytes,
+        )
     }
 }
 
@@ -100,7 +104,11 @@ impl<R: std::io::Read> HashingReader<R> {
     /// The inner reader, the hex digest and the byte count.
     pub fn finish(self) -> (R, String, u64) {
         use sha2::Digest as _;
-        (self.inner, format::hex(&self.hasher.finalize()), self.bytes)
+        (
+            self.inner,
+            crate::fingerprint::hex(&self.hasher.finalize()),
+            self.bytes,
+        )
     }
 }
 

@@ -45,6 +45,30 @@ pub struct Verified {
     pub bytes: u64,
 }
 
+/// A SHA-256 as 64 lowercase hex digits, from `text` (an optional
+/// `sha256:` prefix and surrounding space are allowed).
+pub fn parse_sha256(text: &str) -> Option<String> {
+    let hex = text
+        .trim()
+        .trim_start_matches("sha256:")
+        .to_ascii_lowercase();
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hex)
+}
+
+/// The SHA-256 a `sha256sum`-format file (`HEX  NAME`) pins.
+pub fn read_sha256_file(path: &Path) -> Result<String, ReleaseError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ReleaseError::io(path, e))?;
+    text.split_whitespace()
+        .next()
+        .and_then(parse_sha256)
+        .ok_or_else(|| {
+            ReleaseError::Invalid(format!(
+                "`{}` does not start with a SHA-256",
+                path.display()
+            ))
+        })
+}
+
 /// The digest a bundle must have: `given` (from `--sha256`), else the
 /// `BUNDLE.sha256` file beside it, if there is one. Returns the digest and
 /// where it came from.
@@ -53,38 +77,19 @@ pub fn expected_digest(
     given: Option<&str>,
 ) -> Result<Option<(String, String)>, ReleaseError> {
     if let Some(given) = given {
-        let hex = given
-            .trim()
-            .trim_start_matches("sha256:")
-            .to_ascii_lowercase();
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ReleaseError::Invalid(format!(
-                "`{given}` is not a SHA-256 (64 hex digits)"
-            )));
-        }
+        let hex = parse_sha256(given).ok_or_else(|| {
+            ReleaseError::Invalid(format!("`{given}` is not a SHA-256 (64 hex digits)"))
+        })?;
         return Ok(Some((hex, "--sha256".to_owned())));
     }
     let mut sidecar = bundle.as_os_str().to_owned();
     sidecar.push(".sha256");
     let sidecar = PathBuf::from(sidecar);
-    match std::fs::read_to_string(&sidecar) {
-        Ok(text) => {
-            let hex = text
-                .split_whitespace()
-                .next()
-                .unwrap_or("")
-                .to_ascii_lowercase();
-            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(ReleaseError::Invalid(format!(
-                    "`{}` does not start with a SHA-256",
-                    sidecar.display()
-                )));
-            }
-            Ok(Some((hex, format!("`{}`", sidecar.display()))))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ReleaseError::io(&sidecar, e)),
+    if !sidecar.exists() {
+        return Ok(None);
     }
+    let hex = read_sha256_file(&sidecar)?;
+    Ok(Some((hex, format!("`{}`", sidecar.display()))))
 }
 
 /// Checks `bundle`; `expected` is the archive's SHA-256 hex, if pinned.

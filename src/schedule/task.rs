@@ -218,7 +218,12 @@ impl StageTask {
     /// Removes the stage's stale outputs and creates their parent
     /// directories.
     fn clear_outputs(&self) -> Result<(), ScheduleError> {
-        for (_, _, abs) in &self.outputs {
+        self.clear_outputs_where(|_| true)
+    }
+
+    /// [`Self::clear_outputs`] for the outputs whose name passes `wanted`.
+    fn clear_outputs_where(&self, wanted: impl Fn(&str) -> bool) -> Result<(), ScheduleError> {
+        for (_, _, abs) in self.outputs.iter().filter(|(name, _, _)| wanted(name)) {
             remove_path(abs).map_err(|source| ScheduleError::Io {
                 path: abs.clone(),
                 source,
@@ -445,22 +450,14 @@ impl StageTask {
         }
 
         // The merged results: the one output the items do not write into.
+        let merged = |name: &str| !items.outputs.contains(name);
+        self.clear_outputs_where(merged)?;
         let (_, _, path) = self
             .outputs
             .iter()
-            .find(|(name, _, _)| !items.outputs.contains(name))
+            .find(|(name, _, _)| merged(name))
             .cloned()
             .ok_or_else(|| ScheduleError::Task("a per-item stage has no output".to_owned()))?;
-        remove_path(&path).map_err(|source| ScheduleError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io {
-                path: parent.to_owned(),
-                source,
-            })?;
-        }
         std::fs::write(&path, aggregate(&items.plan)).map_err(|source| ScheduleError::Io {
             path: path.clone(),
             source,

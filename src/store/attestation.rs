@@ -12,7 +12,7 @@ use sha2::{Digest as _, Sha256};
 use super::StoreError;
 use super::objects::OutputKind;
 use super::provenance::Lineage;
-use crate::fingerprint::{Content, Digest, EntryKind, StatCache};
+use crate::fingerprint::{Content, Digest, EntryKind, StatCache, hex};
 use crate::manifest::Manifest;
 
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
@@ -146,8 +146,4 @@ pub fn statement(
             },
         },
     }))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
