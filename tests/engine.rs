@@ -657,3 +657,39 @@ outputs = { o = "state/numbers.txt" }
     assert_eq!(p.read("state/numbers.txt"), "1\n2\n3\n");
     assert_eq!(p.read("cairn.lock"), default_lock);
 }
+
+#[test]
+fn a_damaged_object_of_a_directory_output_is_refused_and_healed() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        "[pipeline]\nname = \"tree\"\n\n[stages.tree]\nrun = \"echo ran >> runs.log; mkdir -p {out.d} && printf 'leaf of a tree\\\\n' > {out.d}/leaf.txt\"\noutputs = { d = \"state/tree\" }\n",
+    );
+    p.cairn(&["run"]).success();
+    let objects: Vec<std::path::PathBuf> = walk_files(&p.path("cache/objects"));
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    let mut bytes = std::fs::read(&objects[0]).unwrap();
+    bytes[0] ^= 0x01;
+    std::fs::write(&objects[0], bytes).unwrap();
+    std::fs::remove_dir_all(p.path("state/tree")).unwrap();
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log").len(), 2, "the damaged copy was used");
+    // The re-run stored a good copy: a restore needs no run now.
+    std::fs::remove_dir_all(p.path("state/tree")).unwrap();
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log").len(), 2);
+    assert_eq!(p.read("state/tree/leaf.txt"), "leaf of a tree\n");
+}
+
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk_files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}

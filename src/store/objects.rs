@@ -219,6 +219,12 @@ impl ObjectStore {
         let mut total = 0;
         for entry in entries.iter_mut() {
             if matches!(entry.kind, EntryKind::File | EntryKind::Executable) {
+                // Listing hashed every file: one already stored (an item's
+                // output, an unchanged file of a re-run) is not copied again.
+                if self.holds(&entry.digest, entry.size) {
+                    total += entry.size;
+                    continue;
+                }
                 let (digest, size) = self.copy_in(&abs.join(&entry.path), staged)?;
                 // The bytes stored are the truth, even if the file changed
                 // since it was listed.
@@ -302,12 +308,15 @@ impl ObjectStore {
         Ok(entries)
     }
 
+    /// Whether the object `digest` is stored with `size` bytes.
+    fn holds(&self, digest: &Digest, size: u64) -> bool {
+        fs::metadata(self.object_path(digest)).is_ok_and(|m| m.len() == size)
+    }
+
     /// True if every object the record needs is present with its size (a
     /// cheap check; restores verify the bytes).
     pub fn is_complete(&self, record: &OutputRecord) -> bool {
-        let present = |digest: &Digest, size: u64| {
-            fs::metadata(self.object_path(digest)).is_ok_and(|m| m.len() == size)
-        };
+        let present = |digest: &Digest, size: u64| self.holds(digest, size);
         match record.kind {
             // Committed in the same transaction as the result itself.
             OutputKind::File if record.inline => true,
@@ -423,7 +432,13 @@ impl ObjectStore {
     ) -> Result<(), StoreError> {
         let source = self.object_path(digest);
         let bytes = fs::read(&source).map_err(|e| StoreError::io(&source, e))?;
-        write_verified(&bytes, digest, &source, dest, executable)
+        let written = write_verified(&bytes, digest, &source, dest, executable);
+        if let Err(StoreError::Corrupt { .. }) = &written {
+            // A damaged object must not be taken for a stored one: gone,
+            // the stage that re-runs stores it afresh.
+            let _ = fs::remove_file(&source);
+        }
+        written
     }
 }
 
