@@ -186,6 +186,23 @@ fn the_quota_gate_refuses_before_copying_anything() {
     assert!(!p.exists("target"), "something was copied");
 }
 
+/// Whether a registry on `port` answers `GET /v2/` with 200.
+fn answers_api_root(port: u16) -> bool {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    if stream
+        .write_all(b"GET /v2/ HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+}
+
 /// A `docker-registry serve` on a free port, stopped when dropped.
 struct Registry {
     child: Child,
@@ -210,24 +227,18 @@ impl Registry {
             ),
         )
         .unwrap();
+        common::require_tool("docker-registry");
+        common::require_tool("curl");
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(&config)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("docker-registry (Debian package `docker-registry`) must be installed; .ci/run installs it");
+            .expect("start docker-registry");
         // Ready when it answers the API root.
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = Command::new("curl")
-                .args(["-sf", &format!("http://127.0.0.1:{port}/v2/")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ready {
-                break;
-            }
+        while !answers_api_root(port) {
             assert!(Instant::now() < deadline, "the registry did not start");
             std::thread::sleep(Duration::from_millis(50));
         }

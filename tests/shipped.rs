@@ -65,6 +65,7 @@ fn the_readme_example_runs_skips_cuts_off_and_explains() {
 
 #[test]
 fn the_shipped_pipeline_runs_end_to_end_then_is_a_no_op() {
+    common::require_tool("python3");
     let p = Project::new();
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines");
     p.file(

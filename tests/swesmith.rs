@@ -27,6 +27,8 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 fn shipped() -> Project {
+    common::require_tool("python3");
+    common::require_tool("patch");
     let p = Project::new();
     let pipelines = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
     std::fs::copy(

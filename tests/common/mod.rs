@@ -51,6 +51,24 @@ impl Run {
     }
 }
 
+/// Stops the test with one line saying how to get `tool` when it is not on
+/// PATH: `scripts/test` installs everything the tests need.
+#[track_caller]
+pub fn require_tool(tool: &str) {
+    let found = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(tool)).is_ok_and(|m| {
+                use std::os::unix::fs::PermissionsExt as _;
+                m.is_file() && m.permissions().mode() & 0o111 != 0
+            })
+        })
+    });
+    assert!(
+        found,
+        "`{tool}` is not installed: run the tests with `scripts/test`, which installs what they need"
+    );
+}
+
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cairn")
 }
