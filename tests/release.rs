@@ -416,6 +416,24 @@ fn assert_refused(p: &Project, bundle: &[u8], extra: &[&str], message: &str) {
         "verify: expected {message:?} in\n{}",
         out.stderr()
     );
+
+    // The same refusal as JSON: the documented keys, plain text problems.
+    args.push("--json");
+    let out = p.cairn(&args);
+    out.code_is(1);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["bundle"], "dist/tampered.tar.zst");
+    let problems = report["problems"].as_array().unwrap();
+    let plain = message.replace('`', "");
+    assert!(
+        problems.iter().any(|p| p.as_str().unwrap().contains(&plain)),
+        "verify --json: expected {plain:?} in {problems:?}"
+    );
+    assert!(
+        problems.iter().all(|p| !p.as_str().unwrap().contains('`')),
+        "markup in {problems:?}"
+    );
 }
 
 #[test]

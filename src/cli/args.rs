@@ -84,6 +84,8 @@ pub struct BundleArgs {
     /// Refuse a bundle that unpacks to more than this.
     #[arg(long, value_name = "SIZE", default_value = "1TiB", value_parser = parse_size)]
     pub max_total_size: u64,
+    /// Machine-readable report on stdout: one JSON object (keys in
+    /// docs/releases.md, "`--json`").
     #[arg(long)]
     pub json: bool,
 }
@@ -143,6 +145,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 pub struct ProvenanceArgs {
     /// An output path (or a file inside an output directory), or a stage.
     pub target: String,
+    /// The chain as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,
     /// `intoto`: an in-toto Statement v1 with an SLSA Provenance v1
@@ -158,6 +161,7 @@ pub enum ProvenanceFormat {
 
 #[derive(Debug, Args)]
 pub struct AuditArgs {
+    /// Every finding as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,
 }
@@ -195,7 +199,8 @@ pub struct StatusArgs {
     /// Limit to these stages and what they depend on.
     #[arg(value_name = "STAGE")]
     pub targets: Vec<String>,
-    /// Machine-readable output (see docs/cli.md).
+    /// Each stage's state and reason as JSON on stdout (schema in
+    /// docs/cli.md).
     #[arg(long)]
     pub json: bool,
 }
@@ -203,6 +208,8 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 pub struct WhyArgs {
     pub stage: String,
+    /// The reason and the changed components as JSON on stdout (schema in
+    /// docs/cli.md).
     #[arg(long)]
     pub json: bool,
 }
@@ -227,6 +234,7 @@ pub struct LogArgs {
     /// How many entries.
     #[arg(short = 'n', long, default_value_t = 20)]
     pub limit: usize,
+    /// Runs or attempts as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,
 }
@@ -243,6 +251,7 @@ pub struct ShowArgs {
     /// fingerprint starts with this (see `code` in `cairn show STAGE`).
     #[arg(long, value_name = "FINGERPRINT")]
     pub code: Option<String>,
+    /// The stage (or item) as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,
 }

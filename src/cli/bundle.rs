@@ -135,6 +135,7 @@ fn refused(bundle: &Path, error: ReleaseError, json: bool) -> Result<(), CliErro
         return Err(error.into());
     };
     if json {
+        let problems: Vec<String> = problems.iter().map(|p| plain_text(p)).collect();
         render::json(&serde_json::json!({
             "ok": false,
             "bundle": bundle,
@@ -147,4 +148,10 @@ fn refused(bundle: &Path, error: ReleaseError, json: bool) -> Result<(), CliErro
         }
     }
     Err(CliError::Exit(exit::STAGE_FAILED))
+}
+
+/// A problem as plain text for `--json`: the human messages mark names and
+/// paths with backticks, which mean nothing to a program reading JSON.
+fn plain_text(problem: &str) -> String {
+    problem.replace('`', "")
 }
