@@ -427,7 +427,9 @@ fn assert_refused(p: &Project, bundle: &[u8], extra: &[&str], message: &str) {
     let problems = report["problems"].as_array().unwrap();
     let plain = message.replace('`', "");
     assert!(
-        problems.iter().any(|p| p.as_str().unwrap().contains(&plain)),
+        problems
+            .iter()
+            .any(|p| p.as_str().unwrap().contains(&plain)),
         "verify --json: expected {plain:?} in {problems:?}"
     );
     assert!(

@@ -19,15 +19,10 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct Global {
-    /// The pipeline manifest.
-    #[arg(
-        short = 'f',
-        long = "file",
-        global = true,
-        default_value = "cairn.toml",
-        value_name = "PATH"
-    )]
-    pub file: PathBuf,
+    /// The pipeline manifest (default: `cairn.toml` in the current
+    /// directory or the nearest parent that has one).
+    #[arg(short = 'f', long = "file", global = true, value_name = "PATH")]
+    pub file: Option<PathBuf>,
     /// Apply the param overrides of `[profiles.NAME]`.
     #[arg(long, global = true, value_name = "NAME")]
     pub profile: Option<String>,

@@ -34,7 +34,7 @@ mod status;
 mod why;
 mod workspace;
 
-use std::io::{ErrorKind, IsTerminal};
+use std::io::ErrorKind;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -89,7 +89,7 @@ fn report(error: &CliError) {
     match error {
         CliError::Exit(_) => {}
         CliError::Manifest(crate::manifest::LoadError::Invalid(errors)) => {
-            eprint!("{}", errors.render(std::io::stderr().is_terminal()));
+            eprint!("{}", errors.render(render::stderr_color()));
         }
         CliError::Usage { message, help } => {
             eprintln!("error: {message}");
@@ -119,7 +119,7 @@ fn init_tracing(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| progress::LogWriter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(render::stderr_color())
         .with_target(false)
         .try_init();
 }

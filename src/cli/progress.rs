@@ -56,7 +56,7 @@ impl HumanReporter {
             bar,
             quiet,
             verbose,
-            color: tty,
+            color: render::stderr_color(),
         }
     }
 

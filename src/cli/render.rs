@@ -3,6 +3,13 @@
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
+/// Whether stderr gets colours: it is a terminal and `NO_COLOR` is not set
+/// to a non-empty value (<https://no-color.org>).
+pub fn stderr_color() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// RFC 3339 UTC time of a millisecond timestamp.
 pub fn time(ms: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);

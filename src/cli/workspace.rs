@@ -1,6 +1,7 @@
 //! Loading the manifest and graph, and opening the cache, for a command.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 
 use super::args::Global;
 use super::error::CliError;
@@ -14,20 +15,40 @@ pub struct Loaded {
     pub dag: Dag,
 }
 
-/// Loads and validates the manifest and its graph; nothing is written.
-pub fn load(global: &Global) -> Result<Loaded, CliError> {
-    if !global.file.exists() {
+/// The manifest a command works on: `-f PATH`, or else `cairn.toml` in the
+/// current directory or the nearest parent that has one (as cargo finds
+/// `Cargo.toml` and git finds `.git`).
+pub fn manifest_path(global: &Global) -> Result<PathBuf, CliError> {
+    if let Some(file) = &global.file {
+        if file.exists() {
+            return Ok(file.clone());
+        }
         return Err(CliError::Usage {
-            message: format!("no manifest at `{}`", global.file.display()),
-            help: Some(if global.file.as_os_str() == "cairn.toml" {
-                "run cairn in a directory with a cairn.toml, or pass `-f path/to/pipeline.toml`"
-                    .to_owned()
-            } else {
-                "check the path given to `-f`".to_owned()
-            }),
+            message: format!("no manifest at `{}`", file.display()),
+            help: Some("check the path given to `-f`".to_owned()),
         });
     }
-    let manifest = manifest::load(&global.file, global.profile.as_deref())?;
+    let cwd = std::env::current_dir().map_err(CliError::Output)?;
+    cwd.ancestors()
+        .map(|dir| dir.join(DEFAULT_MANIFEST))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| CliError::Usage {
+            message: format!(
+                "no `{DEFAULT_MANIFEST}` in `{}` or any parent directory",
+                cwd.display()
+            ),
+            help: Some(format!(
+                "run cairn inside a project with a `{DEFAULT_MANIFEST}`, or pass `-f path/to/pipeline.toml`"
+            )),
+        })
+}
+
+const DEFAULT_MANIFEST: &str = "cairn.toml";
+
+/// Loads and validates the manifest and its graph; nothing is written.
+pub fn load(global: &Global) -> Result<Loaded, CliError> {
+    let path = manifest_path(global)?;
+    let manifest = manifest::load(&path, global.profile.as_deref())?;
     let dag = Dag::build(&manifest).map_err(LoadError::from)?;
     Ok(Loaded { manifest, dag })
 }
