@@ -464,6 +464,7 @@ fn a_schema_3_ledger_is_migrated_and_keeps_its_history() {
     p.cairn(&["run"]).success();
     {
         let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+        common::downgrade_to_schema_5(&db);
         db.execute_batch(
             "ALTER TABLE items DROP COLUMN code; ALTER TABLE items DROP COLUMN outputs; ALTER TABLE item_attempts DROP COLUMN code; PRAGMA user_version = 3;",
         )
@@ -481,7 +482,7 @@ fn a_schema_3_ledger_is_migrated_and_keeps_its_history() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 }
 
 /// A per-item stage whose items each write a directory (`item_outputs`).

@@ -4,11 +4,15 @@ use super::args::{AuditArgs, Global};
 use super::error::{CliError, exit};
 use super::render;
 use super::workspace;
-use crate::store::{Ledger, audit};
+use crate::store::{Ledger, PipelineId, audit};
 
 pub fn audit_cmd(global: &Global, args: &AuditArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
-    let Some(ledger) = Ledger::open_existing(&loaded.manifest.cache_dir())? else {
+    let Some(ledger) = Ledger::open_existing(
+        &loaded.manifest.cache_dir(),
+        &PipelineId::of(&loaded.manifest),
+    )?
+    else {
         return Err(CliError::usage(format!(
             "nothing to audit: no ledger under `{}` yet; `cairn run` records one",
             loaded.manifest.cache_dir().display()

@@ -45,7 +45,9 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Manifest(_) | CliError::Usage { .. } => exit::BAD_INPUT,
-            CliError::Store(StoreError::Locked { .. }) => exit::BAD_INPUT,
+            CliError::Store(StoreError::Locked { .. } | StoreError::PipelineNameTaken { .. }) => {
+                exit::BAD_INPUT
+            }
             CliError::Exit(code) => *code,
             CliError::Schedule(_)
             | CliError::Store(_)

@@ -1,7 +1,9 @@
 //! `cairn gc`: drop stored objects that no current result references.
 //!
-//! Live: the objects of the newest successful result of each stage in the
-//! manifest. Older results whose objects are dropped stop counting as cache
+//! Live (see `store::live_outputs`): the objects of each stage's newest
+//! successful result and of the result its lock file names, for this
+//! pipeline and for every other pipeline sharing the project root's
+//! `cache/`. Older results whose objects are dropped stop counting as cache
 //! hits (a hit requires its objects), so nothing invalid is ever reused.
 
 use std::collections::HashSet;
@@ -12,7 +14,8 @@ use super::error::CliError;
 use super::workspace;
 use crate::fingerprint::Digest;
 use crate::store::{
-    Ledger, ObjectStore, OutputKind, OutputRecord, StoreError, WhenLocked, WorkspaceLock,
+    Ledger, ObjectStore, OutputKind, PipelineId, StoreError, WhenLocked, WorkspaceLock,
+    live_outputs,
 };
 
 pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
@@ -26,35 +29,20 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
         let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
         eprintln!("waiting for another cairn process{who} to release the workspace…");
     })?;
-    let ledger = Ledger::open(&cache)?;
+    let ledger = Ledger::open(&cache, &PipelineId::of(&loaded.manifest))?;
     let store = ObjectStore::new(&cache);
-    let latest = ledger.latest_ok_all()?;
-
     let mut live_objects: HashSet<Digest> = HashSet::new();
     let mut live_trees: HashSet<Digest> = HashSet::new();
     let mut live_inline: HashSet<Digest> = HashSet::new();
-    let mut keep = |output: &OutputRecord| {
+    for output in live_outputs(&loaded.manifest, &ledger)? {
         if output.inline {
             live_inline.insert(output.digest);
-            return;
+            continue;
         }
         if output.kind == OutputKind::Dir {
             live_trees.insert(output.digest);
         }
-        live_objects.extend(store.referenced(output));
-    };
-    for stage in &loaded.manifest.stages {
-        if let Some(record) = latest.get(&stage.name) {
-            record.outputs.iter().for_each(&mut keep);
-        }
-        // What per-item stages' items wrote stays restorable, item by item.
-        if stage
-            .foreach
-            .as_ref()
-            .is_some_and(|f| !f.item_outputs.is_empty())
-        {
-            ledger.item_outputs(&stage.name)?.iter().for_each(&mut keep);
-        }
+        live_objects.extend(store.referenced(&output));
     }
 
     let mut dead: Vec<(PathBuf, u64)> = Vec::new();

@@ -4,11 +4,15 @@ use super::args::{Global, ProvenanceArgs};
 use super::error::CliError;
 use super::render;
 use super::workspace;
-use crate::store::{AttestationError, Ledger, LineageError, lineage, statement};
+use crate::store::{AttestationError, Ledger, LineageError, PipelineId, lineage, statement};
 
 pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
-    let Some(ledger) = Ledger::open_existing(&loaded.manifest.cache_dir())? else {
+    let Some(ledger) = Ledger::open_existing(
+        &loaded.manifest.cache_dir(),
+        &PipelineId::of(&loaded.manifest),
+    )?
+    else {
         return Err(CliError::usage("no ledger yet: `cairn run` records one"));
     };
     let lineage = match lineage(&loaded.manifest, &loaded.dag, &ledger, &args.target) {

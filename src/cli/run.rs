@@ -5,7 +5,7 @@ use super::error::{CliError, exit};
 use super::progress::HumanReporter;
 use super::workspace;
 use crate::schedule::{self, Context, RunOptions, State};
-use crate::store::{Ledger, WhenLocked, WorkspaceLock};
+use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
@@ -56,7 +56,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
             cache.display()
         );
     })?;
-    let ledger = Ledger::open(&cache)?;
+    let ledger = Ledger::open(&cache, &PipelineId::of(&loaded.manifest))?;
     let mut ctx = Context::new(&loaded.manifest, &loaded.dag, Some(ledger))?;
     ctx.explain = !global.quiet;
     let options = RunOptions {

@@ -8,7 +8,7 @@ use super::error::CliError;
 use crate::graph::Dag;
 use crate::manifest::{self, LoadError, Manifest};
 use crate::schedule::Context;
-use crate::store::{Ledger, WorkspaceLock};
+use crate::store::{Ledger, PipelineId, WorkspaceLock};
 
 pub struct Loaded {
     pub manifest: Manifest,
@@ -100,7 +100,8 @@ impl Loaded {
 
     /// A read-only view: the ledger if one exists; writes nothing.
     pub fn read_context(&self) -> Result<Context<'_>, CliError> {
-        let ledger = Ledger::open_existing(&self.manifest.cache_dir())?;
+        let ledger =
+            Ledger::open_existing(&self.manifest.cache_dir(), &PipelineId::of(&self.manifest))?;
         Ok(Context::new(&self.manifest, &self.dag, ledger)?)
     }
 

@@ -16,6 +16,6 @@ pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest, Named,
-    OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage, Uses,
+    OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage, Uses, lock_path_of,
 };
 pub use raw::Span;

@@ -327,13 +327,17 @@ impl Manifest {
 
     /// `<manifest-stem>.lock` beside the manifest.
     pub fn lock_path(&self) -> PathBuf {
-        let stem = self
-            .path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "cairn".to_owned());
-        self.path.with_file_name(format!("{stem}.lock"))
+        lock_path_of(&self.path)
     }
+}
+
+/// The lock file of the manifest at `manifest`: `<stem>.lock` beside it.
+pub fn lock_path_of(manifest: &Path) -> PathBuf {
+    let stem = manifest
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "cairn".to_owned());
+    manifest.with_file_name(format!("{stem}.lock"))
 }
 
 /// Which stage writes which path: `(stage index, output index)` by path.

@@ -1,8 +1,11 @@
 //! The run ledger: an SQLite database at `cache/ledger.db`.
 //!
 //! Tables: `runs` (one row per `cairn run`), `results` (one row per stage
-//! execution, with its full key and output records as JSON) and
-//! `stat_cache`. Each result is one transaction, written only after its
+//! execution, with its full key and output records as JSON), `heads`,
+//! `items`, `item_attempts`, inline `objects` and `stat_cache`; see
+//! [`schema`] for their history. A connection speaks for one pipeline (see
+//! [`pipelines`]): every read and write of runs, results, heads and items
+//! is that pipeline's. Each result is one transaction, written only after its
 //! outputs are in the object store; SQLite's journal makes a `kill -9`
 //! leave either the whole row or none of it.
 
@@ -16,95 +19,13 @@ use super::StoreError;
 use super::objects::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
-/// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 5;
+mod pipelines;
+mod schema;
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    started_ms INTEGER NOT NULL,
-    finished_ms INTEGER,
-    status TEXT NOT NULL,
-    command TEXT NOT NULL,
-    profile TEXT,
-    token TEXT,
-    executed INTEGER NOT NULL DEFAULT 0,
-    fresh INTEGER NOT NULL DEFAULT 0,
-    restored INTEGER NOT NULL DEFAULT 0,
-    failed INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS results (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    stage TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    status TEXT NOT NULL,
-    key_json TEXT NOT NULL,
-    outputs_json TEXT NOT NULL,
-    command TEXT NOT NULL,
-    started_ms INTEGER NOT NULL,
-    finished_ms INTEGER NOT NULL,
-    exit_code INTEGER,
-    log_path TEXT,
-    error TEXT
-);
-CREATE INDEX IF NOT EXISTS results_by_stage ON results(stage, fingerprint, status);
--- The newest successful result and the newest attempt of each stage, kept
--- with every insert, so that reading them costs O(stages), not O(history).
-CREATE TABLE IF NOT EXISTS heads (
-    stage TEXT PRIMARY KEY,
-    ok_id INTEGER,
-    attempt_id INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS objects (
-    digest BLOB PRIMARY KEY,
-    bytes BLOB NOT NULL
-) WITHOUT ROWID;
--- The newest outcome of each item of a per-item stage, by fingerprint.
-CREATE TABLE IF NOT EXISTS items (
-    stage TEXT NOT NULL,
-    key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    class TEXT NOT NULL,
-    attempts INTEGER NOT NULL,
-    run_id INTEGER NOT NULL,
-    finished_ms INTEGER NOT NULL,
-    -- The JSON result the item's command wrote (`item_result`), if any.
-    result TEXT,
-    -- The fingerprint of the stage's code (its template: command, checks,
-    -- params, stage inputs, …) that produced this outcome.
-    code TEXT,
-    -- The item's outputs (`item_outputs`), as a JSON array of records.
-    outputs TEXT,
-    PRIMARY KEY (stage, key, fingerprint)
-) WITHOUT ROWID;
--- Every attempt of every item.
-CREATE TABLE IF NOT EXISTS item_attempts (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL,
-    stage TEXT NOT NULL,
-    key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    started_ms INTEGER NOT NULL,
-    finished_ms INTEGER NOT NULL,
-    exit_code INTEGER,
-    class TEXT NOT NULL,
-    rule TEXT,
-    log_path TEXT,
-    code TEXT
-);
-CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(stage, key, id);
-CREATE TABLE IF NOT EXISTS stat_cache (
-    path TEXT PRIMARY KEY,
-    dev INTEGER NOT NULL,
-    ino INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    ctime_ns INTEGER NOT NULL,
-    digest TEXT NOT NULL
-);
-";
+use pipelines::Claim;
+pub use pipelines::PipelineId;
+pub use schema::LEDGER_SCHEMA_VERSION;
+use schema::{OLDEST_MIGRATED, SCHEMA};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -226,6 +147,8 @@ pub struct RunCounts {
 pub struct Ledger {
     conn: Connection,
     path: PathBuf,
+    /// The pipeline whose history this connection reads and writes.
+    pipeline: PipelineId,
 }
 
 /// The columns a [`ResultRecord`] is read from. The key (large: one
@@ -233,25 +156,34 @@ pub struct Ledger {
 const RESULT_COLUMNS: &str = "id, run_id, stage, fingerprint, status, NULL, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error";
 
 impl Ledger {
-    /// Opens (creating if needed) the ledger in `cache`.
-    pub fn open(cache: &Path) -> Result<Self, StoreError> {
+    /// Opens (creating if needed) the ledger in `cache` for `pipeline`,
+    /// recording which manifest the pipeline's name belongs to.
+    pub fn open(cache: &Path, pipeline: &PipelineId) -> Result<Self, StoreError> {
         std::fs::create_dir_all(cache).map_err(|e| StoreError::io(cache, e))?;
         let path = cache.join("ledger.db");
         let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
-        Self::setup(conn, path)
+        let ledger = Self::setup(conn, path, cache, pipeline)?;
+        pipelines::register(&ledger.conn, pipeline).map_err(|e| ledger.db(e))?;
+        Ok(ledger)
     }
 
-    /// Opens an existing ledger read-only; `None` if there is none yet.
-    pub fn open_existing(cache: &Path) -> Result<Option<Self>, StoreError> {
+    /// Opens an existing ledger for reading `pipeline`'s history; `None`
+    /// if there is none yet.
+    pub fn open_existing(cache: &Path, pipeline: &PipelineId) -> Result<Option<Self>, StoreError> {
         let path = cache.join("ledger.db");
         if !path.exists() {
             return Ok(None);
         }
         let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
-        Self::setup(conn, path).map(Some)
+        Self::setup(conn, path, cache, pipeline).map(Some)
     }
 
-    fn setup(conn: Connection, path: PathBuf) -> Result<Self, StoreError> {
+    fn setup(
+        conn: Connection,
+        path: PathBuf,
+        cache: &Path,
+        pipeline: &PipelineId,
+    ) -> Result<Self, StoreError> {
         // Closing the last connection would otherwise checkpoint the WAL on
         // every command, even a read-only `status`; SQLite checkpoints on
         // its own as the WAL grows.
@@ -270,7 +202,7 @@ impl Ledger {
                 |row| row.get(0),
             )
             .map_err(|e| StoreError::db(&path, e))?;
-        let migrate = version == 3 || version == 4;
+        let migrate = (OLDEST_MIGRATED..LEDGER_SCHEMA_VERSION).contains(&version);
         if version != LEDGER_SCHEMA_VERSION && !(version == 0 && tables == 0) && !migrate {
             return Err(StoreError::LedgerVersion {
                 path,
@@ -285,23 +217,53 @@ impl Ledger {
                 if version == LEDGER_SCHEMA_VERSION {
                     Ok(())
                 } else if migrate {
-                    // 3 → 4: items record the code fingerprint behind them;
-                    // 4 → 5: and their outputs.
-                    let to_4 = if version == 3 {
-                        "ALTER TABLE items ADD COLUMN code TEXT; ALTER TABLE item_attempts ADD COLUMN code TEXT;"
-                    } else {
-                        ""
-                    };
-                    conn.execute_batch(&format!(
-                        "BEGIN; {to_4} ALTER TABLE items ADD COLUMN outputs TEXT; PRAGMA user_version = {LEDGER_SCHEMA_VERSION}; COMMIT;"
-                    ))
+                    schema::migrate(&conn, version, &pipeline.name, &pipeline.manifest)
                 } else {
                     conn.execute_batch(SCHEMA)?;
                     conn.execute_batch(&format!("PRAGMA user_version = {LEDGER_SCHEMA_VERSION}"))
                 }
             })
             .map_err(|e| StoreError::db(&path, e))?;
-        Ok(Self { conn, path })
+        let root = cache.parent().unwrap_or(cache);
+        match pipelines::claim(&conn, root, pipeline).map_err(|e| StoreError::db(&path, e))? {
+            Claim::Free | Claim::Ours | Claim::Orphaned => {}
+            Claim::Taken { manifest } => {
+                return Err(StoreError::PipelineNameTaken {
+                    name: pipeline.name.clone(),
+                    holder: manifest,
+                    manifest: pipeline.manifest.clone(),
+                    root: root.to_owned(),
+                });
+            }
+        }
+        Ok(Self {
+            conn,
+            path,
+            pipeline: pipeline.clone(),
+        })
+    }
+
+    /// The pipeline this connection speaks for.
+    pub fn pipeline(&self) -> &PipelineId {
+        &self.pipeline
+    }
+
+    /// Every pipeline that has recorded history in this ledger.
+    pub fn pipelines(&self) -> Result<Vec<PipelineId>, StoreError> {
+        pipelines::all(&self.conn).map_err(|e| self.db(e))
+    }
+
+    /// The same ledger file, speaking for another pipeline (read-only use:
+    /// `gc` reading what every pipeline's results need).
+    pub fn for_pipeline(&self, pipeline: &PipelineId) -> Result<Self, StoreError> {
+        let conn = Connection::open(&self.path).map_err(|e| self.db(e))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(|e| self.db(e))?;
+        Ok(Self {
+            conn,
+            path: self.path.clone(),
+            pipeline: pipeline.clone(),
+        })
     }
 
     fn db(&self, e: rusqlite::Error) -> StoreError {
@@ -317,8 +279,8 @@ impl Ledger {
     ) -> Result<i64, StoreError> {
         self.conn
             .execute(
-                "INSERT INTO runs (started_ms, status, command, profile, token) VALUES (?1, 'running', ?2, ?3, ?4)",
-                params![now_ms(), command, profile, token],
+                "INSERT INTO runs (started_ms, status, command, profile, token, pipeline) VALUES (?1, 'running', ?2, ?3, ?4, ?5)",
+                params![now_ms(), command, profile, token, self.pipeline.name],
             )
             .map_err(|e| self.db(e))?;
         Ok(self.conn.last_insert_rowid())
@@ -362,8 +324,8 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare_cached(
-                "INSERT INTO results (run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                "INSERT INTO results (run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error, pipeline)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )
             .map_err(|e| self.db(e))?;
         statement
@@ -380,22 +342,23 @@ impl Ledger {
                 result.exit_code,
                 result.log_path,
                 result.error,
+                self.pipeline.name,
             ])
             .map_err(|e| self.db(e))?;
         drop(statement);
         let id = self.conn.last_insert_rowid();
         let head = match result.status {
             ResultStatus::Ok => {
-                "INSERT INTO heads (stage, ok_id, attempt_id) VALUES (?1, ?2, ?2)
-                 ON CONFLICT(stage) DO UPDATE SET ok_id = ?2, attempt_id = ?2"
+                "INSERT INTO heads (pipeline, stage, ok_id, attempt_id) VALUES (?3, ?1, ?2, ?2)
+                 ON CONFLICT(pipeline, stage) DO UPDATE SET ok_id = ?2, attempt_id = ?2"
             }
             ResultStatus::Failed => {
-                "INSERT INTO heads (stage, ok_id, attempt_id) VALUES (?1, NULL, ?2)
-                 ON CONFLICT(stage) DO UPDATE SET attempt_id = ?2"
+                "INSERT INTO heads (pipeline, stage, ok_id, attempt_id) VALUES (?3, ?1, NULL, ?2)
+                 ON CONFLICT(pipeline, stage) DO UPDATE SET attempt_id = ?2"
             }
         };
         tx.prepare_cached(head)
-            .and_then(|mut s| s.execute(params![result.stage, id]))
+            .and_then(|mut s| s.execute(params![result.stage, id, self.pipeline.name]))
             .map_err(|e| self.db(e))?;
         tx.commit().map_err(|e| self.db(e))?;
         Ok(id)
@@ -407,11 +370,11 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare_cached(
-                "SELECT key, fingerprint, class, attempts, result, outputs FROM items WHERE stage = ?1",
+                "SELECT key, fingerprint, class, attempts, result, outputs FROM items WHERE pipeline = ?2 AND stage = ?1",
             )
             .map_err(|e| self.db(e))?;
         let rows = statement
-            .query_map(params![stage], |row| {
+            .query_map(params![stage, self.pipeline.name], |row| {
                 Ok((
                     row.get::<_, String>(0)?,
                     row.get::<_, String>(1)?,
@@ -439,10 +402,31 @@ impl Ledger {
     pub fn item_outputs(&self, stage: &str) -> Result<Vec<OutputRecord>, StoreError> {
         let mut statement = self
             .conn
-            .prepare("SELECT outputs FROM items WHERE stage = ?1 AND outputs IS NOT NULL")
+            .prepare("SELECT outputs FROM items WHERE pipeline = ?2 AND stage = ?1 AND outputs IS NOT NULL")
             .map_err(|e| self.db(e))?;
         let rows = statement
-            .query_map(params![stage], |row| row.get::<_, String>(0))
+            .query_map(params![stage, self.pipeline.name], |row| {
+                row.get::<_, String>(0)
+            })
+            .map_err(|e| self.db(e))?;
+        let mut records = Vec::new();
+        for row in rows {
+            let text = row.map_err(|e| self.db(e))?;
+            if let Ok(mut parsed) = serde_json::from_str::<Vec<OutputRecord>>(&text) {
+                records.append(&mut parsed);
+            }
+        }
+        Ok(records)
+    }
+
+    /// Every output recorded with an outcome of any item of any stage.
+    pub fn all_item_outputs(&self) -> Result<Vec<OutputRecord>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT outputs FROM items WHERE pipeline = ?1 AND outputs IS NOT NULL")
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![self.pipeline.name], |row| row.get::<_, String>(0))
             .map_err(|e| self.db(e))?;
         let mut records = Vec::new();
         for row in rows {
@@ -460,14 +444,14 @@ impl Ledger {
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code, pipeline)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )
                 .map_err(|e| self.db(e))?;
             let mut upsert = tx
                 .prepare_cached(
-                    "INSERT INTO items (stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9)
-                     ON CONFLICT(stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8, outputs = ?9",
+                    "INSERT INTO items (pipeline, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs) VALUES (?10, ?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT(pipeline, stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8, outputs = ?9",
                 )
                 .map_err(|e| self.db(e))?;
             for attempt in attempts {
@@ -491,6 +475,7 @@ impl Ledger {
                         attempt.rule,
                         attempt.log_path,
                         code,
+                        self.pipeline.name,
                     ])
                     .map_err(|e| self.db(e))?;
                 upsert
@@ -504,6 +489,7 @@ impl Ledger {
                         attempt.result,
                         code,
                         outputs,
+                        self.pipeline.name,
                     ])
                     .map_err(|e| self.db(e))?;
             }
@@ -517,11 +503,11 @@ impl Ledger {
             .conn
             .prepare(
                 "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code
-                 FROM item_attempts WHERE stage = ?1 AND key = ?2 ORDER BY id",
+                 FROM item_attempts WHERE pipeline = ?3 AND stage = ?1 AND key = ?2 ORDER BY id",
             )
             .map_err(|e| self.db(e))?;
         let rows = statement
-            .query_map(params![stage, key], |row| {
+            .query_map(params![stage, key, self.pipeline.name], |row| {
                 let fingerprint: String = row.get(3)?;
                 Ok(ItemAttempt {
                     run_id: row.get(0)?,
@@ -567,11 +553,11 @@ impl Ledger {
             .conn
             .prepare(
                 "SELECT key, fingerprint, code, class, attempts, run_id, finished_ms FROM items
-                 WHERE stage = ?1 AND (?2 IS NULL OR code LIKE ?2) ORDER BY key, finished_ms",
+                 WHERE pipeline = ?3 AND stage = ?1 AND (?2 IS NULL OR code LIKE ?2) ORDER BY key, finished_ms",
             )
             .map_err(|e| self.db(e))?;
         let rows = statement
-            .query_map(params![stage, pattern], |row| {
+            .query_map(params![stage, pattern, self.pipeline.name], |row| {
                 Ok(ItemRecord {
                     key: row.get(0)?,
                     fingerprint: row.get(1)?,
@@ -651,18 +637,18 @@ impl Ledger {
     /// The newest successful result of every stage.
     pub fn latest_ok_all(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
         let sql = format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT ok_id FROM heads WHERE ok_id IS NOT NULL)"
+            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT ok_id FROM heads WHERE pipeline = ?1 AND ok_id IS NOT NULL)"
         );
-        let records = self.query(&sql, [])?;
+        let records = self.query(&sql, [&self.pipeline.name])?;
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
     }
 
     /// Stages whose newest attempt failed, with that attempt.
     pub fn latest_failures(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
         let sql = format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT attempt_id FROM heads) AND status = 'failed'"
+            "SELECT {RESULT_COLUMNS} FROM results WHERE id IN (SELECT attempt_id FROM heads WHERE pipeline = ?1) AND status = 'failed'"
         );
-        let records = self.query(&sql, [])?;
+        let records = self.query(&sql, [&self.pipeline.name])?;
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
     }
 
@@ -673,10 +659,13 @@ impl Ledger {
         fingerprint: &Digest,
     ) -> Result<Option<ResultRecord>, StoreError> {
         let sql = format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE stage = ?1 AND fingerprint = ?2 AND status = 'ok' ORDER BY id DESC LIMIT 1"
+            "SELECT {RESULT_COLUMNS} FROM results WHERE pipeline = ?3 AND stage = ?1 AND fingerprint = ?2 AND status = 'ok' ORDER BY id DESC LIMIT 1"
         );
         Ok(self
-            .query(&sql, params![stage, fingerprint.to_string()])?
+            .query(
+                &sql,
+                params![stage, fingerprint.to_string(), self.pipeline.name],
+            )?
             .into_iter()
             .next())
     }
@@ -690,13 +679,15 @@ impl Ledger {
         match stage {
             Some(stage) => {
                 let sql = format!(
-                    "SELECT {RESULT_COLUMNS} FROM results WHERE stage = ?1 ORDER BY id DESC LIMIT ?2"
+                    "SELECT {RESULT_COLUMNS} FROM results WHERE pipeline = ?3 AND stage = ?1 ORDER BY id DESC LIMIT ?2"
                 );
-                self.query(&sql, params![stage, limit as i64])
+                self.query(&sql, params![stage, limit as i64, self.pipeline.name])
             }
             None => {
-                let sql = format!("SELECT {RESULT_COLUMNS} FROM results ORDER BY id DESC LIMIT ?1");
-                self.query(&sql, params![limit as i64])
+                let sql = format!(
+                    "SELECT {RESULT_COLUMNS} FROM results WHERE pipeline = ?2 ORDER BY id DESC LIMIT ?1"
+                );
+                self.query(&sql, params![limit as i64, self.pipeline.name])
             }
         }
     }
@@ -704,10 +695,10 @@ impl Ledger {
     pub fn runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT id, started_ms, finished_ms, status, command, profile, executed, fresh, restored, failed FROM runs ORDER BY id DESC LIMIT ?1")
+            .prepare("SELECT id, started_ms, finished_ms, status, command, profile, executed, fresh, restored, failed FROM runs WHERE pipeline = ?2 ORDER BY id DESC LIMIT ?1")
             .map_err(|e| self.db(e))?;
         let rows = stmt
-            .query_map(params![limit as i64], |row| {
+            .query_map(params![limit as i64, self.pipeline.name], |row| {
                 Ok(RunRecord {
                     id: row.get(0)?,
                     started_ms: row.get(1)?,

@@ -5,6 +5,7 @@ mod attestation;
 mod audit;
 mod current;
 mod ledger;
+mod live;
 mod lockfile;
 mod objects;
 mod provenance;
@@ -13,9 +14,10 @@ mod workspace_lock;
 pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
 pub use audit::{AuditReport, Mismatch, MismatchKind, audit};
 pub use ledger::{
-    ItemAttempt, ItemRecord, Ledger, NewResult, ResultRecord, ResultStatus, RunCounts, RunRecord,
-    now_ms,
+    ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId, ResultRecord,
+    ResultStatus, RunCounts, RunRecord, now_ms,
 };
+pub use live::live_outputs;
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};
 pub use objects::{
     INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,
@@ -49,6 +51,18 @@ pub enum StoreError {
         path: PathBuf,
         found: i64,
         expected: i64,
+    },
+    #[error(
+        "the pipeline name `{name}` of `{manifest}` is taken by `{holder}` in the project root `{}`; give one of them another `[pipeline] name` so that their histories stay apart",
+        root.display()
+    )]
+    PipelineNameTaken {
+        name: String,
+        /// The manifest that holds the name.
+        holder: String,
+        /// The manifest refused.
+        manifest: String,
+        root: PathBuf,
     },
     #[error("another cairn process{} holds the workspace lock `{}`", holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), path.display())]
     Locked { path: PathBuf, holder: Option<u32> },

@@ -173,3 +173,33 @@ pub fn intoto_errors(statement: &serde_json::Value) -> Vec<String> {
         .map(|e| format!("{e} at {}", e.instance_path()))
         .collect()
 }
+
+/// Turns a current ledger back into schema 5: no pipeline columns, heads
+/// and items keyed without one, no `pipelines` table.
+pub fn downgrade_to_schema_5(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "BEGIN;
+         DROP INDEX results_by_stage;
+         DROP INDEX item_attempts_by_item;
+         ALTER TABLE runs DROP COLUMN pipeline;
+         ALTER TABLE results DROP COLUMN pipeline;
+         ALTER TABLE item_attempts DROP COLUMN pipeline;
+         CREATE TABLE heads_old (stage TEXT PRIMARY KEY, ok_id INTEGER, attempt_id INTEGER NOT NULL);
+         INSERT INTO heads_old SELECT stage, ok_id, attempt_id FROM heads;
+         DROP TABLE heads;
+         ALTER TABLE heads_old RENAME TO heads;
+         CREATE TABLE items_old (stage TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+             class TEXT NOT NULL, attempts INTEGER NOT NULL, run_id INTEGER NOT NULL,
+             finished_ms INTEGER NOT NULL, result TEXT, code TEXT, outputs TEXT,
+             PRIMARY KEY (stage, key, fingerprint)) WITHOUT ROWID;
+         INSERT INTO items_old SELECT stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs FROM items;
+         DROP TABLE items;
+         ALTER TABLE items_old RENAME TO items;
+         CREATE INDEX results_by_stage ON results(stage, fingerprint, status);
+         CREATE INDEX item_attempts_by_item ON item_attempts(stage, key, id);
+         DROP TABLE pipelines;
+         PRAGMA user_version = 5;
+         COMMIT;",
+    )
+    .unwrap();
+}

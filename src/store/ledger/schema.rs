@@ -1,0 +1,175 @@
+//! The ledger's tables and the ordered migrations that bring an older
+//! ledger up to them.
+//!
+//! Schema history (`PRAGMA user_version`):
+//!
+//! | version | change |
+//! |---|---|
+//! | 3 | oldest ledger still read |
+//! | 4 | items and item attempts record the code fingerprint behind them |
+//! | 5 | items record their outputs |
+//! | 6 | runs, results, heads, items and item attempts belong to a pipeline (its `[pipeline] name`); `pipelines` records which manifest each name belongs to |
+//!
+//! The object store, the inline objects and the stat cache are shared by
+//! every pipeline of the project root: content is content, whoever made it.
+
+use rusqlite::{Connection, params};
+
+/// Bumped on any change to the tables below.
+pub const LEDGER_SCHEMA_VERSION: i64 = 6;
+
+/// The oldest schema a migration starts from.
+pub const OLDEST_MIGRATED: i64 = 3;
+
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER,
+    status TEXT NOT NULL,
+    command TEXT NOT NULL,
+    profile TEXT,
+    token TEXT,
+    executed INTEGER NOT NULL DEFAULT 0,
+    fresh INTEGER NOT NULL DEFAULT 0,
+    restored INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0,
+    pipeline TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS results (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    key_json TEXT NOT NULL,
+    outputs_json TEXT NOT NULL,
+    command TEXT NOT NULL,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER NOT NULL,
+    exit_code INTEGER,
+    log_path TEXT,
+    error TEXT,
+    pipeline TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS results_by_stage ON results(pipeline, stage, fingerprint, status);
+-- The newest successful result and the newest attempt of each stage, kept
+-- with every insert, so that reading them costs O(stages), not O(history).
+CREATE TABLE IF NOT EXISTS heads (
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    ok_id INTEGER,
+    attempt_id INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, stage)
+);
+CREATE TABLE IF NOT EXISTS objects (
+    digest BLOB PRIMARY KEY,
+    bytes BLOB NOT NULL
+) WITHOUT ROWID;
+-- The newest outcome of each item of a per-item stage, by fingerprint.
+CREATE TABLE IF NOT EXISTS items (
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    class TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    run_id INTEGER NOT NULL,
+    finished_ms INTEGER NOT NULL,
+    -- The JSON result the item's command wrote (`item_result`), if any.
+    result TEXT,
+    -- The fingerprint of the stage's code (its template: command, checks,
+    -- params, stage inputs, …) that produced this outcome.
+    code TEXT,
+    -- The item's outputs (`item_outputs`), as a JSON array of records.
+    outputs TEXT,
+    PRIMARY KEY (pipeline, stage, key, fingerprint)
+) WITHOUT ROWID;
+-- Every attempt of every item.
+CREATE TABLE IF NOT EXISTS item_attempts (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL,
+    finished_ms INTEGER NOT NULL,
+    exit_code INTEGER,
+    class TEXT NOT NULL,
+    rule TEXT,
+    log_path TEXT,
+    code TEXT,
+    pipeline TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(pipeline, stage, key, id);
+CREATE TABLE IF NOT EXISTS stat_cache (
+    path TEXT PRIMARY KEY,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    digest TEXT NOT NULL
+);
+-- Which manifest (relative to the project root) each pipeline name is.
+CREATE TABLE IF NOT EXISTS pipelines (
+    name TEXT PRIMARY KEY,
+    manifest TEXT NOT NULL
+);
+";
+
+/// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
+/// [`LEDGER_SCHEMA_VERSION`] in one transaction. History recorded before
+/// pipelines had names belongs to `pipeline` (with its `manifest`): the
+/// pipeline that opens the old ledger first. A root with one manifest (the
+/// only layout older versions kept apart) keeps all of its history.
+pub fn migrate(
+    conn: &Connection,
+    from: i64,
+    pipeline: &str,
+    manifest: &str,
+) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    if from < 4 {
+        tx.execute_batch(
+            "ALTER TABLE items ADD COLUMN code TEXT;
+             ALTER TABLE item_attempts ADD COLUMN code TEXT;",
+        )?;
+    }
+    if from < 5 {
+        tx.execute_batch("ALTER TABLE items ADD COLUMN outputs TEXT;")?;
+    }
+    if from < 6 {
+        tx.execute_batch(
+            "ALTER TABLE runs ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
+             ALTER TABLE results ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
+             ALTER TABLE item_attempts ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
+             DROP INDEX IF EXISTS results_by_stage;
+             DROP INDEX IF EXISTS item_attempts_by_item;
+             ALTER TABLE heads RENAME TO heads_v5;
+             ALTER TABLE items RENAME TO items_v5;",
+        )?;
+        tx.execute_batch(SCHEMA)?;
+        for table in ["runs", "results", "item_attempts"] {
+            tx.execute(&format!("UPDATE {table} SET pipeline = ?1"), [pipeline])?;
+        }
+        tx.execute(
+            "INSERT INTO heads (pipeline, stage, ok_id, attempt_id)
+             SELECT ?1, stage, ok_id, attempt_id FROM heads_v5",
+            [pipeline],
+        )?;
+        tx.execute(
+            "INSERT INTO items (pipeline, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs)
+             SELECT ?1, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs FROM items_v5",
+            [pipeline],
+        )?;
+        tx.execute_batch("DROP TABLE heads_v5; DROP TABLE items_v5;")?;
+        tx.execute(
+            "INSERT OR REPLACE INTO pipelines (name, manifest) VALUES (?1, ?2)",
+            params![pipeline, manifest],
+        )?;
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {LEDGER_SCHEMA_VERSION}"))?;
+    tx.commit()
+}
