@@ -210,3 +210,55 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     }
     assert_eq!(ran, expected, "{stderr}");
 }
+
+/// Every task whose gold patch was made against another revision (the
+/// fixture's `bad-patch` defect) is rejected by the static filter: the patch
+/// must apply exactly, with no fuzz. Each repository function is tried,
+/// with an intact task of the same function as the control.
+#[test]
+fn a_gold_patch_that_needs_fuzz_to_apply_is_statically_rejected() {
+    common::require_tool("python3");
+    common::require_tool("patch");
+    let dir = tempfile::tempdir().unwrap();
+    let pipelines = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/swesmith-curation");
+    let tool = pipelines.join("swesmith.py");
+    let mut tried = 0;
+    for template in ["dateparse", "listutil", "mathops", "textkit"] {
+        let mutations: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(pipelines.join(format!("repos/{template}/mutations.json")))
+                .unwrap(),
+        )
+        .unwrap();
+        for func in mutations.keys() {
+            for (defect, accepted) in [("bad-patch", false), ("none", true)] {
+                let task = dir.path().join(format!("{template}-{func}-{defect}"));
+                let made = std::process::Command::new("python3")
+                    .arg(&tool)
+                    .arg("materialize-one")
+                    .arg(&task)
+                    .args(["id", "repo", template, func, defect, "image"])
+                    .output()
+                    .unwrap();
+                assert!(made.status.success(), "{made:?}");
+                let checked = std::process::Command::new("python3")
+                    .arg(&tool)
+                    .arg("static-check")
+                    .arg(&task)
+                    .arg(task.with_extension("json"))
+                    .output()
+                    .unwrap();
+                let stdout = String::from_utf8_lossy(&checked.stdout);
+                assert_eq!(
+                    checked.status.success(),
+                    accepted,
+                    "{template}/{func} with defect {defect}: {stdout}"
+                );
+                if !accepted {
+                    assert!(stdout.contains("gold patch does not apply"), "{stdout}");
+                }
+                tried += 1;
+            }
+        }
+    }
+    assert_eq!(tried, 48);
+}

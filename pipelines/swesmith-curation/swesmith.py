@@ -243,7 +243,7 @@ def static_check(args):
         problems.append(f"task metadata or test unreadable: {e}")
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(os.path.join(task_dir, "repo"), os.path.join(tmp, "repo"))
-        applied = subprocess.run(["patch", "-p1", "--dry-run", "-s", "-d", os.path.join(tmp, "repo"),
+        applied = subprocess.run(["patch", "-p1", "--fuzz=0", "--dry-run", "-s", "-d", os.path.join(tmp, "repo"),
                                   "-i", os.path.abspath(os.path.join(task_dir, "gold.patch"))],
                                  capture_output=True, text=True)
         if applied.returncode != 0:
@@ -278,7 +278,7 @@ def oracle(args):
         repo = os.path.join(tmp, "repo")
         shutil.copytree(os.path.join(task_dir, "repo"), repo)
         nop_passes = run_tests(repo, meta["test"])
-        subprocess.run(["patch", "-p1", "-s", "-d", repo, "-i",
+        subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-d", repo, "-i",
                         os.path.abspath(os.path.join(task_dir, "gold.patch"))], check=True)
         gold_passes = run_tests(repo, meta["test"])
     verdict = "nop-passes" if nop_passes else "accepted" if gold_passes else "gold-fails"
@@ -340,7 +340,7 @@ def canary(args):
         repo = os.path.join(tmp, "repo")
         shutil.copytree(os.path.join(task_dir, "repo"), repo)
         if solves:
-            subprocess.run(["patch", "-p1", "-s", "-d", repo, "-i",
+            subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-d", repo, "-i",
                             os.path.abspath(os.path.join(task_dir, "gold.patch"))], check=False)
         passed = (not empty) and run_tests(repo, meta["test"])
     write_json(result, {"model": model_name, "task": task_id, "turns": len(trajectory),
