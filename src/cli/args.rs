@@ -156,6 +156,12 @@ pub enum ProvenanceFormat {
 
 #[derive(Debug, Args)]
 pub struct AuditArgs {
+    /// Mend what the audit finds, in the same pass: re-store damaged
+    /// objects from workspace copies that still match, else remove them
+    /// (the stages that need them run again); restore differing workspace
+    /// copies from the store; set aside results that cannot be read.
+    #[arg(long)]
+    pub repair: bool,
     /// Every finding as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,

@@ -287,10 +287,12 @@ impl<'m> Context<'m> {
         let stage = &self.manifest.stages[i];
         let fingerprint = key.fingerprint();
         if let Some(record) = self.lookup(&stage.name, &fingerprint)? {
-            if let Some(missing) = record.outputs.iter().find(|o| !self.store.is_complete(o)) {
-                return Ok(Freshness::Dirty(DirtyReason::StoreIncomplete {
-                    output: missing.name.clone(),
-                }));
+            for output in &record.outputs {
+                if !self.stored_completely(output)? {
+                    return Ok(Freshness::Dirty(DirtyReason::StoreIncomplete {
+                        output: output.name.clone(),
+                    }));
+                }
             }
             return Ok(Freshness::Fresh(record));
         }
@@ -314,6 +316,19 @@ impl<'m> Context<'m> {
                 changes: Vec::new(),
             },
         }))
+    }
+
+    /// Whether every object `output` needs is stored (present with its
+    /// size; restores verify the bytes). An inline object removed as
+    /// damaged counts as missing.
+    fn stored_completely(&self, output: &OutputRecord) -> Result<bool, ScheduleError> {
+        if !self.store.is_complete(output) {
+            return Ok(false);
+        }
+        match &self.ledger {
+            Some(ledger) if output.inline => Ok(ledger.has_inline_object(&output.digest)?),
+            _ => Ok(true),
+        }
     }
 
     /// The key recorded with a result.

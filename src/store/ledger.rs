@@ -19,9 +19,12 @@ use super::StoreError;
 use super::objects::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
+mod damage;
 mod pipelines;
 mod schema;
 
+use damage::parse_outputs;
+pub use damage::{SET_ASIDE_REASON, UnreadableResult};
 use pipelines::Claim;
 pub use pipelines::PipelineId;
 pub use schema::LEDGER_SCHEMA_VERSION;
@@ -747,7 +750,7 @@ impl Ledger {
                 let fingerprint: String = row.get(3)?;
                 let status: String = row.get(4)?;
                 let outputs_json: String = row.get(6)?;
-                Ok(ResultRecord {
+                let record = ResultRecord {
                     id: row.get(0)?,
                     run_id: row.get(1)?,
                     stage: row.get(2)?,
@@ -757,17 +760,27 @@ impl Ledger {
                     } else {
                         ResultStatus::Failed
                     },
-                    outputs: serde_json::from_str(&outputs_json).unwrap_or_default(),
+                    outputs: Vec::new(),
                     command: row.get(7)?,
                     started_ms: row.get(8)?,
                     finished_ms: row.get(9)?,
                     exit_code: row.get(10)?,
                     log_path: row.get(11)?,
                     error: row.get(12)?,
-                })
+                };
+                Ok((record, outputs_json))
             })
             .map_err(|e| self.db(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+        let mut records = Vec::new();
+        for row in rows {
+            let (mut record, outputs_json) = row.map_err(|e| self.db(e))?;
+            // Read as "no outputs", a damaged record would be a fresh hit
+            // that restores nothing.
+            record.outputs = parse_outputs(&outputs_json)
+                .map_err(|detail| self.unreadable_result(&record, &detail))?;
+            records.push(record);
+        }
+        Ok(records)
     }
 
     pub fn load_stat_cache(&self) -> Result<Vec<(PathBuf, StatEntry)>, StoreError> {

@@ -12,10 +12,10 @@ mod provenance;
 mod workspace_lock;
 
 pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
-pub use audit::{AuditReport, Mismatch, MismatchKind, audit};
+pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
 pub use ledger::{
     ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId, ResultRecord,
-    ResultStatus, RunCounts, RunRecord, now_ms,
+    ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, UnreadableResult, now_ms,
 };
 pub use live::live_outputs;
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};

@@ -391,6 +391,9 @@ impl ObjectStore {
             OutputKind::Dir => {
                 let entries = self.tree(&record.digest)?;
                 fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
+                // Every damaged object is found (and removed) in this one
+                // pass, so the re-run that follows stores them all afresh.
+                let mut damaged = Vec::new();
                 for entry in &entries {
                     let target = staging.join(&entry.path);
                     match entry.kind {
@@ -401,13 +404,23 @@ impl ObjectStore {
                             if let Some(p) = target.parent() {
                                 fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
                             }
-                            self.copy_verified(
+                            match self.copy_verified(
                                 &entry.digest,
                                 &target,
                                 entry.kind == EntryKind::Executable,
-                            )?;
+                            ) {
+                                Ok(()) => {}
+                                Err(StoreError::Corrupt { .. }) => {
+                                    damaged.push(entry.path.as_str())
+                                }
+                                Err(other) => {
+                                    let _ = remove_path(&staging);
+                                    return Err(other);
+                                }
+                            }
                         }
                         EntryKind::Symlink => {
+                            let _ = remove_path(&staging);
                             return Err(StoreError::Corrupt {
                                 path: dest.to_owned(),
                                 detail: format!(
@@ -418,10 +431,65 @@ impl ObjectStore {
                         }
                     }
                 }
+                if !damaged.is_empty() {
+                    let _ = remove_path(&staging);
+                    return Err(StoreError::Corrupt {
+                        path: self.objects_dir(),
+                        detail: format!(
+                            "{} stored file(s) of `{}` do not hash to their names: {}",
+                            damaged.len(),
+                            record.path,
+                            damaged.join(", ")
+                        ),
+                    });
+                }
             }
         }
         remove_path(dest).map_err(|e| StoreError::io(dest, e))?;
         fs::rename(&staging, dest).map_err(|e| StoreError::io(dest, e))
+    }
+
+    /// Re-stores object `digest` from `source` if `source` still holds
+    /// exactly those bytes (hashed while copied); the damaged or missing
+    /// object is replaced atomically. `Ok(false)`: `source` differs, and
+    /// nothing was changed.
+    pub fn restore_object_from(&self, digest: &Digest, source: &Path) -> Result<bool, StoreError> {
+        let mut staged = Staged {
+            records: Vec::new(),
+            pending: Vec::new(),
+            inline: Vec::new(),
+        };
+        let (copied, _) = self.copy_in(source, &mut staged)?;
+        if copied != *digest {
+            return Ok(false);
+        }
+        self.publish(staged)?;
+        Ok(true)
+    }
+
+    /// Rewrites the tree listing of a directory whose workspace copy lists
+    /// exactly as recorded.
+    pub fn restore_tree_listing(
+        &self,
+        digest: &Digest,
+        mut entries: Vec<TreeEntry>,
+    ) -> Result<bool, StoreError> {
+        if tree_digest(&mut entries) != *digest {
+            return Ok(false);
+        }
+        let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
+        let (temp, mut out) = self.temp_file()?;
+        out.write_all(&listing)
+            .and_then(|()| out.sync_all())
+            .map_err(|e| StoreError::io(&temp, e))?;
+        self.rename_into_place(&temp, &self.tree_path(digest))?;
+        Ok(true)
+    }
+
+    /// Removes a damaged object or tree listing, so that no result is taken
+    /// for complete while it needs it; absent is fine.
+    pub fn discard(&self, path: &Path) -> Result<(), StoreError> {
+        remove_path(path).map_err(|e| StoreError::io(path, e))
     }
 
     fn copy_verified(
