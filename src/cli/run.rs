@@ -94,8 +94,11 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         if !summary.partial.is_empty() {
             parts.push(format!("{} partial", summary.partial.len()));
         }
-        if !summary.blocked.is_empty() {
-            parts.push(format!("{} not attempted", summary.blocked.len()));
+        if !summary.cut_short.is_empty() {
+            parts.push(format!("{} interrupted", summary.cut_short.len()));
+        }
+        if summary.not_attempted() > 0 {
+            parts.push(format!("{} not attempted", summary.not_attempted()));
         }
         eprintln!("{} (run {})", parts.join(", "), summary.run_id);
     }

@@ -20,6 +20,7 @@ struct ShowJson<'a> {
     status: &'a StageStatus,
     /// Per-item stages: the fingerprint of the stage's code.
     code: Option<String>,
+    /// The current result: what the workspace holds (the lock file's).
     last_ok: Option<&'a ResultRecord>,
     last_attempt: Option<&'a ResultRecord>,
 }
@@ -110,7 +111,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
                 );
             }
             outln!(
-                "last ok      run {} at {}, took {}",
+                "made by      run {} at {}, took {}",
                 record.run_id,
                 render::time(record.finished_ms),
                 render::elapsed_ms(record.started_ms, record.finished_ms)

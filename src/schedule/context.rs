@@ -14,7 +14,7 @@ use crate::fingerprint::{
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex};
-use crate::store::{Ledger, ObjectStore, OutputRecord, ResultRecord, ResultStatus};
+use crate::store::{Ledger, ObjectStore, OutputRecord, ResultRecord, ResultStatus, current_ok};
 
 /// Why a stage must run (or why `status` calls it stale).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -117,6 +117,9 @@ pub struct Context<'m> {
     pub store: ObjectStore,
     pub ledger: Option<Ledger>,
     pub stat: StatCache,
+    /// The current successful result of each stage: the one the lock file
+    /// names (what the workspace holds, even when a revert made it older
+    /// than the newest), else the newest. Diffs and reports start here.
     pub latest_ok: HashMap<String, ResultRecord>,
     pub latest_failure: HashMap<String, ResultRecord>,
     /// Digest of each upstream output path as it stands in this session.
@@ -139,7 +142,7 @@ impl<'m> Context<'m> {
         let (stat, latest_ok, latest_failure) = match &ledger {
             Some(ledger) => (
                 StatCache::from_entries(ledger.load_stat_cache()?),
-                ledger.latest_ok_all()?,
+                current_ok(manifest, ledger)?,
                 ledger.latest_failures()?,
             ),
             None => Default::default(),

@@ -41,10 +41,23 @@ pub struct RunSummary {
     pub run_id: i64,
     pub counts: RunCounts,
     pub failed: Vec<String>,
+    /// Stages not attempted because an upstream stage failed.
     pub blocked: Vec<String>,
+    /// Stages not attempted because the run stopped first (a failure
+    /// elsewhere without `--keep-going`, or an interrupt).
+    pub stopped: Vec<String>,
+    /// Stages running when the run was interrupted (their commands killed).
+    pub cut_short: Vec<String>,
     /// Per-item stages that ran only some of their items.
     pub partial: Vec<String>,
     pub interrupted: bool,
+}
+
+impl RunSummary {
+    /// Selected stages that were never attempted.
+    pub fn not_attempted(&self) -> usize {
+        self.blocked.len() + self.stopped.len()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -629,35 +642,44 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
-    /// Reports stages never reached, persists the stat cache and the lock
-    /// file, and closes the run.
+    /// Accounts for every selected stage never finished (blocked by a
+    /// failure, stopped before it started, or cut short by an interrupt),
+    /// persists the stat cache and the lock file, and closes the run.
     fn end(mut self) -> Result<RunSummary, ScheduleError> {
         let manifest = self.ctx.manifest;
-        if !self.summary.interrupted {
-            for &i in self.ctx.dag.order() {
-                if !self.options.selected[i] || self.slots[i] != Slot::Waiting {
+        for &i in self.ctx.dag.order() {
+            if !self.options.selected[i] {
+                continue;
+            }
+            let name = &manifest.stages[i].name;
+            match self.slots[i] {
+                Slot::Ok | Slot::Failed | Slot::Partial => continue,
+                Slot::Running => {
+                    self.summary.cut_short.push(name.clone());
                     continue;
                 }
-                let blocked_by = self.ctx.dag.upstream(i).iter().copied().find(|&u| {
-                    matches!(self.slots[u], Slot::Failed | Slot::Partial)
-                        || self.summary.blocked.contains(&manifest.stages[u].name)
-                });
-                match blocked_by {
-                    Some(by) => {
-                        self.summary.blocked.push(manifest.stages[i].name.clone());
-                        self.reporter.event(Event::StageBlocked {
-                            stage: &manifest.stages[i].name,
-                            by: &manifest.stages[by].name,
-                        });
-                    }
-                    // Not started because a failure stopped the run.
-                    None if self.stop => {}
-                    None => {
-                        return Err(ScheduleError::Task(format!(
-                            "scheduler stopped before stage `{}` could run",
-                            manifest.stages[i].name
-                        )));
-                    }
+                Slot::Waiting => {}
+            }
+            let blocked_by = self.ctx.dag.upstream(i).iter().copied().find(|&u| {
+                matches!(self.slots[u], Slot::Failed | Slot::Partial)
+                    || self.summary.blocked.contains(&manifest.stages[u].name)
+            });
+            match blocked_by {
+                Some(by) if !self.summary.interrupted => {
+                    self.summary.blocked.push(name.clone());
+                    self.reporter.event(Event::StageBlocked {
+                        stage: name,
+                        by: &manifest.stages[by].name,
+                    });
+                }
+                // Not started because a failure or an interrupt stopped the run.
+                _ if self.stop || self.summary.interrupted => {
+                    self.summary.stopped.push(name.clone());
+                }
+                _ => {
+                    return Err(ScheduleError::Task(format!(
+                        "scheduler stopped before stage `{name}` could run"
+                    )));
                 }
             }
         }
@@ -686,7 +708,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
 /// Rewrites the lock file.
 ///
 /// For each stage: the result this run found valid or produced (`used`), or
-/// else the newest successful one.
+/// else its current one (the one the lock already names, else the newest).
 fn write_lock_file(
     ctx: &Context<'_>,
     used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,

@@ -1,6 +1,7 @@
 //! Which result of each stage is "current": the one its lock-file entry
-//! names, else its newest successful one. `audit` and `provenance` both
-//! speak about these.
+//! names (what the last run left in the workspace, which after a revert is
+//! older than the newest result), else its newest successful one. `status`,
+//! `why`, `show`, `audit`, `provenance` and `gc` all speak about these.
 
 use std::collections::HashMap;
 
@@ -21,9 +22,7 @@ pub fn current_results(
     manifest: &Manifest,
     ledger: &Ledger,
 ) -> Result<HashMap<String, Current>, StoreError> {
-    let lock = std::fs::read_to_string(manifest.lock_path())
-        .ok()
-        .and_then(|text| LockFile::parse(&text).ok());
+    let lock = read_lock(manifest);
     let latest = ledger.latest_ok_all()?;
     let mut current = HashMap::new();
     for stage in &manifest.stages {
@@ -41,4 +40,31 @@ pub fn current_results(
         current.insert(stage.name.clone(), found);
     }
     Ok(current)
+}
+
+/// The current successful result of every stage that has one: the
+/// lock file's when the ledger holds it, else the newest.
+pub fn current_ok(
+    manifest: &Manifest,
+    ledger: &Ledger,
+) -> Result<HashMap<String, ResultRecord>, StoreError> {
+    let mut current = ledger.latest_ok_all()?;
+    let Some(lock) = read_lock(manifest) else {
+        return Ok(current);
+    };
+    for (stage, entry) in &lock.stages {
+        let newest_is_locked = current
+            .get(stage)
+            .is_some_and(|newest| newest.fingerprint == entry.fingerprint);
+        if !newest_is_locked && let Some(record) = ledger.find_ok(stage, &entry.fingerprint)? {
+            current.insert(stage.clone(), record);
+        }
+    }
+    Ok(current)
+}
+
+fn read_lock(manifest: &Manifest) -> Option<LockFile> {
+    std::fs::read_to_string(manifest.lock_path())
+        .ok()
+        .and_then(|text| LockFile::parse(&text).ok())
 }

@@ -13,6 +13,7 @@ mod workspace_lock;
 
 pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
 pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
+pub use current::{Current, current_ok, current_results};
 pub use ledger::{
     ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId, ResultRecord,
     ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, UnreadableResult, now_ms,
