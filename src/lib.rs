@@ -2,9 +2,11 @@
 //!
 //! Layers, each depending only on those before it:
 //! `manifest` → `graph` → `fingerprint` → `store` → `release` → `builtins` →
-//! `exec` → `schedule` → `cli`. `records` (JSON record files) stands apart.
+//! `exec` → `schedule` → `cli`. `records` (JSON record files) and
+//! `canonical_json` stand apart.
 
 pub mod builtins;
+pub mod canonical_json;
 pub mod cli;
 pub mod exec;
 pub mod fingerprint;

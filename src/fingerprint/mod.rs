@@ -52,12 +52,10 @@ pub fn stage_key(
     key.insert("command", command);
     if !stage.checks.is_empty() {
         let text: Vec<String> = stage.checks.iter().map(Command::display).collect();
-        let encoded =
-            serde_json::to_vec(&stage.checks.iter().map(command_json).collect::<Vec<_>>())
-                .expect("commands serialise");
+        let encoded = canonical_json(&stage.checks.iter().map(command_json).collect());
         key.insert(
             "checks",
-            Component::of_value("checks", &encoded, text.join(" ; ")),
+            Component::of_value("checks", encoded.as_bytes(), text.join(" ; ")),
         );
     }
     let outputs: Vec<(&str, &str)> = stage
@@ -150,8 +148,8 @@ pub fn stage_key(
 }
 
 fn command_component(kind: &str, command: &Command) -> Component {
-    let encoded = serde_json::to_vec(&command_json(command)).expect("commands serialise");
-    Component::of_value(kind, &encoded, command.display())
+    let encoded = canonical_json(&command_json(command));
+    Component::of_value(kind, encoded.as_bytes(), command.display())
 }
 
 fn command_json(command: &Command) -> serde_json::Value {
@@ -161,10 +159,10 @@ fn command_json(command: &Command) -> serde_json::Value {
     }
 }
 
-/// JSON with object keys sorted, so equal values give equal bytes.
+/// JSON with object keys sorted, so equal values give equal bytes (see
+/// [`crate::canonical_json`]).
 pub fn canonical_json(value: &serde_json::Value) -> String {
-    // serde_json's default map is a BTreeMap: keys serialise sorted.
-    serde_json::to_string(value).expect("JSON values serialise")
+    crate::canonical_json::to_string(value)
 }
 
 /// An item's fingerprint: its stage's template fingerprint, the item's

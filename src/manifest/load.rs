@@ -1569,20 +1569,30 @@ fn normalise(root: &Path, raw: &str, output: bool) -> Result<ProjectPath, (Strin
             Component::CurDir => {}
             Component::Normal(part) => parts.push(part.to_string_lossy().into_owned()),
             Component::ParentDir => {
-                if parts.pop().is_none() {
-                    if output {
-                        return Err((
-                            format!("output `{raw}` escapes the project root"),
-                            "outputs must stay inside the project root; remove the leading `..`"
-                                .to_owned(),
-                        ));
-                    }
-                    let outside = lexical(&root.join(&relative));
-                    return Ok(ProjectPath::new(outside.to_string_lossy().into_owned()));
+                if parts.last().is_some_and(|p| p != "..") {
+                    parts.pop();
+                } else {
+                    parts.push("..".to_owned());
                 }
             }
             Component::RootDir | Component::Prefix(_) => {}
         }
+    }
+    if parts.first().is_some_and(|p| p == "..") {
+        // `../proj/x` from inside `proj` is `x`.
+        if let Ok(inside) = lexical(&root.join(parts.join("/"))).strip_prefix(root) {
+            return normalise(root, &inside.to_string_lossy(), output);
+        }
+        if output {
+            return Err((
+                format!("output `{raw}` escapes the project root"),
+                "outputs must stay inside the project root; remove the leading `..`".to_owned(),
+            ));
+        }
+        // Outside the root: kept relative to it (commands run in the
+        // root), so that moving the project with its neighbours changes
+        // no fingerprint.
+        return Ok(ProjectPath::new(parts.join("/")));
     }
     if parts.is_empty() {
         return Err((

@@ -262,8 +262,9 @@ pub struct PathDecl {
     pub span: Span,
 }
 
-/// A path relative to the project root (`/`-separated, normalised), or an
-/// absolute path outside it (inputs only).
+/// A path relative to the project root (`/`-separated, normalised); inputs
+/// may also lie outside it: relative, leading `..` kept (`../shared/x`,
+/// portable with the project), or absolute as written.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProjectPath(String);
 
@@ -276,17 +277,14 @@ impl ProjectPath {
         &self.0
     }
 
+    /// Outside the project root (`../…` or absolute).
     pub fn is_external(&self) -> bool {
-        self.0.starts_with('/')
+        self.0.starts_with('/') || self.0 == ".." || self.0.starts_with("../")
     }
 
-    /// The path on disk.
+    /// The path on disk (an absolute path is kept as it is).
     pub fn resolve(&self, root: &Path) -> PathBuf {
-        if self.is_external() {
-            PathBuf::from(&self.0)
-        } else {
-            root.join(&self.0)
-        }
+        root.join(&self.0)
     }
 
     /// This path and every ancestor inside the project, nearest first.

@@ -118,8 +118,7 @@ impl Checker<'_> {
             "inputs": paths(&stage.inputs),
             "outputs": paths(&stage.outputs),
         });
-        // serde_json's map is sorted: these bytes are canonical.
-        let encoded = serde_json::to_string(&invocation).expect("JSON values serialise");
+        let encoded = crate::canonical_json::to_string(&invocation);
         let command = Command::Exec(vec![
             "cairn".to_owned(),
             "builtin".to_owned(),
