@@ -80,9 +80,11 @@ fn the_shipped_pipeline_runs_end_to_end_then_is_a_no_op() {
     first.success();
     assert!(first.stderr().contains("6 ran"), "{}", first.stderr());
     assert!(
-        p.read("pipelines/state/report.md")
+        p.read("state/mini-curation/report.md")
             .contains("semantic digest: sha256:")
     );
+    // The root is the repository's top: the store and ledger are `./cache/`.
+    assert!(p.path("cache/objects").is_dir() && !p.exists("pipelines/cache"));
     // The committed lock file is what a fresh run produces.
     assert_eq!(
         p.read("pipelines/mini-curation.lock"),

@@ -26,25 +26,29 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
+/// The repository's shape in a temp dir: the manifest and its files under
+/// `pipelines/`, the configs under `configs/`; the root is the top.
 fn shipped() -> Project {
     common::require_tool("python3");
     common::require_tool("patch");
     let p = Project::new();
-    let pipelines = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(p.path("pipelines")).unwrap();
     std::fs::copy(
-        pipelines.join("swesmith-curation.toml"),
-        p.path("swesmith-curation.toml"),
+        repo.join("pipelines/swesmith-curation.toml"),
+        p.path("pipelines/swesmith-curation.toml"),
     )
     .unwrap();
     copy_tree(
-        &pipelines.join("swesmith-curation"),
-        &p.path("swesmith-curation"),
+        &repo.join("pipelines/swesmith-curation"),
+        &p.path("pipelines/swesmith-curation"),
     );
+    copy_tree(&repo.join("configs"), &p.path("configs"));
     p
 }
 
 fn cairn(p: &Project, args: &[&str]) -> common::Run {
-    let mut all = vec!["-f", "swesmith-curation.toml", "--profile", "ci"];
+    let mut all = vec!["-f", "pipelines/swesmith-curation.toml", "--profile", "ci"];
     all.extend_from_slice(args);
     p.cairn(&all)
 }
@@ -82,7 +86,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
         "{}",
         first.stderr()
     );
-    let state = "swesmith-curation/state";
+    let state = "state/swesmith-curation";
 
     // What the workflow asks of each stage.
     let pool = jsonl(&p, &format!("{state}/pool/candidates.jsonl"));
@@ -123,7 +127,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     // The registered dataset re-verifies.
     let receipt: serde_json::Value =
         serde_json::from_str(&p.read(&format!("{state}/registered.json"))).unwrap();
-    let bundle = "swesmith-curation/dist/swesmith-rl.tar.zst";
+    let bundle = "dist/swesmith-rl.tar.zst";
     let verify = p.cairn(&["verify", bundle]);
     verify.success();
     assert!(
@@ -171,7 +175,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
         .map(|t| t["id"].as_str().unwrap().to_owned())
         .collect();
     affected.sort();
-    let test = format!("swesmith-curation/repos/{template}/tests/test_{func}.py");
+    let test = format!("pipelines/swesmith-curation/repos/{template}/tests/test_{func}.py");
     let text = p.read(&test);
     p.file(&test, &format!("{text}# reviewed\n"));
     let third = cairn(&p, &["run"]);
