@@ -21,6 +21,19 @@ pub fn interpolate<'a, E>(
     text: &'a str,
     mut resolve: impl FnMut(&Placeholder<'a>) -> Result<String, E>,
 ) -> Result<String, Vec<E>> {
+    walk(text, false, |p| resolve(p).map(Some))
+}
+
+/// Replaces every placeholder with `resolve(placeholder)`, or keeps it as
+/// written where that gives `None`; collects every placeholder that does
+/// not resolve. With `keep_escapes` the result is still a template: a
+/// literal brace stays `{{`/`}}`, and so does every brace of a resolved
+/// value, so a later pass fills only the placeholders kept.
+pub fn walk<'a, E>(
+    text: &'a str,
+    keep_escapes: bool,
+    mut resolve: impl FnMut(&Placeholder<'a>) -> Result<Option<String>, E>,
+) -> Result<String, Vec<E>> {
     let mut out = String::with_capacity(text.len());
     let mut errors = Vec::new();
     let bytes = text.as_bytes();
@@ -29,6 +42,9 @@ pub fn interpolate<'a, E>(
         let b = bytes[i];
         if (b == b'{' || b == b'}') && bytes.get(i + 1) == Some(&b) {
             out.push(b as char);
+            if keep_escapes {
+                out.push(b as char);
+            }
             i += 2;
             continue;
         }
@@ -36,7 +52,11 @@ pub fn interpolate<'a, E>(
             && let Some(placeholder) = placeholder_at(text, i)
         {
             match resolve(&placeholder) {
-                Ok(value) => out.push_str(&value),
+                Ok(Some(value)) if keep_escapes => {
+                    out.push_str(&value.replace('{', "{{").replace('}', "}}"))
+                }
+                Ok(Some(value)) => out.push_str(&value),
+                Ok(None) => out.push_str(&text[placeholder.range.clone()]),
                 Err(error) => errors.push(error),
             }
             i = placeholder.range.end;
@@ -53,7 +73,8 @@ pub fn interpolate<'a, E>(
     }
 }
 
-fn placeholder_at(text: &str, start: usize) -> Option<Placeholder<'_>> {
+/// The placeholder starting at byte `start` of `text`, if one does.
+pub(crate) fn placeholder_at(text: &str, start: usize) -> Option<Placeholder<'_>> {
     let rest = &text[start + 1..];
     let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))?;
     if rest.as_bytes()[end] != b'}' {
@@ -97,6 +118,20 @@ mod tests {
     #[test]
     fn double_braces_escape() {
         assert_eq!(run("{{params.n}}").unwrap(), "{params.n}");
+    }
+
+    #[test]
+    fn keeping_escapes_leaves_a_template_to_fill_once_more() {
+        let once = walk("{{x}} {params.n} {item.id}", true, |p| {
+            Ok::<_, ()>((p.namespace == "params").then(|| "{item.id}".to_owned()))
+        })
+        .unwrap();
+        assert_eq!(once, "{{x}} {{item.id}} {item.id}");
+        let twice = walk(&once, false, |p| {
+            Ok::<_, ()>((p.namespace == "item").then(|| "ID".to_owned()))
+        })
+        .unwrap();
+        assert_eq!(twice, "{x} {item.id} ID");
     }
 
     #[test]

@@ -5,13 +5,13 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use super::error::{LoadError, ManifestErrors, Problem};
-use super::interpolate::{Placeholder, interpolate};
 use super::model::{
     ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest, Named,
     OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
+mod commands;
 mod uses;
 
 const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "resources", "stages"];
@@ -1093,137 +1093,6 @@ impl<'s> Checker<'s> {
         }
         stage.checks = checks;
         Some(stage)
-    }
-
-    fn command(
-        &mut self,
-        node: &Node,
-        stage: &Stage,
-        params: &BTreeMap<String, serde_json::Value>,
-        referenced: &mut Vec<String>,
-        what: &str,
-    ) -> Option<Command> {
-        match &node.kind {
-            NodeKind::String(script) => {
-                if script.trim().is_empty() {
-                    self.problems.push(
-                        Problem::new(
-                            format!("stage `{}` has an empty {what} command", stage.name),
-                            node.span.clone(),
-                            "empty",
-                        )
-                        .help("write the shell command to run"),
-                    );
-                    return None;
-                }
-                self.interpolate(script, node, stage, params, referenced)
-                    .map(Command::Shell)
-            }
-            NodeKind::Array(items) if !items.is_empty() => {
-                let mut argv = Vec::new();
-                for item in items {
-                    let arg = self.string(item, &format!("an argument of `{what}`"))?;
-                    argv.push(self.interpolate(&arg, item, stage, params, referenced)?);
-                }
-                Some(Command::Exec(argv))
-            }
-            NodeKind::Array(_) => {
-                self.problems.push(
-                    Problem::new(
-                        format!("stage `{}` has an empty {what} command", stage.name),
-                        node.span.clone(),
-                        "empty array",
-                    )
-                    .help("give the program and its arguments, e.g. [\"python3\", \"tool.py\"]"),
-                );
-                None
-            }
-            _ => {
-                self.type_error(
-                    node,
-                    &format!("`{what}`"),
-                    "a string (run by /bin/sh) or an array of strings (executed directly)",
-                );
-                None
-            }
-        }
-    }
-
-    fn interpolate(
-        &mut self,
-        text: &str,
-        node: &Node,
-        stage: &Stage,
-        params: &BTreeMap<String, serde_json::Value>,
-        referenced: &mut Vec<String>,
-    ) -> Option<String> {
-        let result = interpolate(text, |p: &Placeholder<'_>| {
-            let whole = &text[p.range.clone()];
-            let locate = |checker: &Self| checker.sub_span(node, whole);
-            match p.namespace {
-                "params" => match params.get(p.name) {
-                    Some(value) => match scalar(value) {
-                        Some(s) => {
-                            referenced.push(p.name.to_owned());
-                            Ok(s)
-                        }
-                        None => Err((format!("param `{}` is not a string, number or boolean and cannot be interpolated", p.name), locate(self), None)),
-                    },
-                    None => Err((
-                        format!("undefined param `{}` in `{whole}`", p.name),
-                        locate(self),
-                        Some(self.did_you_mean(p.name, params.keys().map(String::as_str), "declare it in `[params]`")),
-                    )),
-                },
-                "in" | "out" => {
-                    let decls = if p.namespace == "in" { &stage.inputs } else { &stage.outputs };
-                    match decls.iter().find(|d| d.name == p.name) {
-                        Some(decl) => Ok(decl.path.to_string()),
-                        None => {
-                            let kind = if p.namespace == "in" { "input" } else { "output" };
-                            let names: Vec<&str> = decls.iter().map(|d| d.name.as_str()).collect();
-                            let help = if names.is_empty() {
-                                format!("stage `{}` declares no {kind}s; add `{kind}s = {{ {} = \"path\" }}`", stage.name, p.name)
-                            } else {
-                                self.did_you_mean(p.name, names.iter().copied(), &format!("declared {kind}s: {}", names.join(", ")))
-                            };
-                            Err((format!("undefined {kind} `{}` in `{whole}`", p.name), locate(self), Some(help)))
-                        }
-                    }
-                }
-                "item" if stage.foreach.is_some() => Ok(whole.to_owned()),
-                "item" => Err((
-                    format!("`{whole}` outside a per-item stage"),
-                    locate(self),
-                    Some("`{item.FIELD}` is filled in per item; add `foreach = { items = \"…\", key = \"…\" }` to the stage".to_owned()),
-                )),
-                other => Err((
-                    format!("unknown placeholder namespace `{other}` in `{whole}`"),
-                    locate(self),
-                    Some("placeholders are `{params.NAME}`, `{in.NAME}`, `{out.NAME}` and, in per-item stages, `{item.FIELD}`; write `{{` for a literal brace".to_owned()),
-                )),
-            }
-        });
-        match result {
-            Ok(text) => Some(text),
-            Err(errors) => {
-                for (message, span, help) in errors {
-                    let mut problem = Problem::new(message, span, "here");
-                    problem.help = help;
-                    self.problems.push(problem);
-                }
-                None
-            }
-        }
-    }
-
-    /// The span of `needle` inside `node`'s source text, or the whole node.
-    fn sub_span(&self, node: &Node, needle: &str) -> Span {
-        self.source
-            .get(node.span.clone())
-            .and_then(|raw| raw.find(needle))
-            .map(|offset| node.span.start + offset..node.span.start + offset + needle.len())
-            .unwrap_or(node.span.clone())
     }
 
     fn paths(&mut self, node: &Node, root: Option<&Path>, output: bool) -> Vec<PathDecl> {

@@ -2,7 +2,8 @@
 //!
 //! `raw` turns TOML into spanned nodes, `load` validates them (every problem
 //! at once, each located), `interpolate` resolves `{params.X}`, `{in.X}` and
-//! `{out.X}`, and `model` holds the result.
+//! `{out.X}` (through `shell`, which quotes each value for where it stands
+//! in a shell command), and `model` holds the result.
 
 pub mod catalog;
 mod error;
@@ -11,6 +12,7 @@ mod load;
 mod model;
 mod raw;
 pub mod settings;
+pub mod shell;
 
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};

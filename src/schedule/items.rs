@@ -7,7 +7,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::fingerprint::{Digest, canonical_json};
-use crate::manifest::interpolate::interpolate;
+use crate::manifest::interpolate::walk;
+use crate::manifest::shell::{self, Context};
 use crate::manifest::{Command, ItemClass};
 
 /// One item of the list.
@@ -127,29 +128,61 @@ pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
 }
 
 /// Replaces `{item.FIELD}` (nested: `{item.repo.name}`) with the item's
-/// values; other text is left as it is.
+/// values, as they are; other text is left as it is. For text that reaches
+/// no shell (an argv argument, a path template).
 pub fn fill(text: &str, item: &serde_json::Value) -> Result<String, String> {
-    interpolate(text, |p| -> Result<String, String> {
+    walk(text, false, |p| -> Result<Option<String>, String> {
         if p.namespace != "item" {
-            return Ok(text[p.range.clone()].to_owned());
+            return Ok(None);
         }
-        let mut value = item;
-        for field in p.name.split('.') {
-            value = value
-                .get(field)
-                .ok_or_else(|| format!("item has no field `{}`", p.name))?;
-        }
-        Ok(match value {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
+        field(item, p.name).map(Some)
     })
     .map_err(|errors: Vec<String>| errors.join("; "))
 }
 
+/// Fills a shell script: each `{item.FIELD}` value is quoted for where it
+/// stands (see [`shell`]), so it reaches the shell as exactly its bytes.
+pub fn fill_shell(script: &str, item: &serde_json::Value) -> Result<String, String> {
+    shell::expand(
+        script,
+        false,
+        |p, context| -> Result<Option<String>, String> {
+            if p.namespace != "item" {
+                return Ok(None);
+            }
+            let value = field(item, p.name)?;
+            match context {
+                Ok(Context::Comment) => Ok(None),
+                Ok(context) => shell::quote(context, shell::Value::One(&value))
+                    .map(Some)
+                    .map_err(|why| {
+                        format!("`{{item.{}}}` cannot stand where it does: {why}", p.name)
+                    }),
+                Err(why) => Err(format!("`{{item.{}}}` stands {why}", p.name)),
+            }
+        },
+    )
+    .map_err(|errors: Vec<String>| errors.join("; "))
+}
+
+/// The text of field `name` (dotted for nested fields) of an item: a
+/// string as it is, anything else as JSON.
+fn field(item: &serde_json::Value, name: &str) -> Result<String, String> {
+    let mut value = item;
+    for part in name.split('.') {
+        value = value
+            .get(part)
+            .ok_or_else(|| format!("item has no field `{name}`"))?;
+    }
+    Ok(match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
+
 pub fn fill_command(command: &Command, item: &serde_json::Value) -> Result<Command, String> {
     Ok(match command {
-        Command::Shell(script) => Command::Shell(fill(script, item)?),
+        Command::Shell(script) => Command::Shell(fill_shell(script, item)?),
         Command::Exec(argv) => Command::Exec(
             argv.iter()
                 .map(|a| fill(a, item))

@@ -1,0 +1,298 @@
+//! Hostile data: item fields, params and item keys that look like shell
+//! code or paths never run as code and never leave their place.
+
+mod common;
+
+use common::Project;
+
+/// Values an attacker would put in a scraped candidate pool.
+const HOSTILE: &[&str] = &[
+    "$(touch PWNED)",
+    "; touch PWNED",
+    "`touch PWNED`",
+    "a'b\"c; touch PWNED #",
+    "line one\ntouch PWNED\n",
+    "' ; touch PWNED ; '",
+    "\" ; touch PWNED ; \"",
+    "\\\"; touch PWNED; echo \\",
+    "${PWNED:=$(touch PWNED)}",
+    "{item.id}",
+    "*",
+    "",
+];
+
+/// A per-item stage that writes each item's title back, reached through
+/// every quoting context a template can put a placeholder in.
+fn titles_project(titles: &[&str]) -> Project {
+    let p = Project::new();
+    let list: String = titles
+        .iter()
+        .enumerate()
+        .map(|(i, title)| {
+            serde_json::json!({"id": format!("t{i}"), "title": title}).to_string() + "\n"
+        })
+        .collect();
+    p.file("items.jsonl", &list);
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "hostile"
+
+[stages.echo]
+foreach = { items = "items.jsonl", key = "id" }
+run = """
+mkdir -p out
+printf '%s' {item.title} > out/{item.id}.bare
+printf '%s' "{item.title}" > out/{item.id}.double
+printf '%s' '{item.title}' > out/{item.id}.single
+printf '%s' "$(printf '%s' {item.title})" > out/{item.id}.subst
+"""
+outputs = { results = "state/results.jsonl" }
+"#,
+    );
+    p
+}
+
+#[test]
+fn item_fields_that_look_like_shell_code_arrive_intact_and_never_run() {
+    let p = titles_project(HOSTILE);
+    p.cairn(&["run"]).success();
+    assert!(!p.exists("PWNED"), "an item field ran as shell code");
+    for (i, title) in HOSTILE.iter().enumerate() {
+        for context in ["bare", "double", "single"] {
+            assert_eq!(
+                std::fs::read(p.path(&format!("out/t{i}.{context}"))).unwrap(),
+                title.as_bytes(),
+                "{context} context, title {title:?}"
+            );
+        }
+        // Command substitution strips trailing newlines, as the shell does.
+        assert_eq!(
+            p.read(&format!("out/t{i}.subst")),
+            title.trim_end_matches('\n'),
+            "subst context, title {title:?}"
+        );
+    }
+}
+
+#[test]
+fn a_param_that_looks_like_shell_code_arrives_intact_and_never_runs() {
+    for value in HOSTILE {
+        let p = Project::new();
+        let toml_value = toml::Value::String((*value).to_owned()).to_string();
+        p.file(
+            "cairn.toml",
+            &format!(
+                r#"
+[pipeline]
+name = "hostile"
+
+[params]
+title = {toml_value}
+
+[stages.echo]
+run = """printf '%s' {{params.title}} > bare; printf '%s' "{{params.title}}" > double; printf '%s' '{{params.title}}' > single"""
+outputs = ["bare", "double", "single"]
+"#
+            ),
+        );
+        p.cairn(&["run"]).success();
+        assert!(!p.exists("PWNED"), "param {value:?} ran as shell code");
+        for file in ["bare", "double", "single"] {
+            assert_eq!(
+                std::fs::read(p.path(file)).unwrap(),
+                value.as_bytes(),
+                "{file} context, value {value:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_list_param_expands_to_one_quoted_word_per_element() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "words"
+
+[params]
+tool = ["printf", "%s|", "two words", "$(touch PWNED)"]
+
+[stages.words]
+run = "{params.tool} > out.txt"
+outputs = ["out.txt"]
+"#,
+    );
+    p.cairn(&["run"]).success();
+    assert!(!p.exists("PWNED"));
+    assert_eq!(p.read("out.txt"), "two words|$(touch PWNED)|");
+}
+
+#[test]
+fn a_placeholder_where_quoting_cannot_be_safe_is_refused_at_load() {
+    for (run, needle) in [
+        ("echo `echo {params.x}`", "backquote"),
+        ("echo ${params.x}", "`$`"),
+        ("echo \\{params.x}", "backslash"),
+        ("cat <<EOF\n{params.x}\nEOF", "here-document"),
+        ("echo \"{params.list}\"", "list"),
+        ("echo ${HOME:-{params.x}}", "`${"),
+    ] {
+        let p = Project::new();
+        p.file(
+            "cairn.toml",
+            &format!(
+                "[pipeline]\nname = \"refuse\"\n\n[params]\nx = \"v\"\nlist = [\"a\", \"b\"]\n\n[stages.s]\nrun = {}\noutputs = [\"o\"]\n",
+                toml::Value::String(run.to_owned())
+            ),
+        );
+        let out = p.cairn(&["run"]);
+        out.code_is(2);
+        assert!(
+            out.stderr().contains("cairn.toml:") && out.stderr().contains(needle),
+            "{run:?}: {}",
+            out.stderr()
+        );
+        assert!(!p.exists("cache"), "{run:?} wrote the cache");
+    }
+}
+
+/// A stand-in for `swesmith.py` that records its arguments and writes what
+/// each per-item command must write.
+const RECORDING_TOOL: &str = r#"
+import json, os, sys
+with open("argv.jsonl", "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\n")
+command, args = sys.argv[1], sys.argv[2:]
+def write(path, value):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(value, f)
+if command == "materialize-one":
+    os.makedirs(args[0])
+elif command == "static-check":
+    write(args[1], {"verdict": "accepted"})
+elif command == "oracle":
+    write(args[1], {"verdict": "accepted"})
+elif command == "canary":
+    write(args[3], {"turns": 1})
+"#;
+
+/// The shipped pipeline's per-item stages, cut loose from their upstream
+/// stages, reading item lists the test writes.
+fn shipped_per_item_stages() -> String {
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/pipelines/swesmith-curation.toml"
+    ))
+    .unwrap();
+    let mut manifest: toml::Table = shipped.parse().unwrap();
+    let stages = manifest["stages"].as_table_mut().unwrap();
+    stages.retain(|name, _| {
+        matches!(
+            name,
+            "materialize" | "static-filter" | "oracle" | "canary-smoke"
+        )
+    });
+    stages["materialize"]
+        .as_table_mut()
+        .unwrap()
+        .remove("needs");
+    stages["oracle"]["needs"] = toml::Value::Array(vec!["static-filter".into()]);
+    toml::to_string(&manifest).unwrap()
+}
+
+#[test]
+fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
+    let p = Project::new();
+    // Laid out as in the repository: the manifest in pipelines/, its root
+    // the repository root, its state in state/swesmith-curation/.
+    let tool = "pipelines/swesmith-curation";
+    let state = "state/swesmith-curation";
+    p.file(
+        "pipelines/swesmith-curation.toml",
+        &shipped_per_item_stages(),
+    );
+    p.file(&format!("{tool}/swesmith.py"), RECORDING_TOOL);
+    p.file(&format!("{state}/registered.json"), "{}");
+    p.file(&format!("{tool}/models/model.txt"), "");
+    let hostile_fields = [
+        "$(touch PWNED)",
+        "; touch PWNED",
+        "`touch PWNED`",
+        "a'b\"c",
+        "x\ny && touch PWNED",
+        "*",
+    ];
+    let mut plan = String::new();
+    let mut smoke = String::new();
+    for (i, field) in hostile_fields.iter().enumerate() {
+        let id = format!("{field} {i}");
+        for file in [
+            format!("{tool}/repos/{field}/pkg/{field}.py"),
+            format!("{tool}/repos/{field}/tests/test_{field}.py"),
+            format!("{tool}/repos/{field}/mutations.json"),
+        ] {
+            p.file(&file, "");
+        }
+        let task = serde_json::json!({
+            "id": id, "repo": field, "template": field, "func": field,
+            "defect": field, "image": field,
+        });
+        plan.push_str(&format!("{task}\n"));
+        let canary = serde_json::json!({"key": format!("{i}"), "model": field, "task": id});
+        smoke.push_str(&format!("{canary}\n"));
+    }
+    p.file(&format!("{state}/plan/main.jsonl"), &plan);
+    p.file(&format!("{state}/static-accepted.jsonl"), &plan);
+    p.file(&format!("{state}/canary/smoke.jsonl"), &smoke);
+
+    p.cairn(&["-f", "pipelines/swesmith-curation.toml", "run"])
+        .success();
+    assert!(!p.exists("PWNED"), "a candidate's field ran as shell code");
+    let recorded: Vec<Vec<String>> = p
+        .lines("argv.jsonl")
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (i, field) in hostile_fields.iter().enumerate() {
+        let id = format!("{field} {i}");
+        let expected = [
+            vec![
+                "materialize-one".to_owned(),
+                format!("{state}/tasks/{id}"),
+                id.clone(),
+                field.to_string(),
+                field.to_string(),
+                field.to_string(),
+                field.to_string(),
+                field.to_string(),
+            ],
+            vec![
+                "static-check".to_owned(),
+                format!("{state}/tasks/{id}"),
+                format!("{state}/static/{id}.json"),
+            ],
+            vec![
+                "oracle".to_owned(),
+                format!("{state}/tasks/{id}"),
+                format!("{state}/oracle/{id}.json"),
+                "--fault-rate".to_owned(),
+                "0.0".to_owned(),
+            ],
+            vec![
+                "canary".to_owned(),
+                field.to_string(),
+                id.clone(),
+                format!("{state}/registered.json"),
+                format!("{state}/canary/smoke/{field}/{id}.json"),
+            ],
+        ];
+        for argv in expected {
+            assert!(recorded.contains(&argv), "{argv:?} not among {recorded:#?}");
+        }
+    }
+}
