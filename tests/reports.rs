@@ -152,3 +152,61 @@ outputs = { o = "after.txt" }
         "{counts:?}"
     );
 }
+
+/// `cairn ARGS` run in `dir` (a subdirectory of the project).
+fn cairn_in(p: &Project, dir: &str, args: &[&str]) -> common::Run {
+    let output = p
+        .command(args)
+        .current_dir(p.path(dir))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    common::Run { output }
+}
+
+#[test]
+fn paths_on_the_command_line_resolve_from_the_current_directory() {
+    let p = copier();
+    p.file("sub/notes.txt", "not an output\n");
+    p.cairn(&["run"]).success();
+    let absolute = p.path("out/frozen.txt").display().to_string();
+    for (dir, path) in [
+        ("sub", "../out/frozen.txt"),
+        ("out", "frozen.txt"),
+        ("out", "./frozen.txt"),
+        ("sub", absolute.as_str()),
+        (".", absolute.as_str()),
+    ] {
+        let lineage = cairn_in(&p, dir, &["provenance", path, "--json"]);
+        lineage.success();
+        let parsed: serde_json::Value = serde_json::from_str(&lineage.stdout()).unwrap();
+        assert_eq!(parsed["stages"][0]["stage"], "freeze", "{dir} {path}");
+        let why = cairn_in(&p, dir, &["why", path]);
+        why.success();
+        assert!(
+            why.stdout().contains("`freeze` is fresh"),
+            "{dir} {path}: {}",
+            why.stdout()
+        );
+        let show = cairn_in(&p, dir, &["show", path, "--json"]);
+        show.success();
+        let parsed: serde_json::Value = serde_json::from_str(&show.stdout()).unwrap();
+        assert_eq!(parsed["stage"], "freeze", "{dir} {path}");
+    }
+    // From `sub/`, `out/frozen.txt` is `sub/out/frozen.txt`: no output.
+    let wrong = cairn_in(&p, "sub", &["provenance", "out/frozen.txt"]);
+    wrong.code_is(2);
+    assert!(
+        wrong.stderr().contains("sub/out/frozen.txt"),
+        "{}",
+        wrong.stderr()
+    );
+    // A path outside the project is named as such.
+    let outside = cairn_in(&p, ".", &["why", "/etc/hostname"]);
+    outside.code_is(2);
+    assert!(
+        outside.stderr().contains("/etc/hostname"),
+        "{}",
+        outside.stderr()
+    );
+}

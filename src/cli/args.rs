@@ -138,7 +138,8 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 #[derive(Debug, Args)]
 pub struct ProvenanceArgs {
-    /// An output path (or a file inside an output directory), or a stage.
+    /// A stage, or an output path (or a file inside an output directory),
+    /// relative to the current directory or absolute.
     pub target: String,
     /// The chain as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
@@ -208,6 +209,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct WhyArgs {
+    /// A stage, or an output path (relative to the current directory or
+    /// absolute) naming the stage that writes it.
     pub stage: String,
     /// The reason and the changed components as JSON on stdout (schema in
     /// docs/cli.md).
@@ -242,7 +245,8 @@ pub struct LogArgs {
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// A stage, or `STAGE/ITEM` for one item's attempts.
+    /// A stage, `STAGE/ITEM` for one item's attempts, or an output path
+    /// (relative to the current directory or absolute) naming its stage.
     pub stage: String,
     /// A per-item stage: list every recorded item outcome, with the
     /// fingerprint of the stage code that produced it.

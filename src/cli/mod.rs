@@ -31,6 +31,7 @@ mod render;
 mod run;
 mod show;
 mod status;
+mod targets;
 mod why;
 mod workspace;
 

@@ -3,6 +3,7 @@
 use super::args::{Global, ProvenanceArgs};
 use super::error::CliError;
 use super::render;
+use super::targets::PathTarget;
 use super::workspace;
 use crate::store::{AttestationError, Ledger, LineageError, PipelineId, lineage, statement};
 
@@ -15,7 +16,14 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
     else {
         return Err(CliError::usage("no ledger yet: `cairn run` records one"));
     };
-    let lineage = match lineage(&loaded.manifest, &loaded.dag, &ledger, &args.target) {
+    let target = match loaded.manifest.stage(&args.target) {
+        Some(stage) => stage.name.clone(),
+        None => match loaded.path_target(&args.target)? {
+            PathTarget::Output { path, .. } => path,
+            other => return Err(loaded.not_an_output(&args.target, &other)),
+        },
+    };
+    let lineage = match lineage(&loaded.manifest, &loaded.dag, &ledger, &target) {
         Ok(lineage) => lineage,
         Err(LineageError::Store(e)) => return Err(e.into()),
         Err(other) => return Err(CliError::usage(other.to_string())),

@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::args::{Global, ShowArgs};
 use super::error::CliError;
 use super::render;
+use super::targets::PathTarget;
 use super::workspace;
 use crate::schedule::{self, StageStatus};
 use crate::store::ResultRecord;
@@ -27,18 +28,31 @@ struct ShowJson<'a> {
 
 pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
-    if let Some((stage, key)) = args.stage.split_once('/')
-        && loaded.manifest.stage(&args.stage).is_none()
-    {
-        return show_item(&loaded, stage, key, args.json);
-    }
-    let target = loaded.stage_indices(std::slice::from_ref(&args.stage))?;
+    let target = match loaded.manifest.stage(&args.stage) {
+        Some(_) => loaded.stage_indices(std::slice::from_ref(&args.stage))?,
+        None => match loaded.path_target(&args.stage)? {
+            PathTarget::Output { stage, .. } => vec![stage],
+            other => match args.stage.split_once('/') {
+                Some((stage, key)) if loaded.manifest.stage(stage).is_some() => {
+                    return show_item(&loaded, stage, key, args.json);
+                }
+                // `typo/ITEM`: the stage is what is wrong.
+                Some((stage, _)) if !std::path::Path::new(stage).exists() => {
+                    return Err(loaded.unknown_stage(stage));
+                }
+                _ if args.stage.contains(['/', '.']) => {
+                    return Err(loaded.not_an_output(&args.stage, &other));
+                }
+                _ => return Err(loaded.unknown_stage(&args.stage)),
+            },
+        },
+    };
     let selected = loaded.dag.upstream_closure(&target);
     let mut ctx = loaded.read_context()?;
     let statuses = schedule::evaluate(&mut ctx, &selected, &HashSet::new())?;
     let status = statuses
         .iter()
-        .find(|s| s.stage == args.stage)
+        .find(|s| s.stage == loaded.manifest.stages[target[0]].name)
         .expect("target evaluated");
     let stage = &loaded.manifest.stages[target[0]];
     let code = ctx.item_codes.get(&target[0]).copied();

@@ -10,14 +10,15 @@ use crate::schedule::{self, DirtyReason};
 
 pub fn why(global: &Global, args: &WhyArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
-    let target = loaded.stage_indices(std::slice::from_ref(&args.stage))?;
+    let target = [loaded.stage_or_output(&args.stage)?];
+    let name = &loaded.manifest.stages[target[0]].name;
     let selected = loaded.dag.upstream_closure(&target);
     let mut ctx = loaded.read_context()?;
     let statuses = schedule::evaluate(&mut ctx, &selected, &HashSet::new())?;
     loaded.save_learnt(&mut ctx);
     let status = statuses
         .into_iter()
-        .find(|s| s.stage == args.stage)
+        .find(|s| &s.stage == name)
         .expect("the target is in its own closure");
 
     if args.json {
