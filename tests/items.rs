@@ -609,3 +609,50 @@ outputs = { results = "state/flaky.jsonl" }
     p.cairn(&["run"]).success();
     assert_eq!(p.lines("attempts.log"), ["a 1", "a 2"]);
 }
+
+#[test]
+fn force_on_a_per_item_stage_reruns_all_its_items() {
+    let p = oracle(3);
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log").len(), 3);
+    let run = p.cairn(&["run", "--force", "oracle"]);
+    run.success();
+    assert!(run.stderr().contains("1 ran"), "{}", run.stderr());
+    for key in ["t1", "t2", "t3"] {
+        assert_eq!(runs_of(&p, key), 2, "{key}: {:?}", p.lines("runs.log"));
+    }
+    // Forcing is for one run: the next one reuses everything.
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log").len(), 6);
+}
+
+#[test]
+fn force_stage_slash_item_reruns_that_item_only() {
+    let p = oracle(3);
+    p.cairn(&["run"]).success();
+    let run = p.cairn(&["run", "--force", "oracle/t2"]);
+    run.success();
+    assert_eq!(runs_of(&p, "t1"), 1, "{:?}", p.lines("runs.log"));
+    assert_eq!(runs_of(&p, "t2"), 2, "{:?}", p.lines("runs.log"));
+    assert_eq!(runs_of(&p, "t3"), 1, "{:?}", p.lines("runs.log"));
+    let dry = p.cairn(&["run", "-n", "--force", "oracle/t3"]);
+    dry.success();
+    assert!(
+        dry.stdout().contains("would run  oracle (forced)"),
+        "{}",
+        dry.stdout()
+    );
+    // An item the stage does not have, or an item of a stage without
+    // items, is refused before anything runs.
+    let unknown = p.cairn(&["run", "--force", "oracle/t9"]);
+    unknown.code_is(2);
+    assert!(unknown.stderr().contains("t9"), "{}", unknown.stderr());
+    let unknown = p.cairn(&["run", "--force", "orcle/t1"]);
+    unknown.code_is(2);
+    assert!(
+        unknown.stderr().contains("did you mean `oracle`"),
+        "{}",
+        unknown.stderr()
+    );
+    assert_eq!(p.lines("runs.log").len(), 4);
+}

@@ -179,8 +179,9 @@ pub struct RunArgs {
     /// After a failure, keep running stages that do not depend on it.
     #[arg(short = 'k', long)]
     pub keep_going: bool,
-    /// Re-run this stage even if it is fresh (repeatable).
-    #[arg(long, value_name = "STAGE")]
+    /// Re-run this stage even if it is fresh, all its items for a per-item
+    /// stage; `STAGE/ITEM` re-runs one item (repeatable).
+    #[arg(long, value_name = "STAGE[/ITEM]")]
     pub force: Vec<String>,
     /// Show what would run, and why, without running or writing anything.
     #[arg(short = 'n', long)]

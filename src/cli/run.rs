@@ -17,7 +17,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
 
     if args.dry_run {
         let mut ctx = loaded.read_context()?;
-        let statuses = schedule::evaluate(&mut ctx, &selected, &forced)?;
+        let statuses = schedule::evaluate(&mut ctx, &selected, &forced.stages)?;
         let mut would = 0;
         for status in &statuses {
             match (&status.reason, status.state) {
@@ -64,7 +64,8 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
         keep_going: args.keep_going,
-        forced,
+        forced: forced.stages,
+        forced_items: forced.items,
         selected,
         invocation: std::env::args().collect::<Vec<_>>().join(" "),
         limit: args.limit,

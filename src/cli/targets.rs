@@ -7,11 +7,23 @@
 //! started (`cairn.toml` is found in parent directories). A file inside an
 //! output directory names that output's stage.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
 use super::error::CliError;
 use super::workspace::Loaded;
 use crate::manifest::ProjectPath;
+use crate::schedule::load_items;
+
+/// What `--force` names: stages to re-run (a per-item stage with all its
+/// items), and of per-item stages, single items (`STAGE/ITEM`).
+#[derive(Debug, Default)]
+pub struct Forced {
+    /// Every stage forced, whole or through some of its items.
+    pub stages: HashSet<usize>,
+    /// Per-item stages forced through these items only.
+    pub items: HashMap<usize, BTreeSet<String>>,
+}
 
 /// An argument read as a path.
 pub enum PathTarget {
@@ -24,6 +36,49 @@ pub enum PathTarget {
 }
 
 impl Loaded {
+    /// Reads `--force` arguments: `STAGE` or `STAGE/ITEM`.
+    pub fn forced(&self, args: &[String]) -> Result<Forced, CliError> {
+        let mut forced = Forced::default();
+        let mut whole = HashSet::new();
+        for arg in args {
+            if let Some(i) = self.manifest.stages.iter().position(|s| &s.name == arg) {
+                forced.stages.insert(i);
+                whole.insert(i);
+                continue;
+            }
+            let Some((name, key)) = arg.split_once('/') else {
+                return Err(self.unknown_stage(arg));
+            };
+            let i = self.stage_indices(&[name.to_owned()])?[0];
+            let stage = &self.manifest.stages[i];
+            let Some(foreach) = &stage.foreach else {
+                return Err(CliError::usage(format!(
+                    "stage `{name}` is not a per-item stage, so `--force {arg}` names nothing; use `--force {name}`"
+                )));
+            };
+            // An item list an upstream stage has not written yet is
+            // checked when the stage plans its items.
+            let list = foreach.items.resolve(&self.manifest.root);
+            if list.exists()
+                && let Ok(items) = load_items(&list, &foreach.key)
+                && !items.iter().any(|item| item.key == key)
+            {
+                return Err(CliError::Usage {
+                    message: format!(
+                        "stage `{name}` has no item `{key}` in `{}`",
+                        foreach.items.as_str()
+                    ),
+                    help: Some(format!("`cairn show {name} --items` lists its items")),
+                });
+            }
+            forced.stages.insert(i);
+            forced.items.entry(i).or_default().insert(key.to_owned());
+        }
+        // `--force STAGE` beside `--force STAGE/ITEM` forces every item.
+        forced.items.retain(|i, _| !whole.contains(i));
+        Ok(forced)
+    }
+
     /// `arg` as a path from the current directory, placed in the project.
     pub fn path_target(&self, arg: &str) -> Result<PathTarget, CliError> {
         let cwd = std::env::current_dir().map_err(CliError::Output)?;

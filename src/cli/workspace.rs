@@ -1,6 +1,5 @@
 //! Loading the manifest and graph, and opening the cache, for a command.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 
 use super::args::Global;
@@ -113,9 +112,5 @@ impl Loaded {
         {
             let _ = ctx.save_stat_cache();
         }
-    }
-
-    pub fn forced(&self, names: &[String]) -> Result<HashSet<usize>, CliError> {
-        Ok(self.stage_indices(names)?.into_iter().collect())
     }
 }

@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
+use super::items::PlannedItem;
 use super::limits::Limits;
 use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::{LocalExecutor, kill_marked_processes};
@@ -26,7 +27,12 @@ use crate::store::{
 pub struct RunOptions {
     pub jobs: usize,
     pub keep_going: bool,
+    /// Stages `--force` named: they run even if fresh, and a per-item
+    /// stage re-runs all its items...
     pub forced: HashSet<usize>,
+    /// ...unless only some of its items were named (`--force STAGE/ITEM`):
+    /// then just these re-run.
+    pub forced_items: HashMap<usize, BTreeSet<String>>,
     pub selected: Vec<bool>,
     /// The command line, recorded with the run.
     pub invocation: String,
@@ -316,7 +322,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 self.rank[i] as u64,
             ) {
                 Ok(task) if stage.foreach.is_some() => {
-                    let plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
+                    let mut plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
+                    if let Err(message) = self.forget_forced_items(i, &mut plan) {
+                        self.fail(i, &message, None);
+                        continue;
+                    }
                     task.with_items(
                         stage,
                         plan,
@@ -340,6 +350,33 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             };
             let executor = executor.clone();
             running.spawn(async move { (i, key, task.run(executor, links).await) });
+        }
+        Ok(())
+    }
+
+    /// Makes the items `--force` named look never run, so that they run
+    /// again: all of a forced stage's, or the ones named `STAGE/ITEM`.
+    fn forget_forced_items(&self, i: usize, plan: &mut [PlannedItem]) -> Result<(), String> {
+        if !self.options.forced.contains(&i) {
+            return Ok(());
+        }
+        let named = self.options.forced_items.get(&i);
+        if let Some(missing) = named.and_then(|keys| {
+            keys.iter()
+                .find(|k| !plan.iter().any(|p| &p.item.key == *k))
+        }) {
+            return Err(format!(
+                "`--force {}/{missing}` names no item of the stage",
+                self.ctx.manifest.stages[i].name
+            ));
+        }
+        for planned in plan
+            .iter_mut()
+            .filter(|p| named.is_none_or(|keys| keys.contains(&p.item.key)))
+        {
+            planned.outcome = None;
+            planned.result = None;
+            planned.outputs = None;
         }
         Ok(())
     }

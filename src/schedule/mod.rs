@@ -16,7 +16,7 @@ mod task;
 pub use context::{Context, DirtyReason, Freshness};
 pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
-pub use items::ItemCounts;
+pub use items::{ItemCounts, load_items};
 pub use status::{StageStatus, State, evaluate};
 pub use task::Only;
 
