@@ -92,9 +92,12 @@ fn verdicts_are_final_and_never_retried() {
         p.read("state/oracle.jsonl")
             .contains(r#""class":"rejected""#)
     );
-    // Nor re-run later: the verdict is reused.
-    p.cairn(&["run", "--force", "oracle"]).success();
+    // Nor re-run later: the verdict is reused...
+    p.cairn(&["run"]).success();
     assert_eq!(runs_of(&p, "t3"), 1);
+    // ...unless the item is forced.
+    p.cairn(&["run", "--force", "oracle/t3"]).success();
+    assert_eq!(runs_of(&p, "t3"), 2);
 }
 
 #[test]
