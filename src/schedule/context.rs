@@ -1,7 +1,7 @@
 //! What the scheduler knows about a workspace, and how it decides freshness.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -9,7 +9,8 @@ use serde::Serialize;
 use super::ScheduleError;
 use super::items::{PlannedItem, fill, load_items};
 use crate::fingerprint::{
-    Change, Component, Digest, StageKey, StatCache, item_fingerprint, stage_key,
+    Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
+    stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
@@ -131,6 +132,48 @@ pub struct Context<'m> {
     pub item_codes: HashMap<usize, Digest>,
     /// Whether a dirty stage's reason lists the components that changed.
     pub explain: bool,
+    /// Stored tree listings of upstream directory outputs, by digest
+    /// (`None`: not in the store).
+    listings: HashMap<Digest, Option<TreeListing>>,
+}
+
+/// A stored directory listing, by path, for looking up what lies inside.
+struct TreeListing {
+    entries: BTreeMap<String, TreeEntry>,
+}
+
+impl TreeListing {
+    fn new(entries: Vec<TreeEntry>) -> Self {
+        Self {
+            entries: entries.into_iter().map(|e| (e.path.clone(), e)).collect(),
+        }
+    }
+
+    /// The content digest of `rel` inside the listed directory, as the
+    /// stat cache would compute it from the restored copy; `None` if the
+    /// listing cannot tell (absent, or a symbolic link on the way).
+    fn digest_of(&self, rel: &str) -> Option<Digest> {
+        match self.entries.get(rel).map(|e| e.kind) {
+            Some(EntryKind::File | EntryKind::Executable) => return Some(self.entries[rel].digest),
+            Some(EntryKind::Dir) => {}
+            Some(EntryKind::Symlink) | None => return None,
+        }
+        let prefix = format!("{rel}/");
+        let mut inside = Vec::new();
+        for (path, entry) in self.entries.range(prefix.clone()..) {
+            let Some(sub) = path.strip_prefix(&prefix) else {
+                break;
+            };
+            if entry.kind == EntryKind::Symlink {
+                return None;
+            }
+            inside.push(TreeEntry {
+                path: sub.to_owned(),
+                ..entry.clone()
+            });
+        }
+        Some(tree_digest(&mut inside))
+    }
 }
 
 impl<'m> Context<'m> {
@@ -160,6 +203,7 @@ impl<'m> Context<'m> {
             item_plans: HashMap::new(),
             item_codes: HashMap::new(),
             explain: true,
+            listings: HashMap::new(),
         })
     }
 
@@ -170,11 +214,12 @@ impl<'m> Context<'m> {
     /// The key of stage `i` from the current content of its inputs; upstream
     /// outputs known to this session count by their recorded digests.
     pub fn key_of(&mut self, i: usize) -> Result<StageKey, ScheduleError> {
-        let stage = &self.manifest.stages[i];
+        let manifest = self.manifest;
+        let stage = &manifest.stages[i];
         let mut digests = Vec::with_capacity(stage.inputs.len());
         for input in &stage.inputs {
-            if let Some(digest) = self.produced.get(input.path.as_str()) {
-                digests.push(*digest);
+            if let Some(digest) = self.upstream_digest(input.path.as_str()) {
+                digests.push(digest);
                 continue;
             }
             let abs = input.path.resolve(&self.manifest.root);
@@ -218,7 +263,8 @@ impl<'m> Context<'m> {
         i: usize,
         template: &Digest,
     ) -> Result<Vec<PlannedItem>, ScheduleError> {
-        let stage = &self.manifest.stages[i];
+        let manifest = self.manifest;
+        let stage = &manifest.stages[i];
         let foreach = stage.foreach.as_ref().expect("a per-item stage");
         let list = foreach.items.resolve(&self.manifest.root);
         let items = load_items(&list, &foreach.key).map_err(|message| ScheduleError::Items {
@@ -239,8 +285,8 @@ impl<'m> Context<'m> {
                         message: format!("item `{}`: {message}", item.key),
                     })?;
                 let abs = self.manifest.root.join(&path);
-                let digest = match self.produced.get(path.as_str()) {
-                    Some(digest) => *digest,
+                let digest = match self.upstream_digest(&path) {
+                    Some(digest) => digest,
                     None => self
                         .stat
                         .content(&abs)
@@ -340,6 +386,33 @@ impl<'m> Context<'m> {
             Some(ledger) => Ok(ledger.key(record.id)?),
             None => Ok(StageKey::default()),
         }
+    }
+
+    /// The digest `path` has once the upstream outputs known to this
+    /// session are in place: an output itself, or a file or directory
+    /// inside an output directory, read from the stored tree listing. So a
+    /// stage reading inside an output that a fresh upstream stage will
+    /// restore is judged by the restored bytes, not the workspace copy the
+    /// restore replaces. `None`: no known output holds it (read the
+    /// workspace).
+    fn upstream_digest(&mut self, path: &str) -> Option<Digest> {
+        if let Some(digest) = self.produced.get(path) {
+            return Some(*digest);
+        }
+        let mut end = path.len();
+        while let Some(slash) = path[..end].rfind('/') {
+            end = slash;
+            let Some(digest) = self.produced.get(&path[..slash]).copied() else {
+                continue;
+            };
+            let store = &self.store;
+            let listing = self
+                .listings
+                .entry(digest)
+                .or_insert_with(|| store.tree(&digest).ok().map(TreeListing::new));
+            return listing.as_ref()?.digest_of(&path[slash + 1..]);
+        }
+        None
     }
 
     /// Records the outputs of a stage as this session's upstream digests.
