@@ -204,3 +204,38 @@ outputs = { o = "state/small.txt" }
     assert_eq!(p.read("state/small.txt"), "small input\n");
     assert_eq!(mismatch_count(&p), 0);
 }
+
+#[test]
+fn audit_repair_reruns_only_the_item_whose_entry_has_no_good_copy() {
+    let p = Project::new();
+    for i in 1..=3 {
+        p.file(&format!("src/t{i}.txt"), &format!("task {i}\n"));
+    }
+    p.file("list.jsonl", "{\"id\": \"t1\"}\n{\"id\": \"t2\"}\n{\"id\": \"t3\"}\n");
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "items"
+
+[stages.materialize]
+foreach = { items = "list.jsonl", key = "id" }
+item_inputs = ["src/{item.id}.txt"]
+item_outputs = { tasks = "{item.id}" }
+run = "echo {item.id} >> runs.log; mkdir -p {out.tasks}/{item.id} && cp src/{item.id}.txt {out.tasks}/{item.id}/task.txt"
+outputs = { results = "state/materialize.jsonl", tasks = "state/tasks" }
+"#,
+    );
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log").len(), 3);
+    flip(&object_of(&p, "state/tasks/t2/task.txt"));
+    flip(&p.path("state/tasks/t2/task.txt"));
+
+    p.cairn(&["audit", "--repair"]).success();
+    let stage = stage_status(&p, "materialize");
+    assert_eq!(stage["reason"]["reason"], "store-incomplete", "{stage}");
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log")[3..], ["t2"], "only the damaged item");
+    assert_eq!(p.read("state/tasks/t2/task.txt"), "task 2\n");
+    assert_eq!(mismatch_count(&p), 0);
+}
