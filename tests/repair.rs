@@ -211,7 +211,10 @@ fn audit_repair_reruns_only_the_item_whose_entry_has_no_good_copy() {
     for i in 1..=3 {
         p.file(&format!("src/t{i}.txt"), &format!("task {i}\n"));
     }
-    p.file("list.jsonl", "{\"id\": \"t1\"}\n{\"id\": \"t2\"}\n{\"id\": \"t3\"}\n");
+    p.file(
+        "list.jsonl",
+        "{\"id\": \"t1\"}\n{\"id\": \"t2\"}\n{\"id\": \"t3\"}\n",
+    );
     p.file(
         "cairn.toml",
         r#"
