@@ -2,8 +2,10 @@
 //! graphs, fingerprints or caching.
 
 mod local;
+mod slurm;
 
 pub use local::LocalExecutor;
+pub use slurm::{JobState, SlurmExecutor, SlurmJob, SlurmSettings};
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -14,6 +16,12 @@ use crate::manifest::Command;
 /// One command to run.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// The job's name on an engine that names jobs: derived from the stage
+    /// (or item) fingerprint and the attempt, so the same attempt is found
+    /// again by name.
+    pub name: String,
+    /// The run's token: marks every process and job this run starts.
+    pub token: String,
     pub command: Command,
     pub cwd: PathBuf,
     /// The complete environment of the process.
@@ -72,6 +80,47 @@ pub enum Outcome {
     Exit(i32),
     Signal(i32),
     TimedOut(Duration),
+    /// The engine failed the job, not the command: always the `infra`
+    /// class, never a verdict.
+    Infra(InfraKind),
+    /// Cancelled before it ended (by cairn or by someone else).
+    Cancelled,
+}
+
+/// Why an engine failed a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InfraKind {
+    /// The engine refused or lost the submission.
+    SubmitFailed,
+    /// The image could not be pulled.
+    ImagePull,
+    /// No node could take the job in time.
+    Unschedulable,
+    /// The job was evicted or its node went away.
+    NodeLost,
+    /// A higher-priority job took its place.
+    Preempted,
+    /// Killed for using more memory than it asked for.
+    OutOfMemory,
+    /// The engine forgot the job before cairn saw it end.
+    Vanished,
+    /// An end state cairn does not know.
+    Unknown,
+}
+
+impl InfraKind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            InfraKind::SubmitFailed => "could not be submitted",
+            InfraKind::ImagePull => "could not pull its image",
+            InfraKind::Unschedulable => "could not be scheduled",
+            InfraKind::NodeLost => "lost its node",
+            InfraKind::Preempted => "was preempted",
+            InfraKind::OutOfMemory => "ran out of memory",
+            InfraKind::Vanished => "vanished from the engine",
+            InfraKind::Unknown => "ended in a state cairn does not know",
+        }
+    }
 }
 
 impl Outcome {
@@ -79,7 +128,9 @@ impl Outcome {
         match self {
             Outcome::Success => Some(0),
             Outcome::Exit(code) => Some(code),
-            Outcome::Signal(_) | Outcome::TimedOut(_) => None,
+            Outcome::Signal(_) | Outcome::TimedOut(_) | Outcome::Infra(_) | Outcome::Cancelled => {
+                None
+            }
         }
     }
 
@@ -91,6 +142,10 @@ impl Outcome {
             Outcome::TimedOut(limit) => {
                 format!("timed out after {}", humantime::format_duration(limit))
             }
+            Outcome::Infra(kind) => {
+                format!("failed on infrastructure: the job {}", kind.describe())
+            }
+            Outcome::Cancelled => "was cancelled".to_owned(),
         }
     }
 }
@@ -111,6 +166,13 @@ pub enum ExecError {
     },
     #[error("failed to wait for a child process")]
     Wait(#[source] std::io::Error),
+    /// A remote engine refused an action (submit, query, cancel).
+    #[error("{engine} could not {action} a job: {detail}")]
+    Engine {
+        engine: &'static str,
+        action: &'static str,
+        detail: String,
+    },
 }
 
 /// Where commands run.

@@ -170,6 +170,8 @@ impl StageTask {
         }
         Ok(Self {
             job: Job {
+                name: format!("cairn-{}", stage.name),
+                token: run_token.to_owned(),
                 command: match &stage.uses {
                     Some(_) => builtin_command(&stage.run),
                     None => stage.run.clone(),
@@ -672,14 +674,20 @@ impl ItemRunner {
     }
 }
 
-/// The class of an attempt: the first rule that matches (every condition
-/// it gives holds), else ok for exit 0 and error otherwise.
+/// The class of an attempt: `infra` when the engine failed the job, else
+/// the first rule that matches (every condition it gives holds), else ok for
+/// exit 0 and error otherwise.
 fn classify(
     rules: &[ClassifyRule],
     outcome: Outcome,
     log: &Path,
     result: Option<&serde_json::Value>,
 ) -> (ItemClass, Option<String>) {
+    // An engine's failure is infrastructure whatever the rules say: the
+    // command never ran to an end that could be a verdict.
+    if let Outcome::Infra(_) | Outcome::Cancelled = outcome {
+        return (ItemClass::Infra, Some(outcome.describe()));
+    }
     let needs_output = rules.iter().any(|r| r.output.is_some());
     let output = if needs_output {
         std::fs::read(log)

@@ -1,0 +1,412 @@
+//! Runs jobs as Slurm batch jobs.
+//!
+//! A job is submitted with `sbatch --parsable`, named by the scheduler
+//! (the name derives from the stage or item fingerprint and the attempt
+//! number, so the same attempt is found again by name), with:
+//! - the project root as working directory (`--chdir`): the root must be on
+//!   a filesystem every node mounts at the same path, and outputs are hashed
+//!   where they land;
+//! - exactly the job's environment: `sbatch` itself runs with a cleared
+//!   environment plus the job's variables (and `SLURM_CONF` when cairn has
+//!   one), and `--export=ALL` hands that to the job. Secret values travel the
+//!   same way, never on a command line or in a file cairn writes;
+//! - its stdout and stderr appended to the job's log (`--output`,
+//!   `--open-mode=append`), redacted when the job ends;
+//! - the run's token in `--comment`, so jobs of a cairn process that died
+//!   can be found (`orphans`), and the placement the stage asks for
+//!   (partition, account, time limit, cpus, memory, gres, extra arguments).
+//!
+//! Slurm has no watch API: a job's state is read with `squeue`, polled with
+//! a growing interval (from 100 ms to `poll`). How a job ended maps to an
+//! [`Outcome`]: COMPLETED → success; FAILED → its exit code (which the
+//! stage's `classify` rules read); CANCELLED → cancelled; TIMEOUT →
+//! timed out; NODE_FAIL, PREEMPTED, BOOT_FAIL, OUT_OF_MEMORY and DEADLINE →
+//! an infrastructure failure, never a verdict. Dropping a running job does
+//! not cancel it (it outlives cairn, and a later run adopts it); `cancel`
+//! does, with `scancel`.
+
+use std::time::Duration;
+
+use super::{ExecError, InfraKind, Job, Outcome};
+use crate::manifest::Command;
+
+/// Where and how a stage's jobs run on Slurm.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlurmSettings {
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    /// `--time`, in whole minutes (at least 1).
+    pub time_limit: Option<Duration>,
+    pub cpus: Option<u32>,
+    /// `--mem`, as Slurm reads it (`4G`, `500M`).
+    pub memory: Option<String>,
+    /// `--gres`, e.g. `gpu:1`.
+    pub gres: Option<String>,
+    /// Further `sbatch` arguments, passed as they are.
+    pub extra_args: Vec<String>,
+    /// The longest wait between two state queries.
+    pub poll: Duration,
+}
+
+/// A job submitted to Slurm: its job id and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmJob {
+    pub id: String,
+    pub name: String,
+}
+
+/// A job's state as `squeue` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobState {
+    pub state: String,
+    /// `REASON` for a pending job, the node list otherwise.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct SlurmExecutor {
+    settings: SlurmSettings,
+}
+
+impl SlurmExecutor {
+    pub fn new(settings: SlurmSettings) -> Self {
+        Self { settings }
+    }
+
+    /// The `sbatch` arguments for `job` (the script goes on stdin).
+    pub fn sbatch_args(&self, job: &Job) -> Vec<String> {
+        let s = &self.settings;
+        let mut args = vec![
+            "--parsable".to_owned(),
+            format!("--job-name={}", job.name),
+            format!("--chdir={}", job.cwd.display()),
+            format!("--output={}", job.log.display()),
+            "--open-mode=append".to_owned(),
+            "--export=ALL".to_owned(),
+            // cairn retries; Slurm must not requeue on its own.
+            "--no-requeue".to_owned(),
+            format!("--comment=cairn-run={}", job.token),
+        ];
+        let mut push = |flag: &str, value: Option<String>| {
+            if let Some(value) = value {
+                args.push(format!("--{flag}={value}"));
+            }
+        };
+        push("partition", s.partition.clone());
+        push("account", s.account.clone());
+        // The stage's own timeout, else the executor's.
+        let limit = job.timeout.or(s.time_limit);
+        push(
+            "time",
+            limit.map(|d| d.as_secs().div_ceil(60).max(1).to_string()),
+        );
+        push("cpus-per-task", s.cpus.map(|n| n.to_string()));
+        push("mem", s.memory.clone());
+        push("gres", s.gres.clone());
+        args.extend(s.extra_args.iter().cloned());
+        args
+    }
+
+    /// Submits `job`; the id Slurm gave it.
+    pub async fn submit(&self, job: &Job) -> Result<SlurmJob, ExecError> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut command = tokio::process::Command::new("sbatch");
+        command
+            .args(self.sbatch_args(job))
+            .env_clear()
+            .envs(job.env.iter().map(|(k, v)| (k, v)))
+            .envs(slurm_client_env())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(|source| ExecError::Spawn {
+            program: "sbatch".to_owned(),
+            source,
+        })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(batch_script(&job.command).as_bytes())
+                .await
+                .map_err(ExecError::Wait)?;
+        }
+        let out = child.wait_with_output().await.map_err(ExecError::Wait)?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // `--parsable` prints `ID` or `ID;CLUSTER`.
+        let id = stdout.trim().split(';').next().unwrap_or_default();
+        if !out.status.success() || id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ExecError::Engine {
+                engine: "slurm",
+                action: "submit",
+                detail: format!(
+                    "sbatch {}: {}",
+                    describe_status(out.status),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(SlurmJob {
+            id: id.to_owned(),
+            name: job.name.clone(),
+        })
+    }
+
+    /// The job named `name` that Slurm still knows (running, pending, or
+    /// finished within `MinJobAge`), the newest if several.
+    pub async fn find(&self, name: &str) -> Result<Option<SlurmJob>, ExecError> {
+        let text = squeue(&["--states=all", "--name", name, "--format=%i"]).await?;
+        Ok(text
+            .lines()
+            .filter_map(|line| line.trim().parse::<u64>().ok())
+            .max()
+            .map(|id| SlurmJob {
+                id: id.to_string(),
+                name: name.to_owned(),
+            }))
+    }
+
+    /// The job's state, `None` once Slurm has forgotten it.
+    pub async fn state(&self, job: &SlurmJob) -> Result<Option<JobState>, ExecError> {
+        let text = squeue(&["--states=all", "--jobs", &job.id, "--format=%T|%R"]).await;
+        // squeue fails with "Invalid job id" once the job has aged out.
+        let text = match text {
+            Ok(text) => text,
+            Err(ExecError::Engine { detail, .. }) if detail.contains("Invalid job id") => {
+                return Ok(None);
+            }
+            Err(other) => return Err(other),
+        };
+        Ok(text.lines().find_map(|line| {
+            let (state, reason) = line.split_once('|')?;
+            Some(JobState {
+                state: state.trim().to_owned(),
+                reason: reason.trim().to_owned(),
+            })
+        }))
+    }
+
+    /// The exit code of a finished job (`ExitCode=N:S` in `scontrol`).
+    async fn exit_code(&self, job: &SlurmJob) -> Result<(i32, i32), ExecError> {
+        let text = run_client("scontrol", &["show", "job", &job.id]).await?;
+        Ok(parse_exit_code(&text).unwrap_or((-1, 0)))
+    }
+
+    /// Waits until the job ends; how it ended.
+    pub async fn wait(&self, job: &SlurmJob) -> Result<Outcome, ExecError> {
+        let mut interval = Duration::from_millis(100);
+        let ceiling = self.settings.poll.max(Duration::from_millis(100));
+        loop {
+            let Some(state) = self.state(job).await? else {
+                return Ok(Outcome::Infra(InfraKind::Vanished));
+            };
+            if let Some(outcome) = self.ended(job, &state).await? {
+                return Ok(outcome);
+            }
+            tokio::time::sleep(interval).await;
+            interval = (interval * 2).min(ceiling);
+        }
+    }
+
+    async fn ended(&self, job: &SlurmJob, state: &JobState) -> Result<Option<Outcome>, ExecError> {
+        Ok(Some(match state.state.as_str() {
+            "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "REQUEUED"
+            | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESIZING" | "SIGNALING" | "STAGE_OUT"
+            | "STOPPED" | "RESV_DEL_HOLD" => return Ok(None),
+            "COMPLETED" => Outcome::Success,
+            "FAILED" => match self.exit_code(job).await? {
+                (0, signal) if signal > 0 => Outcome::Signal(signal),
+                (code, _) => Outcome::Exit(code),
+            },
+            "CANCELLED" => Outcome::Cancelled,
+            "TIMEOUT" => Outcome::TimedOut(self.settings.time_limit.unwrap_or_default()),
+            "OUT_OF_MEMORY" => Outcome::Infra(InfraKind::OutOfMemory),
+            "NODE_FAIL" | "BOOT_FAIL" => Outcome::Infra(InfraKind::NodeLost),
+            "PREEMPTED" => Outcome::Infra(InfraKind::Preempted),
+            "DEADLINE" => Outcome::Infra(InfraKind::Unschedulable),
+            _ => Outcome::Infra(InfraKind::Unknown),
+        }))
+    }
+
+    /// Cancels the job (`scancel`); a job that already ended is left alone.
+    pub async fn cancel(&self, job: &SlurmJob) -> Result<(), ExecError> {
+        run_client("scancel", &[&job.id]).await.map(drop)
+    }
+
+    /// Jobs that carry a cairn run token for which `is_live` is false: what
+    /// a cairn process that died left queued or running.
+    pub async fn orphans(
+        &self,
+        is_live: impl Fn(&str) -> bool,
+    ) -> Result<Vec<SlurmJob>, ExecError> {
+        let text = squeue(&["--format=%i|%j|%k"]).await?;
+        Ok(text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.splitn(3, '|');
+                let (id, name, comment) = (fields.next()?, fields.next()?, fields.next()?);
+                let token = comment.trim().strip_prefix("cairn-run=")?;
+                (!is_live(token)).then(|| SlurmJob {
+                    id: id.trim().to_owned(),
+                    name: name.trim().to_owned(),
+                })
+            })
+            .collect())
+    }
+}
+
+/// The batch script: the command, run by `/bin/sh` on the node.
+fn batch_script(command: &Command) -> String {
+    let exec = match command {
+        Command::Shell(script) => format!("exec /bin/sh -c {}", quote_word(script)),
+        Command::Exec(argv) => {
+            let words: Vec<String> = argv.iter().map(|w| quote_word(w)).collect();
+            format!("exec {}", words.join(" "))
+        }
+    };
+    format!("#!/bin/sh\n{exec}\n")
+}
+
+/// What Slurm's client commands need from cairn's own environment.
+fn slurm_client_env() -> Vec<(String, String)> {
+    ["SLURM_CONF"]
+        .iter()
+        .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
+        .collect()
+}
+
+async fn squeue(args: &[&str]) -> Result<String, ExecError> {
+    let mut all = vec!["--noheader"];
+    all.extend_from_slice(args);
+    run_client("squeue", &all).await
+}
+
+/// Runs a Slurm client command; its stdout, or an error with its stderr.
+async fn run_client(program: &'static str, args: &[&str]) -> Result<String, ExecError> {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|source| ExecError::Spawn {
+            program: program.to_owned(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(ExecError::Engine {
+            engine: "slurm",
+            action: program,
+            detail: format!(
+                "{program} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn describe_status(status: std::process::ExitStatus) -> String {
+    match status.code() {
+        Some(code) => format!("exited with status {code}"),
+        None => "was killed by a signal".to_owned(),
+    }
+}
+
+/// `ExitCode=2:0` in `scontrol show job` output: (exit code, signal).
+fn parse_exit_code(text: &str) -> Option<(i32, i32)> {
+    let value = text
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("ExitCode="))?;
+    let (code, signal) = value.split_once(':')?;
+    Some((code.parse().ok()?, signal.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn job() -> Job {
+        Job {
+            name: "cairn-oracle-1a2b3c4d5e6f-1".to_owned(),
+            token: "123-456".to_owned(),
+            command: Command::Shell("python3 oracle.py 'a b'".to_owned()),
+            cwd: PathBuf::from("/shared/project"),
+            env: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
+            timeout: Some(Duration::from_secs(90)),
+            log: PathBuf::from("/shared/project/cache/logs/7/oracle.log"),
+            redact: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn sbatch_arguments_carry_name_place_log_token_and_placement() {
+        let slurm = SlurmExecutor::new(SlurmSettings {
+            partition: Some("gpu".to_owned()),
+            account: Some("curation".to_owned()),
+            time_limit: Some(Duration::from_secs(3600)),
+            cpus: Some(4),
+            memory: Some("8G".to_owned()),
+            gres: Some("gpu:1".to_owned()),
+            extra_args: vec!["--exclusive".to_owned()],
+            poll: Duration::from_secs(2),
+        });
+        assert_eq!(
+            slurm.sbatch_args(&job()),
+            [
+                "--parsable",
+                "--job-name=cairn-oracle-1a2b3c4d5e6f-1",
+                "--chdir=/shared/project",
+                "--output=/shared/project/cache/logs/7/oracle.log",
+                "--open-mode=append",
+                "--export=ALL",
+                "--no-requeue",
+                "--comment=cairn-run=123-456",
+                "--partition=gpu",
+                "--account=curation",
+                // The stage's 90 s timeout wins, rounded up to minutes.
+                "--time=2",
+                "--cpus-per-task=4",
+                "--mem=8G",
+                "--gres=gpu:1",
+                "--exclusive",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_batch_script_runs_the_command_as_one_quoted_word() {
+        assert_eq!(
+            batch_script(&Command::Shell("echo 'it''s' $HOME".to_owned())),
+            "#!/bin/sh\nexec /bin/sh -c 'echo '\\''it'\\'''\\''s'\\'' $HOME'\n"
+        );
+        assert_eq!(
+            batch_script(&Command::Exec(vec!["python3".into(), "a b.py".into()])),
+            "#!/bin/sh\nexec python3 'a b.py'\n"
+        );
+    }
+
+    #[test]
+    fn exit_codes_are_read_from_scontrol() {
+        let text =
+            "JobId=12 JobName=x\n   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=3:0\n";
+        assert_eq!(parse_exit_code(text), Some((3, 0)));
+        assert_eq!(parse_exit_code("ExitCode=0:9"), Some((0, 9)));
+        assert_eq!(parse_exit_code("JobState=PENDING"), None);
+    }
+}
+
+// TEMPORARY until manifest::shell lands
+fn quote_word(value: &str) -> String {
+    let plain = !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_./:@%+,-".contains(&b));
+    if plain {
+        value.to_owned()
+    } else {
+        format!("'{}'", value.replace('\'', r"'\''"))
+    }
+}

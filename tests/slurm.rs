@@ -1,0 +1,175 @@
+//! The Slurm executor against a real one-node Slurm cluster (munged,
+//! slurmctld, slurmd), which `scripts/test` starts and names in
+//! `SLURM_CONF`. The scenarios share the one node, so they take turns.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cairn::exec::{InfraKind, Job, Outcome, SlurmExecutor, SlurmSettings};
+use cairn::manifest::Command;
+
+static NODE: Mutex<()> = Mutex::new(());
+
+fn cluster() -> std::sync::MutexGuard<'static, ()> {
+    assert!(
+        std::env::var_os("SLURM_CONF").is_some(),
+        "no Slurm cluster: run the tests with `scripts/test`, which starts one"
+    );
+    NODE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn slurm() -> SlurmExecutor {
+    SlurmExecutor::new(SlurmSettings {
+        poll: Duration::from_millis(300),
+        ..SlurmSettings::default()
+    })
+}
+
+fn job(dir: &Path, name: &str, script: &str) -> Job {
+    Job {
+        name: name.to_owned(),
+        token: format!("test-{}", std::process::id()),
+        command: Command::Shell(script.to_owned()),
+        cwd: dir.to_path_buf(),
+        env: vec![
+            ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+            ("GREETING".to_owned(), "hello from the job".to_owned()),
+        ],
+        timeout: None,
+        log: dir.join(format!("{name}.log")),
+        redact: Vec::new(),
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+async fn within<T>(limit: Duration, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .expect("a Slurm scenario did not finish in time")
+}
+
+#[tokio::test]
+async fn a_job_runs_in_the_root_with_its_environment_and_its_exit_code_comes_back() {
+    let _node = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = slurm();
+    let name = unique("exit");
+    let job = job(
+        dir.path(),
+        &name,
+        "echo \"$GREETING in $(pwd)\"; echo made > out.txt; exit 3",
+    );
+    let submitted = slurm.submit(&job).await.unwrap();
+    let outcome = within(Duration::from_secs(60), slurm.wait(&submitted))
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Exit(3));
+    let log = std::fs::read_to_string(&job.log).unwrap();
+    assert!(
+        log.contains(&format!("hello from the job in {}", dir.path().display())),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out.txt")).unwrap(),
+        "made\n"
+    );
+    // Success is success.
+    let ok = slurm
+        .submit(&self::job(dir.path(), &unique("ok"), "true"))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(Duration::from_secs(60), slurm.wait(&ok))
+            .await
+            .unwrap(),
+        Outcome::Success
+    );
+}
+
+#[tokio::test]
+async fn a_job_is_found_again_by_name_and_cancelled() {
+    let _node = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = slurm();
+    let name = unique("attach");
+    let job = job(dir.path(), &name, "touch started; sleep 300");
+    let submitted = slurm.submit(&job).await.unwrap();
+    // As a restarted cairn would: by name alone.
+    let found = slurm.find(&name).await.unwrap().expect("found by name");
+    assert_eq!(found, submitted);
+    assert_eq!(slurm.find(&unique("nobody")).await.unwrap(), None);
+    // It carries this run's token: an orphan once the run is not live.
+    let orphans = slurm.orphans(|_| false).await.unwrap();
+    assert!(orphans.contains(&submitted), "{orphans:?}");
+    let live = slurm.orphans(|token| token == job.token).await.unwrap();
+    assert!(!live.contains(&submitted), "{live:?}");
+    wait_for(&dir.path().join("started")).await;
+    slurm.cancel(&found).await.unwrap();
+    assert_eq!(
+        within(Duration::from_secs(60), slurm.wait(&found))
+            .await
+            .unwrap(),
+        Outcome::Cancelled
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_fails_under_a_job_is_an_infrastructure_failure() {
+    let _node = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = slurm();
+    let job = job(dir.path(), &unique("nodefail"), "touch started; sleep 300");
+    let submitted = slurm.submit(&job).await.unwrap();
+    wait_for(&dir.path().join("started")).await;
+    let node = hostname();
+    scontrol(&[
+        "update",
+        &format!("nodename={node}"),
+        "state=down",
+        "reason=cairn-test",
+    ]);
+    let outcome = within(Duration::from_secs(60), slurm.wait(&submitted)).await;
+    scontrol(&["update", &format!("nodename={node}"), "state=resume"]);
+    assert_eq!(outcome.unwrap(), Outcome::Infra(InfraKind::NodeLost));
+}
+
+async fn wait_for(path: &PathBuf) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn hostname() -> String {
+    let out = std::process::Command::new("hostname")
+        .arg("-s")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn scontrol(args: &[&str]) {
+    let status = std::process::Command::new("scontrol")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(status.success(), "scontrol {args:?}");
+}
