@@ -72,8 +72,8 @@ async fn a_job_runs_in_the_root_with_its_environment_and_its_exit_code_comes_bac
         &name,
         "echo \"$GREETING in $(pwd)\"; echo made > out.txt; exit 3",
     );
-    let submitted = slurm.submit(&job).await.unwrap();
-    let outcome = within(Duration::from_secs(60), slurm.wait(&submitted))
+    let submitted = slurm.submit_job(&job).await.unwrap();
+    let outcome = within(Duration::from_secs(60), slurm.wait_job(&submitted))
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Exit(3));
@@ -88,11 +88,11 @@ async fn a_job_runs_in_the_root_with_its_environment_and_its_exit_code_comes_bac
     );
     // Success is success.
     let ok = slurm
-        .submit(&self::job(dir.path(), &unique("ok"), "true"))
+        .submit_job(&self::job(dir.path(), &unique("ok"), "true"))
         .await
         .unwrap();
     assert_eq!(
-        within(Duration::from_secs(60), slurm.wait(&ok))
+        within(Duration::from_secs(60), slurm.wait_job(&ok))
             .await
             .unwrap(),
         Outcome::Success
@@ -106,7 +106,7 @@ async fn a_job_is_found_again_by_name_and_cancelled() {
     let slurm = slurm();
     let name = unique("attach");
     let job = job(dir.path(), &name, "touch started; sleep 300");
-    let submitted = slurm.submit(&job).await.unwrap();
+    let submitted = slurm.submit_job(&job).await.unwrap();
     // As a restarted cairn would: by name alone.
     let found = slurm.find(&name).await.unwrap().expect("found by name");
     assert_eq!(found, submitted);
@@ -117,9 +117,9 @@ async fn a_job_is_found_again_by_name_and_cancelled() {
     let live = slurm.orphans(|token| token == job.token).await.unwrap();
     assert!(!live.contains(&submitted), "{live:?}");
     wait_for(&dir.path().join("started")).await;
-    slurm.cancel(&found).await.unwrap();
+    slurm.cancel_job(&found).await.unwrap();
     assert_eq!(
-        within(Duration::from_secs(60), slurm.wait(&found))
+        within(Duration::from_secs(60), slurm.wait_job(&found))
             .await
             .unwrap(),
         Outcome::Cancelled
@@ -132,7 +132,7 @@ async fn a_node_that_fails_under_a_job_is_an_infrastructure_failure() {
     let dir = tempfile::tempdir().unwrap();
     let slurm = slurm();
     let job = job(dir.path(), &unique("nodefail"), "touch started; sleep 300");
-    let submitted = slurm.submit(&job).await.unwrap();
+    let submitted = slurm.submit_job(&job).await.unwrap();
     wait_for(&dir.path().join("started")).await;
     let node = hostname();
     scontrol(&[
@@ -141,7 +141,7 @@ async fn a_node_that_fails_under_a_job_is_an_infrastructure_failure() {
         "state=down",
         "reason=cairn-test",
     ]);
-    let outcome = within(Duration::from_secs(60), slurm.wait(&submitted)).await;
+    let outcome = within(Duration::from_secs(60), slurm.wait_job(&submitted)).await;
     scontrol(&["update", &format!("nodename={node}"), "state=resume"]);
     assert_eq!(outcome.unwrap(), Outcome::Infra(InfraKind::NodeLost));
 }

@@ -10,7 +10,7 @@
 use std::fs::OpenOptions;
 use std::process::Stdio;
 
-use super::{ExecError, Executor, Job, Outcome};
+use super::{BoxFuture, ExecError, Executor, Job, Outcome, Running, redact_log};
 use crate::manifest::Command;
 
 #[derive(Debug, Default, Clone)]
@@ -37,8 +37,9 @@ impl Drop for GroupGuard {
     }
 }
 
-impl Executor for LocalExecutor {
-    async fn run(&self, job: &Job) -> Result<Outcome, ExecError> {
+impl LocalExecutor {
+    /// Starts the job's process; see the module documentation.
+    fn spawn(&self, job: &Job) -> Result<LocalRunning, ExecError> {
         // One pipe for stdout and stderr keeps their order; the log file is
         // created only when the first byte arrives, so quiet stages leave
         // no empty files behind.
@@ -81,14 +82,14 @@ impl Executor for LocalExecutor {
             .stdout(Stdio::from(writer))
             .stderr(Stdio::from(writer_err))
             .process_group(0);
-        let mut child = command.spawn().map_err(|source| ExecError::Spawn {
+        let child = command.spawn().map_err(|source| ExecError::Spawn {
             program: match &job.command {
                 Command::Shell(_) => "/bin/sh".to_owned(),
                 Command::Exec(argv) => argv[0].clone(),
             },
             source,
         })?;
-        let mut guard = GroupGuard(child.id().map(|pid| pid as i32));
+        let guard = GroupGuard(child.id().map(|pid| pid as i32));
         // Close our copies of the pipe's write end, so the reader sees EOF.
         drop(command);
         let log_path = job.log.clone();
@@ -100,6 +101,60 @@ impl Executor for LocalExecutor {
                 })?;
         let drain = tokio::spawn(copy_to_log(receiver, log_path));
 
+        Ok(LocalRunning {
+            child,
+            guard,
+            drain,
+            job: job.clone(),
+        })
+    }
+}
+
+impl Executor for LocalExecutor {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
+        Box::pin(async move { Ok(Box::new(self.spawn(job)?) as Box<dyn Running>) })
+    }
+
+    /// A local job never outlives its run: what a killed cairn left running
+    /// is killed when the next run begins (`kill_marked_processes`).
+    fn attach<'a>(
+        &'a self,
+        _job: &'a Job,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// A process started by [`LocalExecutor`]: dropping it kills its group.
+struct LocalRunning {
+    child: tokio::process::Child,
+    guard: GroupGuard,
+    drain: tokio::task::JoinHandle<std::io::Result<()>>,
+    job: Job,
+}
+
+impl Running for LocalRunning {
+    fn handle(&self) -> String {
+        format!("pid:{}", self.guard.0.unwrap_or_default())
+    }
+
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>> {
+        Box::pin(self.finish())
+    }
+}
+
+impl LocalRunning {
+    async fn finish(self) -> Result<Outcome, ExecError> {
+        let LocalRunning {
+            mut child,
+            mut guard,
+            drain,
+            job,
+        } = self;
         let status = match job.timeout {
             None => child.wait().await,
             Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
@@ -108,7 +163,7 @@ impl Executor for LocalExecutor {
                     guard.kill();
                     let _ = child.wait().await;
                     let _ = drain.await;
-                    redact(&job.log, &job.redact).map_err(|e| ExecError::Log {
+                    redact_log(&job.log, &job.redact).map_err(|e| ExecError::Log {
                         path: job.log.clone(),
                         source: e,
                     })?;
@@ -126,7 +181,7 @@ impl Executor for LocalExecutor {
                 path: job.log.clone(),
                 source: e,
             })?;
-        redact(&job.log, &job.redact).map_err(|e| ExecError::Log {
+        redact_log(&job.log, &job.redact).map_err(|e| ExecError::Log {
             path: job.log.clone(),
             source: e,
         })?;
@@ -224,33 +279,6 @@ fn resolve_program(
 fn is_executable_file(path: &std::path::Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Replaces every secret value in the log with `[redacted NAME]` (temp file
-/// and rename, so no reader sees a half-redacted log).
-fn redact(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
-    if secrets.is_empty() {
-        return Ok(());
-    }
-    let bytes = match std::fs::read(log) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let mut text = String::from_utf8_lossy(&bytes).into_owned();
-    let mut changed = false;
-    for (name, value) in secrets {
-        if text.contains(value.as_str()) {
-            text = text.replace(value.as_str(), &format!("[redacted {name}]"));
-            changed = true;
-        }
-    }
-    if changed {
-        let temp = log.with_extension("log.redacting");
-        std::fs::write(&temp, text)?;
-        std::fs::rename(&temp, log)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

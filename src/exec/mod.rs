@@ -8,6 +8,7 @@ pub use local::LocalExecutor;
 pub use slurm::{JobState, SlurmExecutor, SlurmJob, SlurmSettings};
 
 use std::future::Future;
+use std::pin::Pin;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -175,9 +176,51 @@ pub enum ExecError {
     },
 }
 
-/// Where commands run.
+/// A future an executor returns (the trait stays object-safe, so the
+/// scheduler holds executors as `Arc<dyn Executor>`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An engine that runs jobs: this machine's processes, a Slurm cluster, …
+///
+/// The lifecycle a remote engine needs: `submit` starts a job named
+/// `job.name` (derived from the fingerprint and the attempt); `attach` finds
+/// the job of that name an earlier cairn process submitted, so a resumed
+/// run waits for it instead of submitting it twice; the [`Running`] job is
+/// waited for; `cancel` stops one by its handle.
 pub trait Executor: Send + Sync {
-    fn run(&self, job: &Job) -> impl Future<Output = Result<Outcome, ExecError>> + Send;
+    /// `local`, `slurm`, …
+    fn kind(&self) -> &'static str;
+
+    /// Starts `job`.
+    fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>>;
+
+    /// The job named `job.name` that the engine still has (queued, running or
+    /// finished), submitted by an earlier cairn process.
+    fn attach<'a>(&'a self, job: &'a Job)
+    -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>>;
+
+    /// Adopts the job if the engine has it, else submits it; then waits.
+    fn run<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async move {
+            let running = match self.attach(job).await? {
+                Some(adopted) => {
+                    tracing::info!(job = %job.name, handle = %adopted.handle(), "adopted a job already submitted");
+                    adopted
+                }
+                None => self.submit(job).await?,
+            };
+            running.wait().await
+        })
+    }
+}
+
+/// A job an executor started or adopted.
+pub trait Running: Send {
+    /// What identifies the job on its engine (`pid:4242`, `slurm:1234`).
+    fn handle(&self) -> String;
+
+    /// Waits until the job ends; its log is complete and redacted then.
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>>;
 }
 
 /// The base environment every command gets, before declared variables.
@@ -190,4 +233,31 @@ pub fn base_environment() -> Vec<(String, String)> {
                 .map(|value| ((*name).to_owned(), value))
         })
         .collect()
+}
+
+/// Replaces every secret value in the log with `[redacted NAME]` (temp file
+/// and rename, so no reader sees a half-redacted log).
+pub fn redact_log(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
+    if secrets.is_empty() {
+        return Ok(());
+    }
+    let bytes = match std::fs::read(log) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    let mut changed = false;
+    for (name, value) in secrets {
+        if text.contains(value.as_str()) {
+            text = text.replace(value.as_str(), &format!("[redacted {name}]"));
+            changed = true;
+        }
+    }
+    if changed {
+        let temp = log.with_extension("log.redacting");
+        std::fs::write(&temp, text)?;
+        std::fs::rename(&temp, log)?;
+    }
+    Ok(())
 }

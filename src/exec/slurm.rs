@@ -27,7 +27,7 @@
 
 use std::time::Duration;
 
-use super::{ExecError, InfraKind, Job, Outcome};
+use super::{BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, Running, redact_log};
 use crate::manifest::Command;
 
 /// Where and how a stage's jobs run on Slurm.
@@ -108,7 +108,7 @@ impl SlurmExecutor {
     }
 
     /// Submits `job`; the id Slurm gave it.
-    pub async fn submit(&self, job: &Job) -> Result<SlurmJob, ExecError> {
+    pub async fn submit_job(&self, job: &Job) -> Result<SlurmJob, ExecError> {
         use tokio::io::AsyncWriteExt as _;
         let mut command = tokio::process::Command::new("sbatch");
         command
@@ -192,7 +192,7 @@ impl SlurmExecutor {
     }
 
     /// Waits until the job ends; how it ended.
-    pub async fn wait(&self, job: &SlurmJob) -> Result<Outcome, ExecError> {
+    pub async fn wait_job(&self, job: &SlurmJob) -> Result<Outcome, ExecError> {
         let mut interval = Duration::from_millis(100);
         let ceiling = self.settings.poll.max(Duration::from_millis(100));
         loop {
@@ -228,7 +228,7 @@ impl SlurmExecutor {
     }
 
     /// Cancels the job (`scancel`); a job that already ended is left alone.
-    pub async fn cancel(&self, job: &SlurmJob) -> Result<(), ExecError> {
+    pub async fn cancel_job(&self, job: &SlurmJob) -> Result<(), ExecError> {
         run_client("scancel", &[&job.id]).await.map(drop)
     }
 
@@ -251,6 +251,67 @@ impl SlurmExecutor {
                 })
             })
             .collect())
+    }
+}
+
+impl Executor for SlurmExecutor {
+    fn kind(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
+        Box::pin(async move {
+            let submitted = self.submit_job(job).await?;
+            Ok(self.running(submitted, job))
+        })
+    }
+
+    fn attach<'a>(
+        &'a self,
+        job: &'a Job,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>> {
+        Box::pin(async move {
+            Ok(self
+                .find(&job.name)
+                .await?
+                .map(|found| self.running(found, job)))
+        })
+    }
+}
+
+impl SlurmExecutor {
+    fn running(&self, submitted: SlurmJob, job: &Job) -> Box<dyn Running> {
+        Box::new(SlurmRunning {
+            slurm: self.clone(),
+            submitted,
+            log: job.log.clone(),
+            redact: job.redact.clone(),
+        })
+    }
+}
+
+/// A job on Slurm; dropping it leaves the job alone.
+struct SlurmRunning {
+    slurm: SlurmExecutor,
+    submitted: SlurmJob,
+    log: std::path::PathBuf,
+    redact: Vec<(String, String)>,
+}
+
+impl Running for SlurmRunning {
+    fn handle(&self) -> String {
+        format!("slurm:{}", self.submitted.id)
+    }
+
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>> {
+        Box::pin(async move {
+            let outcome = self.slurm.wait_job(&self.submitted).await?;
+            redact_log(&self.log, &self.redact).map_err(|source| ExecError::Log {
+                path: self.log.clone(),
+                source,
+            })?;
+            Ok(outcome)
+        })
     }
 }
 
