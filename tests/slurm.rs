@@ -4,21 +4,26 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cairn::exec::{InfraKind, Job, Outcome, SlurmExecutor, SlurmSettings};
 use cairn::manifest::Command;
 
-static NODE: Mutex<()> = Mutex::new(());
+static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn cluster() -> std::sync::MutexGuard<'static, ()> {
+async fn cluster() -> tokio::sync::MutexGuard<'static, ()> {
     assert!(
         std::env::var_os("SLURM_CONF").is_some(),
         "no Slurm cluster: run the tests with `scripts/test`, which starts one"
     );
-    NODE.lock().unwrap_or_else(|e| e.into_inner())
+    let turn = NODE.lock().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !node_is_idle() {
+        assert!(Instant::now() < deadline, "the Slurm node is not idle");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    turn
 }
 
 fn slurm() -> SlurmExecutor {
@@ -63,7 +68,7 @@ async fn within<T>(limit: Duration, future: impl std::future::Future<Output = T>
 
 #[tokio::test]
 async fn a_job_runs_in_the_root_with_its_environment_and_its_exit_code_comes_back() {
-    let _node = cluster();
+    let _node = cluster().await;
     let dir = tempfile::tempdir().unwrap();
     let slurm = slurm();
     let name = unique("exit");
@@ -101,7 +106,7 @@ async fn a_job_runs_in_the_root_with_its_environment_and_its_exit_code_comes_bac
 
 #[tokio::test]
 async fn a_job_is_found_again_by_name_and_cancelled() {
-    let _node = cluster();
+    let _node = cluster().await;
     let dir = tempfile::tempdir().unwrap();
     let slurm = slurm();
     let name = unique("attach");
@@ -128,7 +133,7 @@ async fn a_job_is_found_again_by_name_and_cancelled() {
 
 #[tokio::test]
 async fn a_node_that_fails_under_a_job_is_an_infrastructure_failure() {
-    let _node = cluster();
+    let _node = cluster().await;
     let dir = tempfile::tempdir().unwrap();
     let slurm = slurm();
     let job = job(dir.path(), &unique("nodefail"), "touch started; sleep 300");
@@ -142,11 +147,22 @@ async fn a_node_that_fails_under_a_job_is_an_infrastructure_failure() {
         "reason=cairn-test",
     ]);
     let outcome = within(Duration::from_secs(60), slurm.wait_job(&submitted)).await;
-    scontrol(&["update", &format!("nodename={node}"), "state=resume"]);
+    // Back in service for the other scenarios (Slurm may already have
+    // returned it, which makes `resume` an invalid transition: the node's
+    // state is what counts).
+    let _ = std::process::Command::new("scontrol")
+        .args(["update", &format!("nodename={node}"), "state=resume"])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !node_is_idle() {
+        assert!(Instant::now() < deadline, "the node did not come back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(outcome.unwrap(), Outcome::Infra(InfraKind::NodeLost));
 }
 
-async fn wait_for(path: &PathBuf) {
+async fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !path.exists() {
         assert!(
@@ -166,10 +182,17 @@ fn hostname() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
+fn node_is_idle() -> bool {
+    std::process::Command::new("sinfo")
+        .args(["-h", "-o", "%T"])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "idle")
+}
+
 fn scontrol(args: &[&str]) {
     let status = std::process::Command::new("scontrol")
         .args(args)
         .status()
         .unwrap();
-    assert!(status.success(), "scontrol {args:?}");
+    assert!(status.success(), "scontrol {args:?} {status}");
 }

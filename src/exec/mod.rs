@@ -8,8 +8,8 @@ pub use local::LocalExecutor;
 pub use slurm::{JobState, SlurmExecutor, SlurmJob, SlurmSettings};
 
 use std::future::Future;
-use std::pin::Pin;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::time::Duration;
 
 use crate::manifest::Command;
@@ -196,8 +196,10 @@ pub trait Executor: Send + Sync {
 
     /// The job named `job.name` that the engine still has (queued, running or
     /// finished), submitted by an earlier cairn process.
-    fn attach<'a>(&'a self, job: &'a Job)
-    -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>>;
+    fn attach<'a>(
+        &'a self,
+        job: &'a Job,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>>;
 
     /// Adopts the job if the engine has it, else submits it; then waits.
     fn run<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Outcome, ExecError>> {

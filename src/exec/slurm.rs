@@ -317,6 +317,7 @@ impl Running for SlurmRunning {
 
 /// The batch script: the command, run by `/bin/sh` on the node.
 fn batch_script(command: &Command) -> String {
+    use crate::manifest::shell::quote_word;
     let exec = match command {
         Command::Shell(script) => format!("exec /bin/sh -c {}", quote_word(script)),
         Command::Exec(argv) => {
@@ -456,18 +457,5 @@ mod tests {
         assert_eq!(parse_exit_code(text), Some((3, 0)));
         assert_eq!(parse_exit_code("ExitCode=0:9"), Some((0, 9)));
         assert_eq!(parse_exit_code("JobState=PENDING"), None);
-    }
-}
-
-// TEMPORARY until manifest::shell lands
-fn quote_word(value: &str) -> String {
-    let plain = !value.is_empty()
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_./:@%+,-".contains(&b));
-    if plain {
-        value.to_owned()
-    } else {
-        format!("'{}'", value.replace('\'', r"'\''"))
     }
 }
