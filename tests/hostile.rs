@@ -230,7 +230,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
     let mut plan = String::new();
     let mut smoke = String::new();
     for (i, field) in hostile_fields.iter().enumerate() {
-        let id = format!("{field} {i}");
+        let id = task_id(field, i);
         for file in [
             format!("{tool}/repos/{field}/pkg/{field}.py"),
             format!("{tool}/repos/{field}/tests/test_{field}.py"),
@@ -259,7 +259,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     for (i, field) in hostile_fields.iter().enumerate() {
-        let id = format!("{field} {i}");
+        let id = task_id(field, i);
         let expected = [
             vec![
                 "materialize-one".to_owned(),
@@ -295,4 +295,148 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
             assert!(recorded.contains(&argv), "{argv:?} not among {recorded:#?}");
         }
     }
+}
+
+/// A per-item stage over `items.jsonl` whose command records each item it
+/// runs in `ran.log`.
+fn recording_stage(p: &Project, run: &str) {
+    p.file(
+        "cairn.toml",
+        &format!(
+            r#"
+[pipeline]
+name = "keys"
+
+[stages.each]
+foreach = {{ items = "items.jsonl", key = "id" }}
+run = {}
+outputs = {{ results = "state/results.jsonl" }}
+"#,
+            toml::Value::String(run.to_owned())
+        ),
+    );
+}
+
+#[test]
+fn hostile_item_keys_are_refused_before_any_command_runs() {
+    for key in [
+        "..",
+        ".",
+        "",
+        "a/b",
+        "../../etc",
+        "-rf",
+        "a\nb",
+        "a\u{1}b",
+        "tab\t",
+    ] {
+        let p = Project::new();
+        let items = [
+            serde_json::json!({"id": "fine", "title": "x"}),
+            serde_json::json!({"id": key, "title": "y"}),
+        ];
+        p.file(
+            "items.jsonl",
+            &items.iter().map(|i| format!("{i}\n")).collect::<String>(),
+        );
+        recording_stage(&p, "echo {item.title} >> ran.log");
+        let out = p.cairn(&["run"]);
+        out.code_is(2);
+        let escaped = format!("{key:?}");
+        assert!(
+            out.stderr().contains("items.jsonl")
+                && out.stderr().contains("item 2")
+                && out.stderr().contains(&escaped[1..escaped.len() - 1]),
+            "key {key:?}: {}",
+            out.stderr()
+        );
+        assert!(!p.exists("ran.log"), "key {key:?}: a command ran");
+    }
+}
+
+#[test]
+fn a_hostile_key_in_a_list_made_upstream_fails_the_stage_before_any_item_runs() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "keys"
+
+[stages.list]
+run = "printf '%s\n' '{\"id\": \"fine\"}' '{\"id\": \"..\"}' > items.jsonl"
+outputs = ["items.jsonl"]
+
+[stages.each]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.id} >> ran.log"
+outputs = { results = "state/results.jsonl" }
+"#,
+    );
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    assert!(
+        out.stderr().contains("`..`") && out.stderr().contains("items.jsonl"),
+        "{}",
+        out.stderr()
+    );
+    assert!(!p.exists("ran.log"), "an item ran");
+}
+
+#[test]
+fn an_unknown_item_field_is_one_located_error_with_did_you_mean() {
+    let p = Project::new();
+    let items: String = (1..=5)
+        .map(|i| {
+            format!(
+                "{}\n",
+                serde_json::json!({"id": format!("t{i}"), "title": "x"})
+            )
+        })
+        .collect();
+    p.file("items.jsonl", &items);
+    recording_stage(&p, "echo {item.titel} >> ran.log");
+    let out = p.cairn(&["run"]);
+    out.code_is(2);
+    let stderr = out.stderr();
+    assert!(
+        stderr.contains("cairn.toml:7:") && stderr.contains("did you mean `{item.title}`"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("titel").count(), 1, "{stderr}");
+    assert!(!p.exists("ran.log"), "an item ran");
+    assert!(!p.exists("cache"), "the run was recorded");
+}
+
+#[test]
+fn an_unknown_item_field_in_a_list_made_upstream_fails_once_before_any_item_runs() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "fields"
+
+[stages.list]
+run = "printf '%s\n' '{\"id\": \"a\", \"title\": \"x\"}' '{\"id\": \"b\", \"title\": \"y\"}' > items.jsonl"
+outputs = ["items.jsonl"]
+
+[stages.each]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.titel} >> ran.log"
+outputs = { results = "state/results.jsonl" }
+"#,
+    );
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    let stderr = out.stderr();
+    assert!(stderr.contains("did you mean `{item.title}`"), "{stderr}");
+    assert!(!stderr.contains("error (attempt"), "{stderr}");
+    assert!(!p.exists("ran.log"), "an item ran");
+}
+
+/// A task id made from a hostile field: still hostile, but a valid item key
+/// (no control characters).
+fn task_id(field: &str, i: usize) -> String {
+    format!("{} {i}", field.replace('\n', " "))
 }

@@ -399,8 +399,9 @@ fn a_broken_item_list_is_named_by_status_and_fails_the_run() {
         "{}",
         status.stdout()
     );
+    // A list no stage writes is read before anything runs: bad input.
     let run = p.cairn(&["run"]);
-    run.code_is(1);
+    run.code_is(2);
     assert!(
         run.stderr()
             .contains("has no string or number field `task_id`"),
@@ -409,7 +410,7 @@ fn a_broken_item_list_is_named_by_status_and_fails_the_run() {
     );
     p.file("state/tasks.jsonl", "{\"task_id\": \"t1\", \"dir\": \"tasks/t1\"}\n{\"task_id\": \"t1\", \"dir\": \"tasks/t2\"}\n");
     let run = p.cairn(&["run"]);
-    run.code_is(1);
+    run.code_is(2);
     assert!(
         run.stderr().contains("share the key `t1`"),
         "{}",

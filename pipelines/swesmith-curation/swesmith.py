@@ -307,11 +307,11 @@ def canary_lists(args):
     val = by_hash(manifest["splits"].get(val_split, []))[:n_val]
     train = by_hash(manifest["splits"].get("train", []))[:n_train]
     lists = [(f"validation{len(val)}", val), (f"train{len(train)}", train)]
-    items = [{"key": f"{m}/{t}", "model": m, "task": t, "list": name}
+    items = [{"key": f"{m}:{t}", "model": m, "task": t, "list": name}
              for m in models for name, tasks in lists for t in tasks]
     write_jsonl(full, items)
     first = lists[0][1][:1] or lists[1][1][:1]
-    write_jsonl(smoke, [{"key": f"{m}/{t}", "model": m, "task": t, "list": "smoke"}
+    write_jsonl(smoke, [{"key": f"{m}:{t}", "model": m, "task": t, "list": "smoke"}
                         for m in models for t in first])
 
 

@@ -48,6 +48,7 @@ impl CliError {
             CliError::Store(StoreError::Locked { .. } | StoreError::PipelineNameTaken { .. }) => {
                 exit::BAD_INPUT
             }
+            CliError::Schedule(ScheduleError::BadItems { .. }) => exit::BAD_INPUT,
             CliError::Exit(code) => *code,
             CliError::Schedule(_)
             | CliError::Store(_)

@@ -2,11 +2,12 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use super::ScheduleError;
+use super::item_fields::check_fields;
 use super::items::{PlannedItem, fill, load_items};
 use crate::fingerprint::{
     Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
@@ -268,6 +269,16 @@ impl<'m> Context<'m> {
         let foreach = stage.foreach.as_ref().expect("a per-item stage");
         let list = foreach.items.resolve(&self.manifest.root);
         let items = load_items(&list, &foreach.key).map_err(|message| ScheduleError::Items {
+            stage: stage.name.clone(),
+            message,
+        })?;
+        check_fields(
+            self.manifest,
+            stage,
+            &items,
+            Path::new(foreach.items.as_str()),
+        )
+        .map_err(|message| ScheduleError::Items {
             stage: stage.name.clone(),
             message,
         })?;

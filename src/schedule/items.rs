@@ -110,6 +110,14 @@ pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
                 ));
             }
         };
+        if let Err(why) = check_key(&name) {
+            return Err(format!(
+                "item {} of `{}` has the key `{}`, which {why}",
+                n + 1,
+                path.display(),
+                name.escape_debug()
+            ));
+        }
         if let Some(first) = seen.insert(name.clone(), n + 1) {
             return Err(format!(
                 "items {first} and {} of `{}` share the key `{name}`",
@@ -125,6 +133,25 @@ pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
         });
     }
     Ok(items)
+}
+
+/// Whether `key` can name an item: it names the item's logs, store entries
+/// and often its files, so it must be one plain path component that no
+/// command can read as an option.
+pub fn check_key(key: &str) -> Result<(), &'static str> {
+    if key.is_empty() {
+        Err("is empty")
+    } else if key == "." || key == ".." {
+        Err("names a directory, not an item")
+    } else if key.contains('/') {
+        Err("holds a `/`")
+    } else if key.chars().any(char::is_control) {
+        Err("holds a control character")
+    } else if key.starts_with('-') {
+        Err("starts with `-` and would read as an option")
+    } else {
+        Ok(())
+    }
 }
 
 /// Replaces `{item.FIELD}` (nested: `{item.repo.name}`) with the item's

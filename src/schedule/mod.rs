@@ -7,6 +7,7 @@
 mod context;
 mod dispatch;
 mod events;
+mod item_fields;
 mod item_outputs;
 mod items;
 mod limits;
@@ -16,6 +17,7 @@ mod task;
 pub use context::{Context, DirtyReason, Freshness};
 pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
+pub use item_fields::check_item_lists;
 pub use items::{ItemCounts, load_items};
 pub use status::{StageStatus, State, evaluate};
 pub use task::Only;
@@ -46,6 +48,10 @@ pub enum ScheduleError {
     Exec(#[from] ExecError),
     #[error("{message}")]
     Items { stage: String, message: String },
+    /// An item list read before the run starts holds a bad key or lacks a
+    /// field the stage writes: bad input, nothing ran.
+    #[error("failed to plan the items of stage `{stage}`: {message}")]
+    BadItems { stage: String, message: String },
     #[error("the ledger is not open for writing")]
     NoLedger,
     #[error("a stage task failed: {0}")]
