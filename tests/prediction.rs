@@ -65,6 +65,9 @@ enum Edit {
     DeleteOutput(&'static str),
     AppendToOutput(&'static str),
     TouchOutput(&'static str),
+    /// Flips a byte of the stored copy of this workspace file (in
+    /// `cache/objects/`, or inside the ledger for a small file).
+    DamageStored(&'static str),
     Param(u8),
     Items(u8),
 }
@@ -91,6 +94,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         prop::sample::select(OUTPUTS).prop_map(Edit::DeleteOutput),
         prop::sample::select(FILES).prop_map(Edit::AppendToOutput),
         prop::sample::select(FILES).prop_map(Edit::TouchOutput),
+        prop::sample::select(FILES).prop_map(Edit::DamageStored),
         (0u8..2).prop_map(Edit::Param),
         (1u8..8).prop_map(Edit::Items),
     ]
@@ -128,12 +132,44 @@ fn apply(p: &Project, edit: &Edit) {
                 std::fs::write(p.path(path), bytes).unwrap();
             }
         }
+        Edit::DamageStored(path) => damage_stored(p, path),
         Edit::Param(v) => {
             p.file("cairn.toml", &manifest(*v));
         }
         Edit::Items(mask) => {
             p.file("data/items.jsonl", &items(*mask));
         }
+    }
+}
+
+fn damage_stored(p: &Project, path: &str) {
+    let Ok(bytes) = std::fs::read(p.path(path)) else {
+        return;
+    };
+    let digest = blake3::hash(&bytes);
+    let hex = digest.to_hex().to_string();
+    let object = p.path("cache/objects").join(&hex[..2]).join(&hex[2..]);
+    if let Ok(mut stored) = std::fs::read(&object) {
+        stored[0] ^= 0x01;
+        std::fs::write(&object, stored).unwrap();
+        return;
+    }
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let key = &digest.as_bytes()[..];
+    let stored: Option<Vec<u8>> = db
+        .query_row(
+            "SELECT bytes FROM objects WHERE digest = ?1",
+            [key],
+            |row| row.get(0),
+        )
+        .ok();
+    if let Some(mut stored) = stored {
+        stored[0] ^= 0x01;
+        db.execute(
+            "UPDATE objects SET bytes = ?1 WHERE digest = ?2",
+            rusqlite::params![stored, key],
+        )
+        .unwrap();
     }
 }
 
@@ -320,4 +356,15 @@ proptest! {
 #[test]
 fn items_reading_inside_an_upstream_output_to_be_restored_are_predicted_fresh() {
     prediction_holds(&[vec![Edit::AppendToOutput("state/b/1.txt")]]).unwrap();
+}
+
+/// Found by the property above: `status` promised to restore `b` from a
+/// damaged stored copy; `run` finds the damage and runs `b` again.
+#[test]
+fn a_restore_from_a_damaged_stored_copy_is_predicted_as_a_run() {
+    prediction_holds(&[
+        vec![Edit::DamageStored("state/b/1.txt")],
+        vec![Edit::DeleteOutput("state/b")],
+    ])
+    .unwrap();
 }

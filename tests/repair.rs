@@ -242,3 +242,31 @@ outputs = { results = "state/materialize.jsonl", tasks = "state/tasks" }
     assert_eq!(p.read("state/tasks/t2/task.txt"), "task 2\n");
     assert_eq!(mismatch_count(&p), 0);
 }
+
+#[test]
+fn an_inline_object_of_the_wrong_type_is_damage_not_a_ledger_error() {
+    let p = Project::new();
+    p.file("data/in.txt", "small input\n");
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "inline"
+
+[stages.small]
+run = "echo small >> runs.log; cp {in.x} {out.o}"
+inputs = { x = "data/in.txt" }
+outputs = { o = "state/small.txt" }
+"#,
+    );
+    p.cairn(&["run"]).success();
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    db.execute("UPDATE objects SET bytes = 'text, not bytes'", [])
+        .unwrap();
+    drop(db);
+    std::fs::remove_file(p.path("state/small.txt")).unwrap();
+
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("runs.log"), ["small", "small"]);
+    assert_eq!(p.read("state/small.txt"), "small input\n");
+}

@@ -391,6 +391,12 @@ impl<'m> Context<'m> {
         }
     }
 
+    /// Whether every stored byte of `output` hashes to its name (what a
+    /// restore needs).
+    pub fn stored_intact(&self, output: &OutputRecord) -> Result<bool, ScheduleError> {
+        Ok(self.store.verify(output, self.ledger.as_ref())?)
+    }
+
     /// The key recorded with a result.
     pub fn recorded_key(&self, record: &ResultRecord) -> Result<StageKey, ScheduleError> {
         match &self.ledger {

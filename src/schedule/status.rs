@@ -125,13 +125,25 @@ pub fn evaluate(
                     Freshness::Fresh(record) => {
                         let record = record.into_owned();
                         ctx.note_outputs(&record.outputs);
-                        for output in &record.outputs {
-                            if !ctx.workspace_matches(output) {
-                                status.outputs_to_restore.push(output.name.clone());
-                            }
-                        }
                         status.last_ok_ms = Some(record.finished_ms);
-                        None
+                        let mut damaged = None;
+                        for output in &record.outputs {
+                            if ctx.workspace_matches(output) {
+                                continue;
+                            }
+                            // `run` restores it only if every stored byte
+                            // is sound; else the stage runs again.
+                            if damaged.is_none() && !ctx.stored_intact(output)? {
+                                damaged = Some(DirtyReason::StoreIncomplete {
+                                    output: output.name.clone(),
+                                });
+                            }
+                            status.outputs_to_restore.push(output.name.clone());
+                        }
+                        if damaged.is_some() {
+                            status.outputs_to_restore.clear();
+                        }
+                        damaged
                     }
                     Freshness::Dirty(reason) => Some(reason),
                 },

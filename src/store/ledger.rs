@@ -593,8 +593,16 @@ impl Ledger {
         self.conn
             .prepare_cached("SELECT bytes FROM objects WHERE digest = ?1")
             .and_then(|mut s| {
-                s.query_row(params![&digest.as_bytes()[..]], |row| row.get(0))
-                    .optional()
+                // Bytes of any column type: damage (even to the type) is
+                // then caught by the digest, not mistaken for a ledger error.
+                s.query_row(params![&digest.as_bytes()[..]], |row| {
+                    Ok(row
+                        .get_ref(0)?
+                        .as_bytes_or_null()?
+                        .unwrap_or_default()
+                        .to_vec())
+                })
+                .optional()
             })
             .map_err(|e| self.db(e))
     }

@@ -330,6 +330,39 @@ impl ObjectStore {
         }
     }
 
+    /// True if every object the record needs is stored and hashes to its
+    /// name: what a restore would find. Reads every byte; `status` asks
+    /// only about the outputs it expects `run` to restore.
+    pub fn verify(
+        &self,
+        record: &OutputRecord,
+        ledger: Option<&Ledger>,
+    ) -> Result<bool, StoreError> {
+        let object_intact = |digest: &Digest| {
+            let path = self.object_path(digest);
+            fs::metadata(&path)
+                .ok()
+                .filter(|meta| meta.is_file())
+                .and_then(|meta| crate::fingerprint::hash_file(&path, meta.len(), false).ok())
+                .is_some_and(|found| found == *digest)
+        };
+        Ok(match record.kind {
+            OutputKind::File if record.inline => match ledger {
+                Some(ledger) => ledger
+                    .inline_object(&record.digest)?
+                    .is_some_and(|bytes| Digest::of(&bytes) == record.digest),
+                None => false,
+            },
+            OutputKind::File => object_intact(&record.digest),
+            OutputKind::Dir => self.tree(&record.digest).is_ok_and(|entries| {
+                entries
+                    .iter()
+                    .filter(|e| matches!(e.kind, EntryKind::File | EntryKind::Executable))
+                    .all(|e| object_intact(&e.digest))
+            }),
+        })
+    }
+
     /// Every object digest a record refers to (files, and a tree's files).
     pub fn referenced(&self, record: &OutputRecord) -> Vec<Digest> {
         match record.kind {
