@@ -271,6 +271,24 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:6:18",
     ),
     (
+        "unclosed placeholder",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"cat {in.x > out\"\ninputs = { x = \"cairn.toml\" }\n",
+        "unclosed placeholder `{in.x`",
+        "cairn.toml:4:12",
+    ),
+    (
+        "unclosed placeholder at the end",
+        "[pipeline]\nname = \"x\"\n[params]\nn = 1\n[stages.a]\nrun = \"seq {params.n\"\n",
+        "unclosed placeholder `{params.n`",
+        "cairn.toml:6:12",
+    ),
+    (
+        "placeholder inside backquotes",
+        "[pipeline]\nname = \"x\"\n[params]\nn = 1\n[stages.a]\nrun = \"echo `seq {params.n}`\"\n",
+        "inside backquotes",
+        "cairn.toml:6:18",
+    ),
+    (
         "with without uses",
         "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nwith = { level = 3 }\n",
         "`with` in a stage without `uses`",
@@ -300,6 +318,24 @@ fn each_bad_manifest_is_refused_with_a_located_error_and_no_cache() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn a_manifest_that_is_not_utf8_is_a_located_error() {
+    let p = Project::new();
+    let mut bytes = b"[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"echo caf".to_vec();
+    bytes.extend_from_slice(&[0xe9, b'"', b'\n']);
+    std::fs::write(p.path("cairn.toml"), bytes).unwrap();
+    for args in [&["run"][..], &["status"][..]] {
+        let run = p.cairn(args);
+        run.code_is(2);
+        assert!(
+            run.stderr().contains("cairn.toml:4:16") && run.stderr().contains("not UTF-8"),
+            "{}",
+            run.stderr()
+        );
+        assert!(!p.exists("cache"));
+    }
 }
 
 #[test]

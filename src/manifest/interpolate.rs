@@ -73,6 +73,40 @@ pub fn walk<'a, E>(
     }
 }
 
+/// The namespaces a placeholder can name.
+pub const NAMESPACES: &[&str] = &["params", "in", "out", "item"];
+
+/// Where `text` opens a placeholder of a known namespace and never closes
+/// it (`{in.x` followed by a space or the end): a typo, not shell syntax.
+pub fn unclosed(text: &str) -> Vec<std::ops::Range<usize>> {
+    let bytes = text.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if (b == b'{' || b == b'}') && bytes.get(i + 1) == Some(&b) {
+            i += 2;
+            continue;
+        }
+        if b == b'{' && placeholder_at(text, i).is_none() {
+            let rest = &text[i + 1..];
+            let len = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+                .unwrap_or(rest.len());
+            let closed = rest[len..].starts_with('}');
+            if let Some((namespace, name)) = rest[..len].split_once('.')
+                && NAMESPACES.contains(&namespace)
+                && !name.is_empty()
+                && !closed
+            {
+                found.push(i..i + 1 + len);
+            }
+        }
+        i += text[i..].chars().next().map_or(1, char::len_utf8);
+    }
+    found
+}
+
 /// The placeholder starting at byte `start` of `text`, if one does.
 pub(crate) fn placeholder_at(text: &str, start: usize) -> Option<Placeholder<'_>> {
     let rest = &text[start + 1..];
@@ -113,6 +147,14 @@ mod tests {
             run("seq {params.n} | awk '{print $1}' ${HOME}").unwrap(),
             "seq 7 | awk '{print $1}' ${HOME}"
         );
+    }
+
+    #[test]
+    fn finds_placeholders_left_open() {
+        let text = "cat {in.x > {out.y} {params.n";
+        let open: Vec<&str> = unclosed(text).into_iter().map(|r| &text[r]).collect();
+        assert_eq!(open, ["{in.x", "{params.n"]);
+        assert!(unclosed("awk '{print $1}' ${HOME} {{in.x {x.y").is_empty());
     }
 
     #[test]

@@ -58,11 +58,39 @@ const ITEM_ONLY_KEYS: &[&str] = &[
 
 /// Reads, parses and validates the manifest at `path` under `profile`.
 pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {
-    let source = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
         path: path.to_owned(),
         source,
     })?;
-    load_str(path, source, profile)
+    match String::from_utf8(bytes) {
+        Ok(source) => load_str(path, source, profile),
+        Err(error) => Err(not_utf8(path, error).into()),
+    }
+}
+
+/// A manifest that is not UTF-8, located at its first bad byte.
+fn not_utf8(path: &Path, error: std::string::FromUtf8Error) -> ManifestErrors {
+    let at = error.utf8_error().valid_up_to();
+    let bytes = error.as_bytes();
+    let bad = bytes[at..]
+        .iter()
+        .take(error.utf8_error().error_len().unwrap_or(bytes.len() - at))
+        .map(|b| format!("0x{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let source_text = String::from_utf8_lossy(bytes).into_owned();
+    let problem = Problem::new(
+        format!("the manifest is not UTF-8 (byte {at}: {bad})"),
+        // The lossy text holds U+FFFD where the bad bytes were.
+        at..at + '\u{fffd}'.len_utf8(),
+        "not UTF-8",
+    )
+    .help("save the manifest as UTF-8");
+    ManifestErrors {
+        path: path.to_owned(),
+        source_text,
+        problems: vec![problem],
+    }
 }
 
 /// Validates manifest text as if read from `path`.

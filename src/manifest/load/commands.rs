@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::super::interpolate::{Placeholder, walk};
+use super::super::interpolate::{Placeholder, unclosed, walk};
 use super::super::model::{Command, Stage};
 use super::super::raw::{Node, NodeKind, Span};
 use super::super::shell::{self, Context};
@@ -93,6 +93,9 @@ impl Checker<'_> {
         params: &BTreeMap<String, serde_json::Value>,
         referenced: &mut Vec<String>,
     ) -> Option<String> {
+        if !self.all_closed(text, node) {
+            return None;
+        }
         let keep_escapes = stage.foreach.is_some();
         let result = walk(text, keep_escapes, |p| {
             match self.resolve(text, p, node, stage, params, referenced)? {
@@ -123,6 +126,9 @@ impl Checker<'_> {
         params: &BTreeMap<String, serde_json::Value>,
         referenced: &mut Vec<String>,
     ) -> Option<String> {
+        if !self.all_closed(script, node) {
+            return None;
+        }
         let keep_escapes = stage.foreach.is_some();
         let result = shell::expand(script, keep_escapes, |p, context| {
             let whole = &script[p.range.clone()];
@@ -158,6 +164,25 @@ impl Checker<'_> {
             })
         });
         self.report(result)
+    }
+
+    /// Reports every placeholder `text` opens and never closes.
+    fn all_closed(&mut self, text: &str, node: &Node) -> bool {
+        let open = unclosed(text);
+        for range in &open {
+            let written = &text[range.clone()];
+            self.problems.push(
+                Problem::new(
+                    format!("unclosed placeholder `{written}`"),
+                    self.sub_span(node, written),
+                    "no closing `}`",
+                )
+                .help(format!(
+                    "write `{written}}}`, or `{{{{` for a literal brace"
+                )),
+            );
+        }
+        open.is_empty()
     }
 
     fn report(&mut self, result: Result<String, Vec<Located>>) -> Option<String> {
