@@ -660,3 +660,34 @@ fn force_stage_slash_item_reruns_that_item_only() {
     );
     assert_eq!(p.lines("runs.log").len(), 4);
 }
+
+#[test]
+fn a_failed_per_item_stage_shows_a_failing_items_output() {
+    let p = Project::new();
+    p.file(
+        "items.jsonl",
+        "{\"id\": \"t2\"}\n{\"id\": \"t1\"}\n{\"id\": \"t3\"}\n",
+    );
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "failing"
+
+[stages.each]
+foreach = { items = "items.jsonl", key = "id" }
+run = "if [ {item.id} = t3 ]; then exit 0; fi; echo 'traceback: no module named harness' >&2; exit 1"
+outputs = { results = "state/results.jsonl" }
+"#,
+    );
+    let run = p.cairn(&["run"]);
+    run.code_is(1);
+    let stderr = run.stderr();
+    let failed = &stderr[stderr.find("FAILED").expect("a FAILED block")..];
+    assert!(
+        failed.contains("first: item `t1` (exit status 1)")
+            && failed.contains("traceback: no module named harness")
+            && !failed.contains("is empty"),
+        "{stderr}"
+    );
+}

@@ -527,7 +527,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     &log,
                     &message,
                 )?;
-                self.fail(i, &message, Some(log));
+                self.fail(i, &message, Some(task.failure_log.unwrap_or(log)));
             }
             (None, Some(published)) => {
                 self.commit(i, key, published, task.started_ms, &log)?;

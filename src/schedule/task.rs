@@ -34,6 +34,9 @@ pub struct TaskResult {
     /// `--only`): not a failure, but not complete either.
     pub partial: Option<String>,
     pub started_ms: i64,
+    /// The log that shows why it failed, when that is not the stage's own:
+    /// a failing item's.
+    pub failure_log: Option<PathBuf>,
 }
 
 impl TaskResult {
@@ -45,6 +48,7 @@ impl TaskResult {
             published: None,
             partial: None,
             started_ms: now_ms(),
+            failure_log: None,
         }
     }
 }
@@ -267,6 +271,7 @@ impl StageTask {
             published: None,
             partial: None,
             started_ms,
+            failure_log: None,
         };
         task.failure = self.verdict(&executor, outcome).await?;
         // The job slot and resources are free while the outputs are stored.
@@ -399,12 +404,17 @@ impl StageTask {
             spawn_next(&mut running, &items.plan);
         }
         let mut stopped = false;
+        // Items that ended in error in this run: key, why, last log.
+        let mut errors: Vec<(String, Option<String>, Option<PathBuf>)> = Vec::new();
         while let Some(joined) = running.join_next().await {
             let (index, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
             match result? {
-                Some((class, attempts, result)) => {
-                    items.plan[index].outcome = Some((class, attempts));
-                    items.plan[index].result = result;
+                Some(end) => {
+                    if end.class == ItemClass::Error {
+                        errors.push((items.plan[index].item.key.clone(), end.why, end.log));
+                    }
+                    items.plan[index].outcome = Some((end.class, end.attempts));
+                    items.plan[index].result = end.result;
                 }
                 None => stopped = true,
             }
@@ -421,6 +431,7 @@ impl StageTask {
             published: None,
             partial: None,
             started_ms,
+            failure_log: None,
         };
         if stopped {
             task.failure = Some(format!(
@@ -428,12 +439,22 @@ impl StageTask {
                 counts.summary()
             ));
         } else if counts.error > items.spec.allow_errors {
-            task.failure = Some(format!(
+            let mut failure = format!(
                 "{} item(s) ended in error, {} allowed ({})",
                 counts.error,
                 items.spec.allow_errors,
                 counts.summary()
-            ));
+            );
+            // The first failing item (in key order) speaks for the rest.
+            errors.sort_by(|a, b| a.0.cmp(&b.0));
+            if let Some((key, why, log)) = errors.into_iter().next() {
+                failure.push_str(&format!("; first: item `{key}`"));
+                if let Some(why) = why {
+                    failure.push_str(&format!(" ({why})"));
+                }
+                task.failure_log = log;
+            }
+            task.failure = Some(failure);
         } else if counts.infra > 0 {
             task.failure = Some(format!(
                 "{} item(s) still failing on infrastructure after retries; a later run retries them ({})",
@@ -610,6 +631,9 @@ impl ItemRunner {
                 self.outputs.clear(item)?;
                 (class, rule, None)
             };
+            let why_failed = rule
+                .clone()
+                .or_else(|| exit_code.map(|code| format!("exit status {code}")));
             let _ = self.attempts.send(ItemAttempt {
                 run_id: self.run_id,
                 stage: self.stage.clone(),
@@ -633,13 +657,27 @@ impl ItemRunner {
                 continue;
             }
             let attempts = planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt;
-            return Ok(Some((class, attempts, result)));
+            return Ok(Some(ItemEnd {
+                class,
+                attempts,
+                result,
+                why: why_failed,
+                log: log.exists().then_some(log),
+            }));
         }
     }
 }
 
-/// An item's class, attempt count and JSON result at the end of a run.
-type ItemEnd = (ItemClass, u32, Option<serde_json::Value>);
+/// An item at the end of a run.
+struct ItemEnd {
+    class: ItemClass,
+    attempts: u32,
+    result: Option<serde_json::Value>,
+    /// Why its last attempt failed (the rule, check or exit status).
+    why: Option<String>,
+    /// Its last attempt's log, if the attempt printed anything.
+    log: Option<PathBuf>,
+}
 
 impl ItemRunner {
     /// The item's JSON result, if the stage declares one: `(result,
