@@ -7,8 +7,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cairn::exec::{InfraKind, Job, Outcome, SlurmExecutor, SlurmSettings};
-use cairn::manifest::Command;
+use cairn::exec::{InfraKind, Job, Outcome, SlurmExecutor};
+use cairn::manifest::{Command, SlurmSettings};
 
 static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

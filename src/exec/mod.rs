@@ -5,7 +5,7 @@ mod local;
 mod slurm;
 
 pub use local::LocalExecutor;
-pub use slurm::{JobState, SlurmExecutor, SlurmJob, SlurmSettings};
+pub use slurm::{JobState, SlurmExecutor, SlurmJob};
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -28,25 +28,7 @@
 use std::time::Duration;
 
 use super::{BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, Running, redact_log};
-use crate::manifest::Command;
-
-/// Where and how a stage's jobs run on Slurm.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlurmSettings {
-    pub partition: Option<String>,
-    pub account: Option<String>,
-    /// `--time`, in whole minutes (at least 1).
-    pub time_limit: Option<Duration>,
-    pub cpus: Option<u32>,
-    /// `--mem`, as Slurm reads it (`4G`, `500M`).
-    pub memory: Option<String>,
-    /// `--gres`, e.g. `gpu:1`.
-    pub gres: Option<String>,
-    /// Further `sbatch` arguments, passed as they are.
-    pub extra_args: Vec<String>,
-    /// The longest wait between two state queries.
-    pub poll: Duration,
-}
+use crate::manifest::{Command, SlurmSettings};
 
 /// A job submitted to Slurm: its job id and name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +85,7 @@ impl SlurmExecutor {
         push("cpus-per-task", s.cpus.map(|n| n.to_string()));
         push("mem", s.memory.clone());
         push("gres", s.gres.clone());
-        args.extend(s.extra_args.iter().cloned());
+        args.extend(s.sbatch_args.iter().cloned());
         args
     }
 
@@ -412,7 +394,7 @@ mod tests {
             cpus: Some(4),
             memory: Some("8G".to_owned()),
             gres: Some("gpu:1".to_owned()),
-            extra_args: vec!["--exclusive".to_owned()],
+            sbatch_args: vec!["--exclusive".to_owned()],
             poll: Duration::from_secs(2),
         });
         assert_eq!(

@@ -12,11 +12,19 @@ use super::model::{
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
 mod commands;
+mod executors;
 mod uses;
 
-const TOP_KEYS: &[&str] = &["pipeline", "params", "profiles", "resources", "stages"];
+const TOP_KEYS: &[&str] = &[
+    "pipeline",
+    "params",
+    "profiles",
+    "resources",
+    "executors",
+    "stages",
+];
 const PIPELINE_KEYS: &[&str] = &["name", "root", "description"];
-const PROFILE_KEYS: &[&str] = &["params", "description"];
+const PROFILE_KEYS: &[&str] = &["params", "executors", "description"];
 const STAGE_KEYS: &[&str] = &[
     "description",
     "run",
@@ -29,6 +37,7 @@ const STAGE_KEYS: &[&str] = &[
     "checks",
     "timeout",
     "resources",
+    "executor",
     "foreach",
     "item_inputs",
     "classify",
@@ -165,6 +174,7 @@ impl<'s> Checker<'s> {
         let (name, root) = self.pipeline(entries, tree, manifest_dir);
         let mut params = self.params(entries);
         let resources = self.resources(entries);
+        let executors = self.executors(entries, profile);
         let profiles = self.profiles(entries, &params);
         if let Some(wanted) = profile {
             match profiles.get(wanted) {
@@ -211,6 +221,7 @@ impl<'s> Checker<'s> {
             self.cross_stage(&stages, root);
         }
         self.check_resource_names(&stages, &resources);
+        self.check_executor_names(&stages, &executors);
 
         let (Some(name), Some(root)) = (name, root) else {
             return Ok(None);
@@ -223,6 +234,7 @@ impl<'s> Checker<'s> {
             profile: profile.map(str::to_owned),
             params,
             resources,
+            executors,
             stages,
         }))
     }
@@ -1018,6 +1030,12 @@ impl<'s> Checker<'s> {
         let resources = find(table, "resources")
             .map(|e| self.named_list(&e.value, "`resources`"))
             .unwrap_or_default();
+        let executor = find(table, "executor").and_then(|e| {
+            Some(Named {
+                name: self.string(&e.value, "`executor`")?,
+                span: e.value.span.clone(),
+            })
+        });
         let (foreach, items) = self.foreach(name, table, &span);
 
         Some(Draft {
@@ -1037,6 +1055,7 @@ impl<'s> Checker<'s> {
                 checks: Vec::new(),
                 timeout,
                 resources,
+                executor,
                 foreach,
             },
             items,

@@ -21,8 +21,48 @@ pub struct Manifest {
     pub params: BTreeMap<String, serde_json::Value>,
     /// `[resources]`: name → capacity and how it is held.
     pub resources: BTreeMap<String, Resource>,
+    /// `[executors]`: name → where the commands of stages that name it run
+    /// (after the profile's replacements).
+    pub executors: BTreeMap<String, ExecutorSpec>,
     /// Stages in document order.
     pub stages: Vec<Stage>,
+}
+
+/// `[executors.NAME]`: an engine that runs stages' commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutorSpec {
+    /// Processes on this machine (what a stage without `executor` uses).
+    Local,
+    /// Batch jobs on a Slurm cluster.
+    Slurm(SlurmSettings),
+}
+
+impl ExecutorSpec {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecutorSpec::Local => "local",
+            ExecutorSpec::Slurm(_) => "slurm",
+        }
+    }
+}
+
+/// Where and how a stage's jobs run on Slurm.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlurmSettings {
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    /// `--time`, in whole minutes (at least 1), unless the stage's own
+    /// `timeout` is set.
+    pub time_limit: Option<Duration>,
+    pub cpus: Option<u32>,
+    /// `--mem`, as Slurm reads it (`4G`, `500M`).
+    pub memory: Option<String>,
+    /// `--gres`, e.g. `gpu:1`.
+    pub gres: Option<String>,
+    /// Further `sbatch` arguments, passed as they are.
+    pub sbatch_args: Vec<String>,
+    /// The longest wait between two state queries.
+    pub poll: Duration,
 }
 
 /// A named capacity (`[resources]`).
@@ -60,6 +100,9 @@ pub struct Stage {
     pub timeout: Option<Duration>,
     /// Named resources held while the command and checks run.
     pub resources: Vec<Named>,
+    /// `executor = "NAME"`: the `[executors]` entry its commands run on;
+    /// `None` runs them on this machine.
+    pub executor: Option<Named>,
     /// Set for a per-item stage: its command runs once per item.
     pub foreach: Option<Foreach>,
 }

@@ -1,0 +1,219 @@
+//! `[executors.NAME]`: the engines stages run on, `executor = "NAME"` on a
+//! stage, and `[profiles.P.executors.NAME]`, which replaces a definition
+//! under profile `P` (so one manifest runs on this machine by default and
+//! on a cluster with `--profile slurm`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::super::model::{ExecutorSpec, SlurmSettings, Stage};
+use super::super::raw::{Entry, Node, NodeKind};
+use super::{Checker, find};
+use crate::manifest::error::Problem;
+
+const KINDS: &[&str] = &["local", "slurm"];
+const LOCAL_KEYS: &[&str] = &["kind"];
+const SLURM_KEYS: &[&str] = &[
+    "kind",
+    "partition",
+    "account",
+    "time_limit",
+    "cpus",
+    "memory",
+    "gres",
+    "sbatch_args",
+    "poll",
+];
+/// How often a Slurm job's state is read at most, unless `poll` says.
+const DEFAULT_POLL: Duration = Duration::from_secs(2);
+
+impl Checker<'_> {
+    /// `[executors]`, with the selected profile's replacements applied.
+    /// Every profile's replacements are checked, selected or not.
+    pub(super) fn executors(
+        &mut self,
+        entries: &[Entry],
+        profile: Option<&str>,
+    ) -> BTreeMap<String, ExecutorSpec> {
+        let mut executors = BTreeMap::new();
+        if let Some(entry) = find(entries, "executors")
+            && let Some(table) = self.expect_table(&entry.value, "`executors`")
+        {
+            for executor in table {
+                if let Some(spec) = self.executor_spec(&executor.key, &executor.value) {
+                    executors.insert(executor.key.clone(), spec);
+                }
+            }
+        }
+        let Some(profiles) = find(entries, "profiles").and_then(|e| e.value.as_table()) else {
+            return executors;
+        };
+        let mut replacements = BTreeMap::new();
+        for body in profiles {
+            let Some(table) = body
+                .value
+                .as_table()
+                .and_then(|t| find(t, "executors"))
+                .and_then(|e| self.expect_table(&e.value, "profile executors"))
+            else {
+                continue;
+            };
+            for executor in table {
+                if !executors.contains_key(&executor.key) {
+                    let help = self.did_you_mean(
+                        &executor.key,
+                        executors.keys().map(String::as_str),
+                        &format!(
+                            "declare `[executors.{}]` first; a profile replaces an executor, it does not add one",
+                            executor.key
+                        ),
+                    );
+                    self.problems.push(
+                        Problem::new(
+                            format!(
+                                "profile `{}` replaces undeclared executor `{}`",
+                                body.key, executor.key
+                            ),
+                            executor.key_span.clone(),
+                            "not in `[executors]`",
+                        )
+                        .help(help),
+                    );
+                    continue;
+                }
+                if let Some(spec) = self.executor_spec(&executor.key, &executor.value)
+                    && Some(body.key.as_str()) == profile
+                {
+                    replacements.insert(executor.key.clone(), spec);
+                }
+            }
+        }
+        executors.extend(replacements);
+        executors
+    }
+
+    fn executor_spec(&mut self, name: &str, node: &Node) -> Option<ExecutorSpec> {
+        let table = self.expect_table(node, &format!("executor `{name}`"))?;
+        let Some(kind) = find(table, "kind") else {
+            self.problems.push(
+                Problem::new(
+                    format!("executor `{name}` has no `kind`"),
+                    node.span.clone(),
+                    "here",
+                )
+                .help("say where its stages run: `kind = \"local\"` or `kind = \"slurm\"`"),
+            );
+            return None;
+        };
+        let kind_name = self.string(&kind.value, "`kind`")?;
+        let context = format!("executor `{name}`");
+        match kind_name.as_str() {
+            "local" => {
+                self.unknown_keys(table, LOCAL_KEYS, &context);
+                Some(ExecutorSpec::Local)
+            }
+            "slurm" => {
+                self.unknown_keys(table, SLURM_KEYS, &context);
+                Some(ExecutorSpec::Slurm(self.slurm_settings(table)))
+            }
+            other => {
+                let help = self.did_you_mean(
+                    other,
+                    KINDS.iter().copied(),
+                    "the kinds are: local, slurm",
+                );
+                self.problems.push(
+                    Problem::new(
+                        format!("unknown executor kind `{other}`"),
+                        kind.value.span.clone(),
+                        "no such kind",
+                    )
+                    .help(help),
+                );
+                None
+            }
+        }
+    }
+
+    fn slurm_settings(&mut self, table: &[Entry]) -> SlurmSettings {
+        let text = |checker: &mut Self, key: &str| {
+            find(table, key).and_then(|e| checker.string(&e.value, &format!("`{key}`")))
+        };
+        let cpus = find(table, "cpus").and_then(|e| match e.value.kind {
+            NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => Some(n as u32),
+            _ => {
+                self.type_error(&e.value, "`cpus`", "a positive integer");
+                None
+            }
+        });
+        let sbatch_args = match find(table, "sbatch_args") {
+            None => Vec::new(),
+            Some(e) => match e.value.as_array() {
+                Some(items) => items
+                    .iter()
+                    .filter_map(|item| self.string(item, "an `sbatch_args` entry"))
+                    .collect(),
+                None => {
+                    self.type_error(&e.value, "`sbatch_args`", "an array of strings");
+                    Vec::new()
+                }
+            },
+        };
+        SlurmSettings {
+            partition: text(self, "partition"),
+            account: text(self, "account"),
+            time_limit: find(table, "time_limit").and_then(|e| self.timeout(&e.value)),
+            cpus,
+            memory: text(self, "memory"),
+            gres: text(self, "gres"),
+            sbatch_args,
+            poll: find(table, "poll")
+                .and_then(|e| self.timeout(&e.value))
+                .unwrap_or(DEFAULT_POLL),
+        }
+    }
+
+    /// Every `executor = "NAME"` names a declared executor, and no built-in
+    /// stage names one (built-ins run inside cairn, on this machine).
+    pub(super) fn check_executor_names(
+        &mut self,
+        stages: &[Stage],
+        executors: &BTreeMap<String, ExecutorSpec>,
+    ) {
+        for stage in stages {
+            let Some(executor) = &stage.executor else {
+                continue;
+            };
+            if stage.uses.is_some() {
+                self.problems.push(
+                    Problem::new(
+                        format!("built-in stage `{}` names an executor", stage.name),
+                        executor.span.clone(),
+                        "here",
+                    )
+                    .help("built-in stages run inside cairn, on this machine; remove `executor`"),
+                );
+            } else if !executors.contains_key(&executor.name) {
+                let help = self.did_you_mean(
+                    &executor.name,
+                    executors.keys().map(String::as_str),
+                    &format!(
+                        "declare it, e.g. `[executors.{}]` with `kind = \"slurm\"`",
+                        executor.name
+                    ),
+                );
+                self.problems.push(
+                    Problem::new(
+                        format!(
+                            "stage `{}` runs on undeclared executor `{}`",
+                            stage.name, executor.name
+                        ),
+                        executor.span.clone(),
+                        "not in `[executors]`",
+                    )
+                    .help(help),
+                );
+            }
+        }
+    }
+}
