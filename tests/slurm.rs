@@ -196,3 +196,248 @@ fn scontrol(args: &[&str]) {
         .unwrap();
     assert!(status.success(), "scontrol {args:?} {status}");
 }
+
+// ---- cairn itself, running a per-item stage on the cluster ----------------
+
+const PIPELINE: &str = r#"
+[pipeline]
+name = "on-slurm"
+
+[executors.cluster]
+kind = "local"
+
+[profiles.slurm.executors.cluster]
+kind = "slurm"
+poll = "300ms"
+
+[stages.work]
+executor = "cluster"
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.id} >> runs/{item.id}; touch started/{item.id}; sleep {item.sleep}; echo '{item.id} done' > out/{item.id}"
+classify = [{ exit = 3, as = "rejected" }]
+retry = { max = 2, on = ["infra"], backoff = "100ms" }
+outputs = { results = "state/work.jsonl" }
+"#;
+
+/// A project with `n` items, each sleeping `sleep` seconds, and an
+/// `sbatch` on PATH that counts its calls before handing them on.
+fn project(n: usize, sleep: u32) -> common::Project {
+    let p = common::Project::new();
+    p.file("cairn.toml", PIPELINE);
+    let items: String = (0..n)
+        .map(|i| format!("{{\"id\": \"task-{i:02}\", \"sleep\": {sleep}}}\n"))
+        .collect();
+    p.file("items.jsonl", &items);
+    for dir in ["runs", "started", "out"] {
+        p.file(&format!("{dir}/.keep"), "");
+    }
+    let counter = p.path("sbatch-calls");
+    p.file(
+        "shim/sbatch",
+        &format!(
+            "#!/bin/sh\necho call >> '{}'\nexec /usr/bin/sbatch \"$@\"\n",
+            counter.display()
+        ),
+    );
+    std::fs::set_permissions(
+        p.path("shim/sbatch"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    p
+}
+
+fn cairn_on_slurm(p: &common::Project, args: &[&str]) -> std::process::Command {
+    let mut command = p.command(args);
+    let path = std::env::var("PATH").unwrap_or_default();
+    command.env("PATH", format!("{}:{path}", p.path("shim").display()));
+    command
+}
+
+fn run_on_slurm(p: &common::Project, args: &[&str]) -> common::Run {
+    let output = cairn_on_slurm(p, args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    common::Run { output }
+}
+
+fn sbatch_calls(p: &common::Project) -> usize {
+    p.lines("sbatch-calls").len()
+}
+
+fn files_in(p: &common::Project, dir: &str) -> usize {
+    std::fs::read_dir(p.path(dir))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() != ".keep")
+        .count()
+}
+
+/// The jobs of this project still queued or running.
+fn live_jobs(p: &common::Project) -> Vec<String> {
+    let out = std::process::Command::new("squeue")
+        .args(["--noheader", "--format=%j|%Z"])
+        .output()
+        .unwrap();
+    let root = p.root().canonicalize().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| {
+            line.split('|')
+                .nth(1)
+                .is_some_and(|dir| Path::new(dir) == root)
+        })
+        .map(|line| line.split('|').next().unwrap().to_owned())
+        .collect()
+}
+
+fn poll(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn twenty_items_run_as_slurm_jobs_and_are_reused_item_by_item() {
+    let _node = cluster().await;
+    let p = project(20, 0);
+    let first = run_on_slurm(&p, &["--profile", "slurm", "run"]);
+    first.success();
+    assert_eq!(sbatch_calls(&p), 20);
+    assert_eq!(files_in(&p, "out"), 20);
+    assert_eq!(p.read("out/task-07"), "task-07 done\n");
+    let merged = p.lines("state/work.jsonl");
+    assert_eq!(merged.len(), 20);
+    assert!(
+        merged.iter().all(|l| l.contains("\"class\":\"ok\"")),
+        "{merged:?}"
+    );
+
+    // Nothing changed: nothing is submitted.
+    let again = run_on_slurm(&p, &["--profile", "slurm", "run"]);
+    again.success();
+    assert!(again.stderr().contains("0 ran"), "{}", again.stderr());
+    assert_eq!(sbatch_calls(&p), 20);
+
+    // One more item: one more job.
+    let mut items = p.read("items.jsonl");
+    items.push_str("{\"id\": \"task-20\", \"sleep\": 0}\n");
+    p.file("items.jsonl", &items);
+    run_on_slurm(&p, &["--profile", "slurm", "run"]).success();
+    assert_eq!(sbatch_calls(&p), 21);
+    assert_eq!(p.lines("runs/task-20").len(), 1);
+
+    // Where a stage runs is not what it computes: the same items on this
+    // machine are fresh.
+    let local = p.cairn(&["run"]);
+    local.success();
+    assert!(local.stderr().contains("0 ran"), "{}", local.stderr());
+}
+
+#[tokio::test]
+async fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
+    let _node = cluster().await;
+    let p = project(6, 3);
+    let mut child = cairn_on_slurm(&p, &["--profile", "slurm", "run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    poll("six submissions", Duration::from_secs(60), || {
+        sbatch_calls(&p) == 6
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    assert!(!live_jobs(&p).is_empty(), "the jobs died with cairn");
+
+    let resumed = run_on_slurm(&p, &["--profile", "slurm", "run"]);
+    resumed.success();
+    // Every job ran once, none was submitted twice.
+    assert_eq!(sbatch_calls(&p), 6, "{}", resumed.stderr());
+    for i in 0..6 {
+        assert_eq!(
+            p.lines(&format!("runs/task-{i:02}")).len(),
+            1,
+            "task-{i:02}"
+        );
+    }
+    assert_eq!(files_in(&p, "out"), 6);
+    assert_eq!(p.lines("state/work.jsonl").len(), 6);
+}
+
+#[tokio::test]
+async fn ctrl_c_cancels_the_runs_jobs() {
+    let _node = cluster().await;
+    // Fewer than the node's CPUs, so that all of them start.
+    let p = project(2, 300);
+    let mut child = cairn_on_slurm(&p, &["--profile", "slurm", "run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    poll("two jobs started", Duration::from_secs(60), || {
+        files_in(&p, "started") == 2
+    });
+    assert_eq!(live_jobs(&p).len(), 2);
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    poll("the jobs to be cancelled", Duration::from_secs(30), || {
+        live_jobs(&p).is_empty()
+    });
+    assert_eq!(files_in(&p, "out"), 0);
+}
+
+#[tokio::test]
+async fn a_node_failure_is_infrastructure_and_the_item_is_retried() {
+    let _node = cluster().await;
+    let p = project(2, 4);
+    let child = cairn_on_slurm(&p, &["--profile", "slurm", "run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    poll("two jobs started", Duration::from_secs(60), || {
+        files_in(&p, "started") == 2
+    });
+    let node = hostname();
+    scontrol(&[
+        "update",
+        &format!("nodename={node}"),
+        "state=down",
+        "reason=cairn-test",
+    ]);
+    let _ = std::process::Command::new("scontrol")
+        .args(["update", &format!("nodename={node}"), "state=resume"])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let out = child.wait_with_output().unwrap();
+    let run = common::Run { output: out };
+    run.success();
+    assert!(
+        run.stderr().contains("infra (attempt 1)"),
+        "{}",
+        run.stderr()
+    );
+    // Each item ran twice (the first killed with its node), and ended ok.
+    for i in 0..2 {
+        assert_eq!(
+            p.lines(&format!("runs/task-{i:02}")).len(),
+            2,
+            "task-{i:02}"
+        );
+    }
+    assert_eq!(sbatch_calls(&p), 4);
+    assert_eq!(files_in(&p, "out"), 2);
+}

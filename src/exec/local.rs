@@ -115,6 +115,10 @@ impl Executor for LocalExecutor {
         "local"
     }
 
+    fn uses_local_slots(&self) -> bool {
+        true
+    }
+
     fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
         Box::pin(async move { Ok(Box::new(self.spawn(job)?) as Box<dyn Running>) })
     }

@@ -191,6 +191,12 @@ pub trait Executor: Send + Sync {
     /// `local`, `slurm`, …
     fn kind(&self) -> &'static str;
 
+    /// Whether its jobs run on this machine, and so take one of the run's
+    /// `-j N` job slots.
+    fn uses_local_slots(&self) -> bool {
+        false
+    }
+
     /// Starts `job`.
     fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>>;
 

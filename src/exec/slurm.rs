@@ -48,11 +48,28 @@ pub struct JobState {
 #[derive(Debug, Clone)]
 pub struct SlurmExecutor {
     settings: SlurmSettings,
+    /// One permit per job queued or running (`max_jobs`).
+    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl SlurmExecutor {
     pub fn new(settings: SlurmSettings) -> Self {
-        Self { settings }
+        let permits = settings
+            .max_jobs
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Self {
+            settings,
+            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(permits)),
+        }
+    }
+
+    /// Waits for room under `max_jobs`.
+    async fn room(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
+        self.in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| ExecError::Wait(std::io::Error::other(e)))
     }
 
     /// The `sbatch` arguments for `job` (the script goes on stdin).
@@ -243,8 +260,9 @@ impl Executor for SlurmExecutor {
 
     fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
         Box::pin(async move {
+            let permit = self.room().await?;
             let submitted = self.submit_job(job).await?;
-            Ok(self.running(submitted, job))
+            Ok(self.running(submitted, job, permit))
         })
     }
 
@@ -253,31 +271,57 @@ impl Executor for SlurmExecutor {
         job: &'a Job,
     ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>> {
         Box::pin(async move {
+            let permit = self.room().await?;
             Ok(self
                 .find(&job.name)
                 .await?
-                .map(|found| self.running(found, job)))
+                .map(|found| self.running(found, job, permit)))
         })
     }
 }
 
 impl SlurmExecutor {
-    fn running(&self, submitted: SlurmJob, job: &Job) -> Box<dyn Running> {
+    fn running(
+        &self,
+        submitted: SlurmJob,
+        job: &Job,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Box<dyn Running> {
         Box::new(SlurmRunning {
             slurm: self.clone(),
             submitted,
             log: job.log.clone(),
             redact: job.redact.clone(),
+            ended: false,
+            _permit: permit,
         })
     }
 }
 
-/// A job on Slurm; dropping it leaves the job alone.
+/// A job on Slurm. Dropped before it ended (the run was interrupted), it
+/// is cancelled; a cairn process killed outright leaves it running, for the
+/// next run to adopt.
 struct SlurmRunning {
     slurm: SlurmExecutor,
     submitted: SlurmJob,
     log: std::path::PathBuf,
     redact: Vec<(String, String)>,
+    ended: bool,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for SlurmRunning {
+    fn drop(&mut self) {
+        if !self.ended {
+            // Blocking, and brief: the scheduler is shutting down.
+            let _ = std::process::Command::new("scancel")
+                .arg(&self.submitted.id)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
 }
 
 impl Running for SlurmRunning {
@@ -287,9 +331,12 @@ impl Running for SlurmRunning {
 
     fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>> {
         Box::pin(async move {
-            let outcome = self.slurm.wait_job(&self.submitted).await?;
-            redact_log(&self.log, &self.redact).map_err(|source| ExecError::Log {
-                path: self.log.clone(),
+            let mut this = self;
+            let outcome = this.slurm.wait_job(&this.submitted).await?;
+            this.ended = true;
+            let this = this;
+            redact_log(&this.log, &this.redact).map_err(|source| ExecError::Log {
+                path: this.log.clone(),
                 source,
             })?;
             Ok(outcome)
@@ -396,6 +443,7 @@ mod tests {
             gres: Some("gpu:1".to_owned()),
             sbatch_args: vec!["--exclusive".to_owned()],
             poll: Duration::from_secs(2),
+            max_jobs: 8,
         });
         assert_eq!(
             slurm.sbatch_args(&job()),

@@ -17,7 +17,8 @@ pub mod shell;
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
 pub use model::{
-    ClassifyRule, Command, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput, Manifest, Named,
-    OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, SlurmSettings, Stage, Uses, lock_path_of,
+    ClassifyRule, Command, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,
+    Manifest, Named, OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry,
+    SlurmSettings, Stage, Uses, lock_path_of,
 };
 pub use raw::Span;

@@ -63,6 +63,8 @@ pub struct SlurmSettings {
     pub sbatch_args: Vec<String>,
     /// The longest wait between two state queries.
     pub poll: Duration,
+    /// At most this many of its jobs queued or running at once.
+    pub max_jobs: usize,
 }
 
 /// A named capacity (`[resources]`).

@@ -13,10 +13,11 @@ use tokio::task::JoinSet;
 use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
+use super::executors::Executors;
 use super::items::PlannedItem;
 use super::limits::Limits;
 use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
-use crate::exec::{LocalExecutor, kill_marked_processes};
+use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::store::{
     ItemAttempt, LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus,
@@ -222,7 +223,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     /// The event loop: start what is ready, then wait for a task to report,
     /// a task to end, or Ctrl-C.
     async fn drive(&mut self) -> Result<(), ScheduleError> {
-        let executor = LocalExecutor;
+        let executors = Executors::of(self.ctx.manifest);
         let mut running: JoinSet<Joined> = JoinSet::new();
         let (hashed_tx, mut hashed_rx) =
             unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
@@ -235,7 +236,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 .map_err(|e| ScheduleError::Task(format!("cannot listen for SIGTERM: {e}")))?;
 
         loop {
-            self.start_ready(&executor, &mut running, &hashed_tx, &attempts_tx)?;
+            self.start_ready(&executors, &mut running, &hashed_tx, &attempts_tx)?;
             if running.is_empty() {
                 return Ok(());
             }
@@ -295,7 +296,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     /// others become tasks that wait for a job slot and their resources.
     fn start_ready(
         &mut self,
-        executor: &LocalExecutor,
+        executors: &Executors,
         running: &mut JoinSet<Joined>,
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
         attempts: &UnboundedSender<ItemAttempt>,
@@ -348,7 +349,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 hashed: hashed.clone(),
                 attempts: attempts.clone(),
             };
-            let executor = executor.clone();
+            let executor = executors.of_stage(i);
             running.spawn(async move { (i, key, task.run(executor, links).await) });
         }
         Ok(())

@@ -87,6 +87,23 @@ impl Limits {
         self.wait(priority, resources, true).await
     }
 
+    /// What a command on `executor` waits for: a job slot (one of `-j N`)
+    /// and its resources when it runs on this machine; only the resources
+    /// on a remote engine, whose own capacity (and the executor's bound on
+    /// jobs in flight) limits it instead of this machine's cores.
+    pub async fn acquire_for(
+        &self,
+        executor: &dyn crate::exec::Executor,
+        priority: u64,
+        resources: &[usize],
+    ) -> Option<Permits> {
+        if executor.uses_local_slots() {
+            self.acquire(priority, resources).await
+        } else {
+            self.acquire_resources(priority, resources).await
+        }
+    }
+
     /// Waits for the resources alone, without a job slot: what a per-item
     /// stage holds for its whole run. `None` if the run stopped meanwhile.
     pub async fn acquire_resources(&self, priority: u64, resources: &[usize]) -> Option<Permits> {

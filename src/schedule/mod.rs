@@ -7,6 +7,7 @@
 mod context;
 mod dispatch;
 mod events;
+mod executors;
 mod item_fields;
 mod item_outputs;
 mod items;

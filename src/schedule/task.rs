@@ -15,7 +15,7 @@ use super::context::Context;
 use super::item_outputs::ItemOutputs;
 use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
-use crate::exec::{Executor, Job, LocalExecutor, Outcome, RUN_MARKER, base_environment};
+use crate::exec::{Executor, Job, Outcome, RUN_MARKER, base_environment};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
 use crate::store::{
     INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, now_ms, remove_path,
@@ -124,6 +124,18 @@ pub struct StageTask {
     priority: u64,
     /// Set for a per-item stage.
     items: Option<Items>,
+    job_prefix: String,
+}
+
+/// The start of every job name of `stage`: `cairn-STAGE-WORKSPACE`, where
+/// WORKSPACE is 8 hex digits of the project root and pipeline name, so two
+/// checkouts of one pipeline sharing a cluster never adopt each other's
+/// jobs.
+fn job_prefix(ctx: &Context<'_>, stage: &Stage) -> String {
+    let workspace = crate::fingerprint::Digest::of(
+        format!("{}\0{}", ctx.manifest.root.display(), ctx.manifest.name).as_bytes(),
+    );
+    format!("cairn-{}-{}", stage.name, &workspace.hex()[..8])
 }
 
 impl StageTask {
@@ -174,7 +186,10 @@ impl StageTask {
         }
         Ok(Self {
             job: Job {
-                name: format!("cairn-{}", stage.name),
+                // A stage's job is submitted afresh by each run (the
+                // token makes its name unique); items' jobs are named by
+                // their fingerprint and attempt, and adopted.
+                name: format!("{}-{run_token}", job_prefix(ctx, stage)),
                 token: run_token.to_owned(),
                 command: match &stage.uses {
                     Some(_) => builtin_command(&stage.run),
@@ -193,6 +208,7 @@ impl StageTask {
             holds,
             priority,
             items: None,
+            job_prefix: job_prefix(ctx, stage),
         })
     }
 
@@ -247,7 +263,7 @@ impl StageTask {
     /// Runs the command, then the checks; then stores the outputs.
     pub async fn run(
         self,
-        executor: LocalExecutor,
+        executor: Arc<dyn Executor>,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
         if self.items.is_some() {
@@ -255,7 +271,7 @@ impl StageTask {
         }
         let Some(permits) = self
             .limits
-            .acquire(self.priority, &self.holds.per_command)
+            .acquire_for(executor.as_ref(), self.priority, &self.holds.per_command)
             .await
         else {
             return Ok(TaskResult::not_started());
@@ -273,7 +289,7 @@ impl StageTask {
             started_ms,
             failure_log: None,
         };
-        task.failure = self.verdict(&executor, outcome).await?;
+        task.failure = self.verdict(executor.as_ref(), outcome).await?;
         // The job slot and resources are free while the outputs are stored.
         drop(permits);
         if task.failure.is_some() {
@@ -321,7 +337,7 @@ impl StageTask {
     /// attempt as it ends, then writes the merged results as the output.
     async fn run_items(
         mut self,
-        executor: LocalExecutor,
+        executor: Arc<dyn Executor>,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
         let started_ms = now_ms();
@@ -373,6 +389,7 @@ impl StageTask {
         ));
         let runner = Arc::new(ItemRunner {
             executor,
+            job_prefix: self.job_prefix.clone(),
             job: self.job.clone(),
             checks: self.checks.clone(),
             spec: items.spec.clone(),
@@ -493,7 +510,7 @@ impl StageTask {
     /// declared output is missing, or a check failed.
     async fn verdict(
         &self,
-        executor: &LocalExecutor,
+        executor: &dyn Executor,
         outcome: Outcome,
     ) -> Result<Option<String>, ScheduleError> {
         if outcome != Outcome::Success {
@@ -504,8 +521,9 @@ impl StageTask {
                 "command succeeded but did not create declared output `{name}` ({path})"
             )));
         }
-        for check in &self.checks {
+        for (n, check) in self.checks.iter().enumerate() {
             let job = Job {
+                name: format!("{}-check{}", self.job.name, n + 1),
                 command: check.clone(),
                 ..self.job.clone()
             };
@@ -524,7 +542,9 @@ impl StageTask {
 
 /// Runs one item: its command and checks, classification and retries.
 struct ItemRunner {
-    executor: LocalExecutor,
+    executor: Arc<dyn Executor>,
+    /// `cairn-STAGE-WORKSPACE`, see [`job_prefix`].
+    job_prefix: String,
     job: Job,
     checks: Vec<Command>,
     spec: Foreach,
@@ -556,7 +576,11 @@ impl ItemRunner {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let Some(permits) = self.limits.acquire(self.priority, &self.holds).await else {
+            let Some(permits) = self
+                .limits
+                .acquire_for(self.executor.as_ref(), self.priority, &self.holds)
+                .await
+            else {
                 return Ok(None);
             };
             let started_ms = now_ms();
@@ -567,20 +591,31 @@ impl ItemRunner {
             let (class, rule, exit_code, result) = match &filled {
                 Err(message) => (ItemClass::Error, Some(message.clone()), None, None),
                 Ok((command, checks)) => {
+                    let previous = planned.outcome.as_ref().map_or(0, |(_, n)| *n);
                     let mut job = Job {
+                        // The same item, fingerprint and attempt number give
+                        // the same name: a job an earlier cairn process
+                        // submitted for this attempt is adopted, not
+                        // submitted again.
+                        name: format!(
+                            "{}-{}-{}",
+                            self.job_prefix,
+                            &planned.fingerprint.hex()[..16],
+                            previous + attempt
+                        ),
                         command: command.clone(),
                         log: log.clone(),
                         ..self.job.clone()
                     };
                     job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
-                    let previous = planned.outcome.as_ref().map_or(0, |(_, n)| *n);
                     job.env
                         .push((ATTEMPT_MARKER.to_owned(), (previous + attempt).to_string()));
                     let outcome = self.executor.run(&job).await?;
                     let mut failed_check = None;
                     if outcome == Outcome::Success {
-                        for check in checks {
+                        for (n, check) in checks.iter().enumerate() {
                             let check_job = Job {
+                                name: format!("{}-check{}", job.name, n + 1),
                                 command: check.clone(),
                                 ..job.clone()
                             };

@@ -23,9 +23,14 @@ const SLURM_KEYS: &[&str] = &[
     "gres",
     "sbatch_args",
     "poll",
+    "max_jobs",
 ];
 /// How often a Slurm job's state is read at most, unless `poll` says.
 const DEFAULT_POLL: Duration = Duration::from_secs(2);
+/// Jobs queued or running at once on one Slurm executor, unless `max_jobs`
+/// says: enough to fill a partition, few enough that 50,000 items do not
+/// become 50,000 pending jobs at once.
+const DEFAULT_MAX_JOBS: usize = 256;
 
 impl Checker<'_> {
     /// `[executors]`, with the selected profile's replacements applied.
@@ -117,11 +122,8 @@ impl Checker<'_> {
                 Some(ExecutorSpec::Slurm(self.slurm_settings(table)))
             }
             other => {
-                let help = self.did_you_mean(
-                    other,
-                    KINDS.iter().copied(),
-                    "the kinds are: local, slurm",
-                );
+                let help =
+                    self.did_you_mean(other, KINDS.iter().copied(), "the kinds are: local, slurm");
                 self.problems.push(
                     Problem::new(
                         format!("unknown executor kind `{other}`"),
@@ -146,6 +148,16 @@ impl Checker<'_> {
                 None
             }
         });
+        let max_jobs = match find(table, "max_jobs") {
+            None => DEFAULT_MAX_JOBS,
+            Some(e) => match e.value.kind {
+                NodeKind::Integer(n) if n >= 1 => n as usize,
+                _ => {
+                    self.type_error(&e.value, "`max_jobs`", "a positive integer");
+                    DEFAULT_MAX_JOBS
+                }
+            },
+        };
         let sbatch_args = match find(table, "sbatch_args") {
             None => Vec::new(),
             Some(e) => match e.value.as_array() {
@@ -170,6 +182,7 @@ impl Checker<'_> {
             poll: find(table, "poll")
                 .and_then(|e| self.timeout(&e.value))
                 .unwrap_or(DEFAULT_POLL),
+            max_jobs,
         }
     }
 

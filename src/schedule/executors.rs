@@ -1,0 +1,47 @@
+//! The engines a run's stages execute on, one instance per `[executors]`
+//! entry (so a remote engine's bound on jobs in flight covers every stage
+//! that shares it), and this machine for everything else.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::exec::{Executor, LocalExecutor, SlurmExecutor};
+use crate::manifest::{ExecutorSpec, Manifest};
+
+pub struct Executors {
+    /// Per stage index.
+    by_stage: Vec<Arc<dyn Executor>>,
+}
+
+impl Executors {
+    pub fn of(manifest: &Manifest) -> Self {
+        let local: Arc<dyn Executor> = Arc::new(LocalExecutor);
+        let named: BTreeMap<&str, Arc<dyn Executor>> = manifest
+            .executors
+            .iter()
+            .map(|(name, spec)| {
+                let executor: Arc<dyn Executor> = match spec {
+                    ExecutorSpec::Local => local.clone(),
+                    ExecutorSpec::Slurm(settings) => Arc::new(SlurmExecutor::new(settings.clone())),
+                };
+                (name.as_str(), executor)
+            })
+            .collect();
+        let by_stage = manifest
+            .stages
+            .iter()
+            .map(|stage| {
+                stage
+                    .executor
+                    .as_ref()
+                    .and_then(|e| named.get(e.name.as_str()).cloned())
+                    .unwrap_or_else(|| local.clone())
+            })
+            .collect();
+        Self { by_stage }
+    }
+
+    pub fn of_stage(&self, stage: usize) -> Arc<dyn Executor> {
+        self.by_stage[stage].clone()
+    }
+}
