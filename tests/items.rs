@@ -393,7 +393,7 @@ fn a_broken_item_list_is_named_by_status_and_fails_the_run() {
         "{\"task_id\": \"t1\", \"dir\": \"tasks/t1\"}\n{\"dir\": \"tasks/t2\"}\n",
     );
     let status = p.cairn(&["status"]);
-    status.success();
+    status.code_is(1);
     assert!(
         status.stdout().contains("cannot be fingerprinted: item 2"),
         "{}",

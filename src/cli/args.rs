@@ -87,8 +87,28 @@ pub struct BundleArgs {
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    #[command(flatten)]
-    pub bundle: BundleArgs,
+    /// Instead of a bundle, re-hash the workspace's outputs against a lock
+    /// file (default: the manifest's), with no ledger or cache: a fresh
+    /// checkout checked against the committed lock. Exit 1 on a mismatch.
+    #[arg(long, value_name = "LOCK", num_args = 0..=1, conflicts_with_all = ["bundle", "sha256"])]
+    pub lock: Option<Option<PathBuf>>,
+    /// The bundle (`.tar.zst`) written by `uses = "export"`.
+    #[arg(required_unless_present = "lock")]
+    pub bundle: Option<PathBuf>,
+    /// The SHA-256 the archive must have (default: from `BUNDLE.sha256`
+    /// beside it).
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+    /// Refuse a bundle holding a file larger than this (e.g. 512MiB).
+    #[arg(long, value_name = "SIZE", default_value = "64GiB", value_parser = parse_size)]
+    pub max_file_size: u64,
+    /// Refuse a bundle that unpacks to more than this.
+    #[arg(long, value_name = "SIZE", default_value = "1TiB", value_parser = parse_size)]
+    pub max_total_size: u64,
+    /// Machine-readable report on stdout: one JSON object (keys in
+    /// docs/releases.md, "`--json`"; with `--lock`, in docs/cli.md).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -173,6 +193,11 @@ pub struct RunArgs {
     /// Stages to bring up to date, with everything they depend on.
     #[arg(value_name = "STAGE")]
     pub targets: Vec<String>,
+    /// Run only if the result matches the committed lock file: refuse
+    /// (exit 3, nothing run) when a fingerprint differs from it, and never
+    /// rewrite it (exit 3 when a re-run's outputs differ from it).
+    #[arg(long)]
+    pub locked: bool,
     /// Run at most N commands at once (default: number of cores).
     #[arg(short = 'j', long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
@@ -206,6 +231,10 @@ pub struct StatusArgs {
     /// docs/cli.md).
     #[arg(long)]
     pub json: bool,
+    /// Fail (exit 3) if a stage's fingerprint differs from the committed
+    /// lock file, or the lock file is missing or cannot be trusted.
+    #[arg(long)]
+    pub locked: bool,
 }
 
 #[derive(Debug, Args)]

@@ -2,13 +2,26 @@
 
 use std::path::Path;
 
-use super::args::{BundleArgs, RegisterArgs, VerifyArgs};
+use super::args::{BundleArgs, Global, RegisterArgs, VerifyArgs};
 use super::error::{CliError, exit};
 use super::render;
+use super::verify_lock;
 use crate::release::{self, Limits, Registered, ReleaseError, Verified, expected_digest};
 
-pub fn verify(args: &VerifyArgs) -> Result<(), CliError> {
-    let args = &args.bundle;
+pub fn verify(global: &Global, args: &VerifyArgs) -> Result<(), CliError> {
+    if let Some(lock) = &args.lock {
+        return verify_lock::verify_lock(global, lock.as_deref(), args.json);
+    }
+    let Some(bundle) = args.bundle.clone() else {
+        return Err(CliError::usage("give a bundle to verify, or `--lock`"));
+    };
+    let args = &BundleArgs {
+        bundle,
+        sha256: args.sha256.clone(),
+        max_file_size: args.max_file_size,
+        max_total_size: args.max_total_size,
+        json: args.json,
+    };
     let pin = pin(&args.bundle, args.sha256.as_deref())?;
     let limits = limits(args);
     let verified = release::verify_bundle(

@@ -9,6 +9,8 @@ pub mod exit {
     pub const OK: u8 = 0;
     pub const STAGE_FAILED: u8 = 1;
     pub const BAD_INPUT: u8 = 2;
+    /// `--locked`: the result would differ from the committed lock file.
+    pub const LOCK_DIFFERS: u8 = 3;
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -45,9 +47,11 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Manifest(_) | CliError::Usage { .. } => exit::BAD_INPUT,
-            CliError::Store(StoreError::Locked { .. } | StoreError::PipelineNameTaken { .. }) => {
-                exit::BAD_INPUT
-            }
+            CliError::Store(
+                StoreError::Locked { .. }
+                | StoreError::PipelineNameTaken { .. }
+                | StoreError::LockFile { .. },
+            ) => exit::BAD_INPUT,
             CliError::Schedule(ScheduleError::BadItems { .. }) => exit::BAD_INPUT,
             CliError::Exit(code) => *code,
             CliError::Schedule(_)

@@ -24,6 +24,7 @@ mod bundle;
 mod dag;
 mod error;
 mod gc;
+mod locked;
 mod log;
 mod progress;
 mod provenance;
@@ -32,6 +33,7 @@ mod run;
 mod show;
 mod status;
 mod targets;
+mod verify_lock;
 mod why;
 mod workspace;
 
@@ -80,7 +82,7 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Gc(args) => gc::gc(&cli.global, args),
         Command::Audit(args) => audit::audit_cmd(&cli.global, args),
         Command::Provenance(args) => provenance::provenance(&cli.global, args),
-        Command::Verify(args) => bundle::verify(args),
+        Command::Verify(args) => bundle::verify(&cli.global, args),
         Command::Register(args) => bundle::register(args),
         Command::Builtin(args) => builtin::builtin(args),
     }

@@ -2,6 +2,7 @@
 
 use super::args::{Global, RunArgs};
 use super::error::{CliError, exit};
+use super::locked;
 use super::progress::HumanReporter;
 use super::workspace;
 use crate::schedule::{self, Context, RunOptions, State};
@@ -19,6 +20,12 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     if args.dry_run {
         let mut ctx = loaded.read_context()?;
         let statuses = schedule::evaluate(&mut ctx, &selected, &forced.stages)?;
+        if args.locked {
+            let differences = locked::differences(&ctx, &statuses);
+            if !differences.is_empty() {
+                return Err(locked::refuse(&ctx, &differences, "`run --locked`"));
+            }
+        }
         let mut would = 0;
         for status in &statuses {
             match (&status.reason, status.state) {
@@ -58,8 +65,26 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         );
     })?;
     let ledger = Ledger::open(&cache, &PipelineId::of(&loaded.manifest))?;
+    if args.locked {
+        // Checked before anything runs: a stage whose fingerprint differs
+        // from the lock file would certainly change it.
+        let mut check = loaded.read_context()?;
+        let statuses = schedule::evaluate(&mut check, &selected, &forced.stages)?;
+        let differences = locked::differences(&check, &statuses);
+        if !differences.is_empty() {
+            return Err(locked::refuse(&check, &differences, "`run --locked`"));
+        }
+    }
     let mut ctx = Context::new(&loaded.manifest, &loaded.dag, Some(ledger))?;
     ctx.explain = !global.quiet;
+    // (`--locked` reported it already, reading it for the check.)
+    if let Some(problem) = ctx
+        .lock_problem
+        .as_ref()
+        .filter(|_| !global.quiet && !args.locked)
+    {
+        eprintln!("warning: {problem}");
+    }
     let options = RunOptions {
         jobs: args
             .jobs
@@ -71,6 +96,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         invocation: std::env::args().collect::<Vec<_>>().join(" "),
         limit: args.limit,
         only: args.only,
+        locked: args.locked,
     };
 
     // One scheduler thread: it only waits on children and hands work out;
@@ -106,6 +132,14 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     }
     if summary.interrupted {
         return Err(CliError::Exit(exit::INTERRUPTED));
+    }
+    if !summary.lock_differs.is_empty() && summary.failed.is_empty() {
+        let differences: Vec<String> = summary
+            .lock_differs
+            .iter()
+            .map(|stage| format!("`{stage}` produced outputs other than the lock file records"))
+            .collect();
+        return Err(locked::refuse(&ctx, &differences, "`run --locked`"));
     }
     if !summary.failed.is_empty() {
         if !global.quiet {

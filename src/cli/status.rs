@@ -1,14 +1,15 @@
-//! `cairn status`.
+//! `cairn status`: what would run, and an exit status CI can gate on.
 
 use std::collections::HashSet;
 
 use serde::Serialize;
 
 use super::args::{Global, StatusArgs};
-use super::error::CliError;
+use super::error::{CliError, exit};
+use super::locked;
 use super::render;
 use super::workspace;
-use crate::schedule::{self, StageStatus};
+use crate::schedule::{self, Context, StageStatus};
 
 #[derive(Serialize)]
 struct StatusJson<'a> {
@@ -23,6 +24,7 @@ pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
     let mut ctx = loaded.read_context()?;
     let statuses = schedule::evaluate(&mut ctx, &selected, &HashSet::new())?;
     loaded.save_learnt(&mut ctx);
+    let verdict = verdict(&ctx, &statuses, args.locked);
 
     if args.json {
         render::json(&StatusJson {
@@ -30,7 +32,7 @@ pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
             profile: loaded.manifest.profile.as_deref(),
             stages: &statuses,
         })?;
-        return Ok(());
+        return verdict;
     }
     let mut rows = vec![vec![
         "STAGE".to_owned(),
@@ -71,5 +73,26 @@ pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
             statuses.len()
         );
     }
-    Ok(())
+    verdict
+}
+
+/// The exit status CI gates on: 0 when every stage is fresh with its
+/// outputs in place, 1 when a stage would run, failed, or would have an
+/// output restored; with `--locked`, 3 when the result would differ from
+/// the committed lock file.
+fn verdict(ctx: &Context<'_>, statuses: &[StageStatus], locked: bool) -> Result<(), CliError> {
+    if locked {
+        let differences = locked::differences(ctx, statuses);
+        if !differences.is_empty() {
+            return Err(locked::refuse(ctx, &differences, "`status --locked`"));
+        }
+    }
+    let settled = statuses
+        .iter()
+        .all(|s| s.reason.is_none() && s.outputs_to_restore.is_empty());
+    if settled {
+        Ok(())
+    } else {
+        Err(CliError::Exit(exit::STAGE_FAILED))
+    }
 }

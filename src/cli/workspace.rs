@@ -97,11 +97,16 @@ impl Loaded {
         Ok(self.dag.upstream_closure(&indices))
     }
 
-    /// A read-only view: the ledger if one exists; writes nothing.
+    /// A read-only view: the ledger if one exists; writes nothing. A lock
+    /// file that cannot be trusted is reported here, once per command.
     pub fn read_context(&self) -> Result<Context<'_>, CliError> {
         let ledger =
             Ledger::open_existing(&self.manifest.cache_dir(), &PipelineId::of(&self.manifest))?;
-        Ok(Context::new(&self.manifest, &self.dag, ledger)?)
+        let ctx = Context::new(&self.manifest, &self.dag, ledger)?;
+        if let Some(problem) = &ctx.lock_problem {
+            eprintln!("warning: {problem}");
+        }
+        Ok(ctx)
     }
 
     /// Persists stat-cache entries learnt by a read-only command, if no

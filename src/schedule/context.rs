@@ -16,7 +16,10 @@ use crate::fingerprint::{
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex};
-use crate::store::{Ledger, ObjectStore, OutputRecord, ResultRecord, ResultStatus, current_ok};
+use crate::store::{
+    Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus, StoreError,
+    current_ok, read_lock,
+};
 
 /// Why a stage must run (or why `status` calls it stale).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -124,6 +127,11 @@ pub struct Context<'m> {
     /// than the newest), else the newest. Diffs and reports start here.
     pub latest_ok: HashMap<String, ResultRecord>,
     pub latest_failure: HashMap<String, ResultRecord>,
+    /// The committed lock file, verified; `None` if there is none or it
+    /// cannot be trusted...
+    pub lock: Option<LockFile>,
+    /// ...and then why (reported by commands; a run rewrites the lock).
+    pub lock_problem: Option<StoreError>,
     /// Digest of each upstream output path as it stands in this session.
     pub produced: HashMap<String, Digest>,
     /// Per-item stages: their items, as of the last `key_of`.
@@ -183,10 +191,14 @@ impl<'m> Context<'m> {
         dag: &'m Dag,
         ledger: Option<Ledger>,
     ) -> Result<Self, ScheduleError> {
+        let (lock, lock_problem) = match read_lock(manifest) {
+            Ok(lock) => (lock, None),
+            Err(problem) => (None, Some(problem)),
+        };
         let (stat, latest_ok, latest_failure) = match &ledger {
             Some(ledger) => (
                 StatCache::from_entries(ledger.load_stat_cache()?),
-                current_ok(manifest, ledger)?,
+                current_ok(ledger, lock.as_ref())?,
                 ledger.latest_failures()?,
             ),
             None => Default::default(),
@@ -200,6 +212,8 @@ impl<'m> Context<'m> {
             stat,
             latest_ok,
             latest_failure,
+            lock,
+            lock_problem,
             produced: HashMap::new(),
             item_plans: HashMap::new(),
             item_codes: HashMap::new(),

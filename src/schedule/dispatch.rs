@@ -41,6 +41,8 @@ pub struct RunOptions {
     pub limit: Option<usize>,
     /// Per-item stages run only items in this state.
     pub only: Option<Only>,
+    /// `--locked`: never rewrite the lock file; report what would change.
+    pub locked: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -58,6 +60,9 @@ pub struct RunSummary {
     /// Per-item stages that ran only some of their items.
     pub partial: Vec<String>,
     pub interrupted: bool,
+    /// With `--locked`: stages whose lock-file entry this run would have
+    /// changed (the lock file was left as it is).
+    pub lock_differs: Vec<String>,
 }
 
 impl RunSummary {
@@ -197,6 +202,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             run_id,
             stages: options.selected.iter().filter(|s| **s).count(),
         });
+        // A lock file that cannot be trusted is rewritten.
+        let lock_changed = ctx.lock_problem.is_some();
         Ok(Self {
             ctx,
             options,
@@ -211,7 +218,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             limits,
             holds,
             used: HashMap::new(),
-            lock_changed: false,
+            lock_changed,
             stop: false,
             summary: RunSummary {
                 run_id,
@@ -727,7 +734,20 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         // there, it already says what it would say now: a no-op run does not
         // rewrite it.
         if self.lock_changed || !self.ctx.manifest.lock_path().exists() {
-            write_lock_file(self.ctx, &self.used)?;
+            let lock = new_lock_file(self.ctx, &self.used);
+            if self.options.locked {
+                // `--locked`: the committed lock file stays as it is; the
+                // stages whose entry would change are reported.
+                let committed = self.ctx.lock.as_ref().map(|l| &l.stages);
+                self.summary.lock_differs = lock
+                    .stages
+                    .iter()
+                    .filter(|(name, entry)| committed.and_then(|c| c.get(*name)) != Some(*entry))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+            } else {
+                lock.write(&self.ctx.manifest.lock_path())?;
+            }
         }
         let status = if self.summary.interrupted {
             "interrupted"
@@ -743,14 +763,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     }
 }
 
-/// Rewrites the lock file.
+/// The lock file this run leaves.
 ///
 /// For each stage: the result this run found valid or produced (`used`), or
 /// else its current one (the one the lock already names, else the newest).
-fn write_lock_file(
+fn new_lock_file(
     ctx: &Context<'_>,
     used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
-) -> Result<(), ScheduleError> {
+) -> LockFile {
     let mut lock = LockFile::new(&ctx.manifest.name);
     for (i, stage) in ctx.manifest.stages.iter().enumerate() {
         if let Some((fingerprint, outputs)) = used.get(&i) {
@@ -759,6 +779,5 @@ fn write_lock_file(
             lock.insert(&stage.name, record.fingerprint, &record.outputs);
         }
     }
-    lock.write(&ctx.manifest.lock_path())?;
-    Ok(())
+    lock
 }

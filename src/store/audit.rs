@@ -28,7 +28,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::StoreError;
-use super::current::{Current, current_results};
+use super::current::{Current, current_results, read_lock};
 use super::ledger::UnreadableResult;
 use super::ledger::{Ledger, ResultRecord};
 use super::objects::{ObjectStore, OutputKind, OutputRecord};
@@ -206,6 +206,15 @@ pub fn audit(
         return Ok(report);
     }
     let set_aside: Vec<&str> = unreadable.iter().map(|u| u.stage.as_str()).collect();
+    if let Err(StoreError::LockFile { path, problem }) = read_lock(manifest) {
+        report.mismatches.push(Mismatch {
+            kind: MismatchKind::Lock,
+            stage: String::new(),
+            path: path.display().to_string(),
+            expected: "the lock file as cairn wrote it".to_owned(),
+            actual: problem.to_string(),
+        });
+    }
     let mut by_stage = current_results(manifest, ledger)?;
     let mut current: Vec<(String, ResultRecord)> = Vec::new();
     for stage in &manifest.stages {

@@ -22,7 +22,8 @@ pub fn current_results(
     manifest: &Manifest,
     ledger: &Ledger,
 ) -> Result<HashMap<String, Current>, StoreError> {
-    let lock = read_lock(manifest);
+    // A lock that cannot be trusted names nothing; `audit` reports it.
+    let lock = read_lock(manifest).ok().flatten();
     let latest = ledger.latest_ok_all()?;
     let mut current = HashMap::new();
     for stage in &manifest.stages {
@@ -44,12 +45,13 @@ pub fn current_results(
 
 /// The current successful result of every stage that has one: the
 /// lock file's when the ledger holds it, else the newest.
+/// (`lock`: the verified lock file, if there is one that can be trusted.)
 pub fn current_ok(
-    manifest: &Manifest,
     ledger: &Ledger,
+    lock: Option<&LockFile>,
 ) -> Result<HashMap<String, ResultRecord>, StoreError> {
     let mut current = ledger.latest_ok_all()?;
-    let Some(lock) = read_lock(manifest) else {
+    let Some(lock) = lock else {
         return Ok(current);
     };
     for (stage, entry) in &lock.stages {
@@ -63,8 +65,9 @@ pub fn current_ok(
     Ok(current)
 }
 
-fn read_lock(manifest: &Manifest) -> Option<LockFile> {
-    std::fs::read_to_string(manifest.lock_path())
-        .ok()
-        .and_then(|text| LockFile::parse(&text).ok())
+/// The manifest's lock file, verified: `Ok(None)` if there is none, an
+/// error naming the problem if it cannot be trusted (unparsable, edited
+/// by hand, another pipeline's, a newer format).
+pub fn read_lock(manifest: &Manifest) -> Result<Option<LockFile>, StoreError> {
+    LockFile::read(&manifest.lock_path(), &manifest.name)
 }

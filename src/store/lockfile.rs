@@ -12,14 +12,51 @@ use super::StoreError;
 use super::objects::{OutputKind, OutputRecord};
 use crate::fingerprint::Digest;
 
-pub const LOCK_FORMAT_VERSION: u32 = 1;
+/// 2: the file carries a checksum of its own content.
+pub const LOCK_FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockFile {
     pub version: u32,
     pub pipeline: String,
+    /// BLAKE3 of the file as cairn renders it without this line: a hand
+    /// edit (or a merge) shows as a mismatch. Absent in version 1 files.
+    #[serde(default, skip_serializing)]
+    pub checksum: Option<Digest>,
     #[serde(default)]
     pub stages: BTreeMap<String, LockedStage>,
+}
+
+/// What is wrong with a lock file that cannot be trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockProblem {
+    /// Not TOML of the lock's shape.
+    Unparsable(String),
+    /// Its checksum does not match its content.
+    Edited,
+    /// Written by a newer cairn.
+    NewerFormat(u32),
+    /// It records another pipeline.
+    OtherPipeline(String),
+}
+
+impl std::fmt::Display for LockProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockProblem::Unparsable(e) => write!(f, "it cannot be parsed: {e}"),
+            LockProblem::Edited => write!(
+                f,
+                "its checksum does not match its content: it was edited by hand (or merged)"
+            ),
+            LockProblem::NewerFormat(v) => write!(
+                f,
+                "it has format version {v}; this cairn reads up to {LOCK_FORMAT_VERSION}"
+            ),
+            LockProblem::OtherPipeline(name) => {
+                write!(f, "it records pipeline `{name}`, not this manifest's")
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,8 +79,46 @@ impl LockFile {
         Self {
             version: LOCK_FORMAT_VERSION,
             pipeline: pipeline.to_owned(),
+            checksum: None,
             stages: BTreeMap::new(),
         }
+    }
+
+    /// Reads and verifies the lock file at `path` of pipeline `pipeline`:
+    /// `Ok(None)` if there is none, `Err` (with the problem) if it is
+    /// there but cannot be trusted.
+    pub fn read(path: &Path, pipeline: &str) -> Result<Option<Self>, StoreError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io(path, e)),
+        };
+        Self::verify(&text, pipeline)
+            .map(Some)
+            .map_err(|problem| StoreError::LockFile {
+                path: path.to_owned(),
+                problem,
+            })
+    }
+
+    /// Parses `text` and checks its format version, pipeline and checksum.
+    pub fn verify(text: &str, pipeline: &str) -> Result<Self, LockProblem> {
+        let lock = Self::parse(text).map_err(|e| LockProblem::Unparsable(e.to_string()))?;
+        if lock.version > LOCK_FORMAT_VERSION {
+            return Err(LockProblem::NewerFormat(lock.version));
+        }
+        if lock.pipeline != pipeline {
+            return Err(LockProblem::OtherPipeline(lock.pipeline));
+        }
+        if lock.version >= 2 && lock.checksum != Some(lock.content_checksum()) {
+            return Err(LockProblem::Edited);
+        }
+        Ok(lock)
+    }
+
+    /// The checksum of the content as cairn renders it.
+    fn content_checksum(&self) -> Digest {
+        Digest::of(self.render_body(None).as_bytes())
     }
 
     pub fn insert(&mut self, stage: &str, fingerprint: Digest, outputs: &[OutputRecord]) {
@@ -73,6 +148,10 @@ impl LockFile {
     /// the end of every `cairn run`, and for a thousand stages a generic
     /// serializer costs more than the whole no-op run should.
     pub fn render(&self) -> String {
+        self.render_body(Some(self.content_checksum()))
+    }
+
+    fn render_body(&self, checksum: Option<Digest>) -> String {
         use std::fmt::Write;
         let mut out = String::with_capacity(128 + self.stages.len() * 320);
         out.push_str(
@@ -83,6 +162,9 @@ impl LockFile {
         );
         let _ = writeln!(out, "version = {}", self.version);
         let _ = writeln!(out, "pipeline = {}", quote(&self.pipeline));
+        if let Some(checksum) = checksum {
+            let _ = writeln!(out, "checksum = \"{checksum}\"");
+        }
         for (name, stage) in &self.stages {
             let stage_key = key(name);
             let _ = write!(
@@ -184,6 +266,36 @@ mod tests {
         lock.insert("stage.with.dots", Digest::of(b"fp"), &outputs);
         lock.insert("plain-stage", Digest::of(b"fp2"), &outputs[..1]);
         let text = lock.render();
-        assert_eq!(LockFile::parse(&text).unwrap(), lock, "{text}");
+        let mut parsed = LockFile::parse(&text).unwrap();
+        assert!(parsed.checksum.is_some(), "{text}");
+        parsed.checksum = None;
+        assert_eq!(parsed, lock, "{text}");
+        assert_eq!(
+            LockFile::verify(&text, "pipe \"line\"").map(|mut l| {
+                l.checksum = None;
+                l
+            }),
+            Ok(lock)
+        );
+    }
+
+    #[test]
+    fn an_edited_lock_file_fails_its_checksum() {
+        let mut lock = LockFile::new("p");
+        lock.insert("a", Digest::of(b"fp"), &[]);
+        let text = lock.render();
+        let edited = text.replace(
+            &Digest::of(b"fp").to_string(),
+            &Digest::of(b"x").to_string(),
+        );
+        assert_eq!(LockFile::verify(&edited, "p"), Err(LockProblem::Edited));
+        assert!(matches!(
+            LockFile::verify("version = [", "p"),
+            Err(LockProblem::Unparsable(_))
+        ));
+        assert_eq!(
+            LockFile::verify(&text, "q"),
+            Err(LockProblem::OtherPipeline("p".to_owned()))
+        );
     }
 }

@@ -13,13 +13,13 @@ mod workspace_lock;
 
 pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
 pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
-pub use current::{Current, current_ok, current_results};
+pub use current::{Current, current_ok, current_results, read_lock};
 pub use ledger::{
     ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId, ResultRecord,
     ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, UnreadableResult, now_ms,
 };
 pub use live::live_outputs;
-pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockedOutput, LockedStage};
+pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage};
 pub use objects::{
     INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,
 };
@@ -64,6 +64,11 @@ pub enum StoreError {
         /// The manifest refused.
         manifest: String,
         root: PathBuf,
+    },
+    #[error("the lock file `{}` cannot be trusted: {problem}; `cairn run` rewrites it from the ledger", path.display())]
+    LockFile {
+        path: PathBuf,
+        problem: lockfile::LockProblem,
     },
     #[error("another cairn process{} holds the workspace lock `{}`", holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), path.display())]
     Locked { path: PathBuf, holder: Option<u32> },
