@@ -39,8 +39,9 @@ outputs = {{ d = "state/b" }}
 needs = ["b"]
 foreach = {{ items = "data/items.jsonl", key = "id" }}
 item_inputs = ["state/b/{{item.id}}.txt"]
-run = "echo per:{{item.id}} >> runs.log; cat state/b/{{item.id}}.txt > /dev/null"
-outputs = {{ results = "state/per.jsonl" }}
+item_outputs = {{ entries = "{{item.id}}" }}
+run = "echo per:{{item.id}} >> runs.log; mkdir -p {{out.entries}}; cat state/b/{{item.id}}.txt > {{out.entries}}/{{item.id}}"
+outputs = {{ results = "state/per.jsonl", entries = "state/entries" }}
 
 [stages.c]
 run = "echo c >> runs.log; cat {{in.r}} {{in.f}} > {{out.o}}"
@@ -77,12 +78,15 @@ const OUTPUTS: &[&str] = &[
     "state/b",
     "state/b/2.txt",
     "state/per.jsonl",
+    "state/entries",
+    "state/entries/2",
     "state/c.txt",
 ];
 const FILES: &[&str] = &[
     "state/a.txt",
     "state/b/1.txt",
     "state/b/3.txt",
+    "state/entries/1",
     "state/c.txt",
 ];
 
@@ -366,5 +370,17 @@ fn a_restore_from_a_damaged_stored_copy_is_predicted_as_a_run() {
         vec![Edit::DamageStored("state/b/1.txt")],
         vec![Edit::DeleteOutput("state/b")],
     ])
+    .unwrap();
+}
+
+/// Found by the property above: an item's edited entry whose stored copy
+/// is damaged cannot be brought back, so `run` runs that item again;
+/// `status` listed no item as unfinished.
+#[test]
+fn an_item_whose_entry_cannot_be_restored_is_predicted_to_run() {
+    prediction_holds(&[vec![
+        Edit::DamageStored("state/b/1.txt"),
+        Edit::AppendToOutput("state/entries/1"),
+    ]])
     .unwrap();
 }

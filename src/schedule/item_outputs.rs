@@ -141,14 +141,9 @@ impl ItemOutputs {
                 None => Vec::new(),
             };
             for record in &records {
-                let Some(dir) = self
-                    .dirs
-                    .iter()
-                    .find(|d| record.path.starts_with(&format!("{}/", d.rel)))
-                else {
+                let Some(abs) = self.entry_path(record) else {
                     continue;
                 };
-                let abs = dir.abs.join(&record.path[dir.rel.len() + 1..]);
                 let matches = stat
                     .content(&abs)
                     .is_ok_and(|content| content.digest() == record.digest);
@@ -171,6 +166,49 @@ impl ItemOutputs {
             }
         }
         Ok(restored)
+    }
+
+    /// Where a recorded entry lives in the workspace.
+    fn entry_path(&self, record: &OutputRecord) -> Option<PathBuf> {
+        let dir = self
+            .dirs
+            .iter()
+            .find(|d| record.path.starts_with(&format!("{}/", d.rel)))?;
+        Some(dir.abs.join(&record.path[dir.rel.len() + 1..]))
+    }
+
+    /// The reused items [`Self::prepare`] will make run again: recorded
+    /// `ok` without entries, or with an entry that differs from its record
+    /// and whose stored copy is not intact. Reads only (for `status`).
+    pub fn items_to_rerun(&self, plan: &[PlannedItem], store: &ObjectStore) -> Vec<usize> {
+        let mut stat = StatCache::default();
+        let mut lost = Vec::new();
+        for (n, planned) in plan.iter().enumerate() {
+            let Some((class, _)) = &planned.outcome else {
+                continue;
+            };
+            if !class.is_final() {
+                continue;
+            }
+            let Some(records) = &planned.outputs else {
+                if *class == ItemClass::Ok {
+                    lost.push(n);
+                }
+                continue;
+            };
+            let unrestorable = records.iter().any(|record| {
+                self.entry_path(record).is_some_and(|abs| {
+                    let matches = stat
+                        .content(&abs)
+                        .is_ok_and(|content| content.digest() == record.digest);
+                    !matches && !store.verify(record, None).unwrap_or(false)
+                })
+            });
+            if unrestorable {
+                lost.push(n);
+            }
+        }
+        lost
     }
 
     /// After an attempt with a final outcome: stores the item's entries.

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
+use super::item_outputs::ItemOutputs;
 use super::items::ItemCounts;
 use crate::fingerprint::{Change, Digest, StageKey};
 
@@ -81,6 +82,7 @@ pub fn evaluate(
             Ok(key) => (Some(key), None),
             Err(error) => (None, Some(error.to_string())),
         };
+        forget_unrestorable_items(ctx, i);
         let previous = ctx.latest_ok.get(&name).cloned();
 
         let mut status = StageStatus {
@@ -173,4 +175,19 @@ pub fn evaluate(
         statuses.push(status);
     }
     Ok(statuses)
+}
+
+/// Items whose outcome `run` will reuse only if their entries can be
+/// brought back: those that cannot are pending, as `run` will find.
+fn forget_unrestorable_items(ctx: &mut Context<'_>, i: usize) {
+    let outputs = ItemOutputs::of(&ctx.manifest.stages[i], &ctx.manifest.root);
+    let Some(plan) = ctx.item_plans.get_mut(&i) else {
+        return;
+    };
+    if outputs.is_empty() {
+        return;
+    }
+    for n in outputs.items_to_rerun(plan, &ctx.store) {
+        plan[n].outcome = None;
+    }
 }
