@@ -219,3 +219,21 @@ fn verify_lock_rehashes_a_checkout_without_a_cache() {
     assert_eq!(paths, ["out/copy.txt", "out/tree"], "{report}");
     assert_eq!(report["mismatches"][0]["actual"], "missing");
 }
+
+#[test]
+fn the_shipped_lock_files_pass_their_checksums() {
+    for name in ["mini-curation", "swesmith-curation"] {
+        let lock = format!("{}/pipelines/{name}.lock", env!("CARGO_MANIFEST_DIR"));
+        let p = Project::new();
+        let out = p.cairn(&["verify", "--lock", &lock, "--json"]);
+        // The outputs are not built here (exit 1); the file itself must be
+        // trusted (a merge that left a stale checksum is exit 2).
+        assert!(
+            !out.stderr().contains("cannot be trusted"),
+            "{name}: {}",
+            out.stderr()
+        );
+        let report: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+        assert_eq!(report["pipeline"], name);
+    }
+}
