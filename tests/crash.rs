@@ -127,6 +127,11 @@ fn sigterm_interrupts_like_ctrl_c() {
     interrupt_with(libc::SIGTERM);
 }
 
+#[test]
+fn sighup_from_a_closed_terminal_interrupts_like_ctrl_c() {
+    interrupt_with(libc::SIGHUP);
+}
+
 fn interrupt_with(sig: i32) {
     let p = half_writer();
     let cairn = spawn(&p, &["run"]);

@@ -11,10 +11,10 @@ pub fn builtin(args: &BuiltinArgs) -> Result<(), CliError> {
             Ok(())
         }
         Err(error) => {
-            eprintln!("error: {}: {error}", args.name);
+            errln!("error: {}: {error}", args.name);
             let mut source = std::error::Error::source(&error);
             while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
+                errln!("  caused by: {cause}");
                 source = cause.source();
             }
             Err(CliError::Exit(exit::STAGE_FAILED))

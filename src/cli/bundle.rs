@@ -155,9 +155,9 @@ fn refused(bundle: &Path, error: ReleaseError, json: bool) -> Result<(), CliErro
             "problems": problems,
         }))?;
     } else {
-        eprintln!("error: refused `{}`:", bundle.display());
+        errln!("error: refused `{}`:", bundle.display());
         for problem in &problems {
-            eprintln!("  - {problem}");
+            errln!("  - {problem}");
         }
     }
     Err(CliError::Exit(exit::STAGE_FAILED))

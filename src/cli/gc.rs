@@ -27,7 +27,7 @@ pub fn gc(global: &Global, args: &GcArgs) -> Result<(), CliError> {
     }
     let _lock = WorkspaceLock::acquire(&cache, WhenLocked::Wait, |holder| {
         let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
-        eprintln!("waiting for another cairn process{who} to release the workspace…");
+        errln!("waiting for another cairn process{who} to release the workspace…");
     })?;
     let ledger = Ledger::open(&cache, &PipelineId::of(&loaded.manifest))?;
     let store = ObjectStore::new(&cache);

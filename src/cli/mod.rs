@@ -17,6 +17,23 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!` that ignores write errors: a closed terminal or pipe on
+/// stderr must neither panic cairn nor stop it from recording finished work.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that ignores write errors.
+macro_rules! err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod args;
 mod audit;
 mod builtin;
@@ -92,19 +109,19 @@ fn report(error: &CliError) {
     match error {
         CliError::Exit(_) => {}
         CliError::Manifest(crate::manifest::LoadError::Invalid(errors)) => {
-            eprint!("{}", errors.render(render::stderr_color()));
+            err!("{}", errors.render(render::stderr_color()));
         }
         CliError::Usage { message, help } => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             if let Some(help) = help {
-                eprintln!("  help: {help}");
+                errln!("  help: {help}");
             }
         }
         other => {
-            eprintln!("error: {other}");
+            errln!("error: {other}");
             let mut source = std::error::Error::source(other);
             while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
+                errln!("  caused by: {cause}");
                 source = cause.source();
             }
         }
@@ -124,5 +141,6 @@ fn init_tracing(verbose: u8) {
         .with_writer(|| progress::LogWriter)
         .with_ansi(render::stderr_color())
         .with_target(false)
+        .log_internal_errors(false)
         .try_init();
 }

@@ -13,19 +13,26 @@ use crate::schedule::{Done, Event, Reporter};
 static ACTIVE_BAR: std::sync::OnceLock<ProgressBar> = std::sync::OnceLock::new();
 
 /// A `tracing` writer for stderr that suspends the progress bar while it
-/// writes.
+/// writes. It never fails: a log line that cannot reach a closed stderr is
+/// dropped (tracing would otherwise report the failure with a panicking
+/// `eprintln!`), and the run goes on.
 pub struct LogWriter;
 
 impl std::io::Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let write_all = || {
+            let _ = std::io::stderr().write_all(buf);
+        };
         match ACTIVE_BAR.get() {
-            Some(bar) => bar.suspend(|| std::io::stderr().write(buf)),
-            None => std::io::stderr().write(buf),
+            Some(bar) => bar.suspend(write_all),
+            None => write_all(),
         }
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
+        let _ = std::io::stderr().flush();
+        Ok(())
     }
 }
 
@@ -62,7 +69,7 @@ impl HumanReporter {
 
     fn line(&self, text: String) {
         if self.bar.is_hidden() {
-            eprintln!("{text}");
+            errln!("{text}");
         } else {
             self.bar.println(text);
         }

@@ -59,7 +59,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         let who = holder
             .map(|pid| format!(" (pid {pid})"))
             .unwrap_or_default();
-        eprintln!(
+        errln!(
             "waiting for another cairn process{who} to release the workspace `{}`…",
             cache.display()
         );
@@ -128,7 +128,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         if summary.not_attempted() > 0 {
             parts.push(format!("{} not attempted", summary.not_attempted()));
         }
-        eprintln!("{} (run {})", parts.join(", "), summary.run_id);
+        errln!("{} (run {})", parts.join(", "), summary.run_id);
     }
     if summary.interrupted {
         return Err(CliError::Exit(exit::INTERRUPTED));
@@ -143,9 +143,10 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     }
     if !summary.failed.is_empty() {
         if !global.quiet {
-            eprintln!(
+            errln!(
                 "see `cairn log {}` and `cairn why {}`",
-                summary.failed[0], summary.failed[0]
+                summary.failed[0],
+                summary.failed[0]
             );
         }
         return Err(CliError::Exit(exit::STAGE_FAILED));

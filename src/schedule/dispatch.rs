@@ -235,12 +235,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let (hashed_tx, mut hashed_rx) =
             unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
         let (attempts_tx, mut attempts_rx) = unbounded_channel::<ItemAttempt>();
-        // Ctrl-C and SIGTERM both interrupt the run.
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .map_err(|e| ScheduleError::Task(format!("cannot listen for SIGTERM: {e}")))?;
+        // Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh session)
+        // all interrupt the run.
+        let mut interrupt = Interrupts::listen()?;
 
         loop {
             self.start_ready(&executors, &mut running, &hashed_tx, &attempts_tx)?;
@@ -273,7 +270,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
                 }
-                _ = async { tokio::select! { _ = &mut ctrl_c => {}, _ = terminate.recv() => {} } } => {
+                () = interrupt.recv() => {
                     running.abort_all();
                     while running.join_next().await.is_some() {}
                     // Items that finished before the interrupt are kept.
@@ -760,6 +757,37 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             ledger.finish_run(self.run_id, status, self.summary.counts)?;
         }
         Ok(self.summary)
+    }
+}
+
+/// The signals that end a run in order: SIGINT (Ctrl-C), SIGTERM and SIGHUP.
+struct Interrupts {
+    signals: [tokio::signal::unix::Signal; 3],
+}
+
+impl Interrupts {
+    fn listen() -> Result<Self, ScheduleError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| ScheduleError::Task(format!("cannot listen for {name}: {e}")))
+        };
+        Ok(Self {
+            signals: [
+                listen(SignalKind::interrupt(), "SIGINT")?,
+                listen(SignalKind::terminate(), "SIGTERM")?,
+                listen(SignalKind::hangup(), "SIGHUP")?,
+            ],
+        })
+    }
+
+    /// Resolves when any of the signals arrives.
+    async fn recv(&mut self) {
+        let [int, term, hup] = &mut self.signals;
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
     }
 }
 
