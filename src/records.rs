@@ -4,8 +4,10 @@ use std::path::Path;
 
 /// Reads a JSON array or JSONL file; errors name the file and the line.
 pub fn read(path: &Path, what: &str) -> Result<Vec<serde_json::Value>, String> {
-    let text = std::fs::read_to_string(path)
+    let bytes = crate::fingerprint::read_regular(path)
         .map_err(|e| format!("cannot read {what} `{}`: {e}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| format!("{what} `{}` is not UTF-8: {e}", path.display()))?;
     if text.trim_start().starts_with('[') {
         return serde_json::from_str(&text)
             .map_err(|e| format!("{what} `{}` is not a JSON array: {e}", path.display()));

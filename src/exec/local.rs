@@ -67,10 +67,19 @@ impl LocalExecutor {
                 }
             },
             Command::Exec(argv) => {
-                let program = resolve_program(&argv[0], &job.env, &job.cwd)
-                    .unwrap_or_else(|| argv[0].clone().into());
+                let Some((first, args)) = argv.split_first() else {
+                    return Err(ExecError::Spawn {
+                        program: String::new(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            "the command has no program",
+                        ),
+                    });
+                };
+                let program = resolve_program(first, &job.env, &job.cwd)
+                    .unwrap_or_else(|| first.clone().into());
                 let mut c = tokio::process::Command::new(program);
-                c.args(&argv[1..]);
+                c.args(args);
                 c
             }
         };

@@ -166,12 +166,15 @@ impl StatCache {
     }
 
     /// The digest of `path` (a file, or a directory tree), from the cache
-    /// where the file is unchanged.
+    /// where the file is unchanged. Anything else (a FIFO, socket or device,
+    /// itself or inside the tree) is an error naming it, found before any
+    /// `open`, so that nothing blocks on a FIFO or reads `/dev/zero` forever.
     pub fn content(&mut self, path: &Path) -> io::Result<Content> {
         let meta = std::fs::metadata(path)?;
         if meta.is_dir() {
             self.dir_content(path)
         } else {
+            refuse_special(path, &meta)?;
             let digest = self.file_digest(path, &meta)?;
             Ok(Content::File {
                 digest,
@@ -229,7 +232,12 @@ impl StatCache {
             } else {
                 let digest = match fresh.get(&i) {
                     Some(d) => *d,
-                    None => self.lookup(&item.abs, &item.meta).expect("looked up above"),
+                    None => self.lookup(&item.abs, &item.meta).ok_or_else(|| {
+                        io::Error::other(format!(
+                            "{}: the stat cache lost the digest it vouched for",
+                            item.abs.display()
+                        ))
+                    })?,
                 };
                 let kind = if is_executable(&item.meta) {
                     EntryKind::Executable
@@ -269,6 +277,9 @@ fn list_tree(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> io::Result<()> {
         let entry = entry?;
         let abs = entry.path();
         let meta = std::fs::symlink_metadata(&abs)?;
+        if !meta.file_type().is_symlink() && !meta.is_dir() {
+            refuse_special(&abs, &meta)?;
+        }
         let rel = abs
             .strip_prefix(root)
             .map_err(|_| io::Error::other("path outside tree"))?
@@ -287,11 +298,64 @@ fn list_tree(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> io::Result<()> {
     Ok(())
 }
 
-/// BLAKE3 of a file. Large files are memory-mapped; `parallel` also splits
-/// one large file across threads (off when files are already hashed in
-/// parallel).
+/// What a file that is neither a regular file, a directory nor a symlink
+/// is, for messages.
+pub fn special_kind(file_type: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_fifo() {
+        Some("a FIFO")
+    } else if file_type.is_socket() {
+        Some("a socket")
+    } else if file_type.is_char_device() {
+        Some("a character device")
+    } else if file_type.is_block_device() {
+        Some("a block device")
+    } else {
+        None
+    }
+}
+
+/// An error naming `path` unless `meta` describes a regular file.
+pub fn refuse_special(path: &Path, meta: &Metadata) -> io::Result<()> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    let kind = special_kind(meta.file_type()).unwrap_or("not a regular file");
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "`{}` is {kind}, not a regular file or directory",
+            path.display()
+        ),
+    ))
+}
+
+/// Opens `path` for reading only if it is a regular file: the open does not
+/// block (`O_NONBLOCK`, so a FIFO swapped in after a type check cannot hang
+/// it) and the type of what was opened is checked before any read.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    refuse_special(path, &file.metadata()?)?;
+    Ok(file)
+}
+
+/// The bytes of `path`, only if it is a regular file (see [`open_regular`]).
+pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_regular(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// BLAKE3 of a regular file. Large files are memory-mapped; `parallel` also
+/// splits one large file across threads (off when files are already hashed
+/// in parallel).
 pub fn hash_file(path: &Path, size: u64, parallel: bool) -> io::Result<Digest> {
     let mut hasher = blake3::Hasher::new();
+    let file = open_regular(path)?;
     if size >= 1 << 20 {
         if parallel && size >= 8 << 20 {
             hasher.update_mmap_rayon(path)?;
@@ -299,7 +363,7 @@ pub fn hash_file(path: &Path, size: u64, parallel: bool) -> io::Result<Digest> {
             hasher.update_mmap(path)?;
         }
     } else {
-        let mut file = File::open(path)?;
+        let mut file = file;
         let mut buf = Vec::with_capacity(size as usize + 1);
         file.read_to_end(&mut buf)?;
         hasher.update(&buf);

@@ -343,7 +343,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 }
                 Ok(task) => task,
                 Err(error) => {
-                    self.fail(i, &error.to_string(), None);
+                    self.fail(i, &super::with_causes(&error), None);
                     continue;
                 }
             };
@@ -393,7 +393,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let key = match self.ctx.key_of(i) {
             Ok(key) => key,
             Err(error) => {
-                self.fail(i, &error.to_string(), None);
+                self.fail(i, &super::with_causes(&error), None);
                 return Ok(None);
             }
         };
@@ -506,7 +506,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
             Ok(task) => task,
             Err(error) => {
-                let message = error.to_string();
+                let message = super::with_causes(&error);
                 self.record_failure(i, key, None, now_ms(), &log, &message)?;
                 self.fail(i, &message, Some(log));
                 return Ok(());

@@ -80,7 +80,7 @@ pub fn evaluate(
             .collect();
         let (key, key_error) = match ctx.key_of(i) {
             Ok(key) => (Some(key), None),
-            Err(error) => (None, Some(error.to_string())),
+            Err(error) => (None, Some(super::with_causes(&error))),
         };
         forget_unrestorable_items(ctx, i);
         let previous = ctx.latest_ok.get(&name).cloned();

@@ -725,8 +725,11 @@ impl ItemRunner {
             Ok(path) => path,
             Err(message) => return (None, Some(message)),
         };
-        match std::fs::read(self.job.cwd.join(&path)) {
-            Err(_) => (None, Some(format!("item result `{path}` was not written"))),
+        match crate::fingerprint::read_regular(&self.job.cwd.join(&path)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                (None, Some(format!("item result `{path}` was not written")))
+            }
+            Err(e) => (None, Some(format!("item result `{path}` cannot be read: {e}"))),
             Ok(bytes) => match serde_json::from_slice(&bytes) {
                 Ok(value) => (Some(value), None),
                 Err(error) => (

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::ledger::Ledger;
-use crate::fingerprint::{Content, Digest, EntryKind, StatCache, TreeEntry, tree_digest};
+use crate::fingerprint::{
+    Content, Digest, EntryKind, StatCache, TreeEntry, open_regular, refuse_special, tree_digest,
+};
 
 /// Outputs copied and hashed into the store's temporary area, waiting for
 /// [`ObjectStore::publish`]. Dropped unpublished, its files are removed.
@@ -135,7 +137,7 @@ impl ObjectStore {
     /// Copies one workspace file into a temporary file of the store,
     /// hashing the bytes it copies. Not yet durable nor visible.
     fn copy_in(&self, src: &Path, staged: &mut Staged) -> Result<(Digest, u64), StoreError> {
-        let mut input = File::open(src).map_err(|e| StoreError::io(src, e))?;
+        let mut input = open_regular(src).map_err(|e| StoreError::io(src, e))?;
         let (temp, mut out) = self.temp_file()?;
         let mut hasher = blake3::Hasher::new();
         let mut buf = vec![0u8; 256 * 1024];
@@ -199,6 +201,7 @@ impl ObjectStore {
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
         let executable = meta.permissions().mode() & 0o111 != 0;
         if !meta.is_dir() {
+            refuse_special(abs, &meta).map_err(|e| StoreError::io(abs, e))?;
             let (digest, size, inline) = self.stage_file(abs, meta.len(), inline, staged)?;
             return Ok(OutputRecord {
                 name: name.to_owned(),
@@ -214,7 +217,8 @@ impl ObjectStore {
             .content(abs)
             .map_err(|e| StoreError::io(abs, e))?
         else {
-            unreachable!("a directory has directory content");
+            let replaced = io::Error::other("it was replaced by a file while being stored");
+            return Err(StoreError::io(abs, replaced));
         };
         let mut total = 0;
         for entry in entries.iter_mut() {
