@@ -729,7 +729,10 @@ impl ItemRunner {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 (None, Some(format!("item result `{path}` was not written")))
             }
-            Err(e) => (None, Some(format!("item result `{path}` cannot be read: {e}"))),
+            Err(e) => (
+                None,
+                Some(format!("item result `{path}` cannot be read: {e}")),
+            ),
             Ok(bytes) => match serde_json::from_slice(&bytes) {
                 Ok(value) => (Some(value), None),
                 Err(error) => (

@@ -164,6 +164,8 @@ impl Ledger {
     pub fn open(cache: &Path, pipeline: &PipelineId) -> Result<Self, StoreError> {
         std::fs::create_dir_all(cache).map_err(|e| StoreError::io(cache, e))?;
         let path = cache.join("ledger.db");
+        // The caller holds the workspace lock: no other cairn writes the log.
+        super::ledger_health::check_wal(&path)?;
         let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
         let ledger = Self::setup(conn, path, cache, pipeline)?;
         pipelines::register(&ledger.conn, pipeline).map_err(|e| ledger.db(e))?;
@@ -176,6 +178,11 @@ impl Ledger {
         let path = cache.join("ledger.db");
         if !path.exists() {
             return Ok(None);
+        }
+        // While a run holds the workspace, its log is being written and is
+        // its business; otherwise the lock keeps one from starting meanwhile.
+        if let Some(_quiet) = super::WorkspaceLock::try_acquire(cache) {
+            super::ledger_health::check_wal(&path)?;
         }
         let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
         Self::setup(conn, path, cache, pipeline).map(Some)
@@ -206,6 +213,15 @@ impl Ledger {
             )
             .map_err(|e| StoreError::db(&path, e))?;
         let migrate = (OLDEST_MIGRATED..LEDGER_SCHEMA_VERSION).contains(&version);
+        if version == 0 && tables > 0 {
+            // cairn creates its tables and sets the version in one
+            // transaction: tables without it are what is left when part of
+            // the ledger is lost.
+            return Err(StoreError::LedgerDamaged {
+                path,
+                detail: "it has cairn's tables but no schema version".to_owned(),
+            });
+        }
         if version != LEDGER_SCHEMA_VERSION && !(version == 0 && tables == 0) && !migrate {
             return Err(StoreError::LedgerVersion {
                 path,
@@ -222,8 +238,9 @@ impl Ledger {
                 } else if migrate {
                     schema::migrate(&conn, version, &pipeline.name, &pipeline.manifest)
                 } else {
-                    conn.execute_batch(SCHEMA)?;
-                    conn.execute_batch(&format!("PRAGMA user_version = {LEDGER_SCHEMA_VERSION}"))
+                    conn.execute_batch(&format!(
+                        "BEGIN; {SCHEMA} PRAGMA user_version = {LEDGER_SCHEMA_VERSION}; COMMIT;"
+                    ))
                 }
             })
             .map_err(|e| StoreError::db(&path, e))?;

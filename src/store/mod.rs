@@ -5,6 +5,7 @@ mod attestation;
 mod audit;
 mod current;
 mod ledger;
+mod ledger_health;
 mod live;
 mod lockfile;
 mod objects;
@@ -70,6 +71,16 @@ pub enum StoreError {
         path: PathBuf,
         problem: lockfile::LockProblem,
     },
+    #[error(
+        "the ledger `{}` is damaged ({detail}); move it aside with the `-wal` and `-shm` files beside it (`mv cache/ledger.db cache/ledger.db.damaged`, and so on) and run again: cairn starts a new ledger, re-runs the stages it has no record of and reuses every stored object (see \"A damaged ledger\" in docs/cli.md)",
+        path.display()
+    )]
+    LedgerDamaged { path: PathBuf, detail: String },
+    #[error(
+        "the ledger's write-ahead log `{}` is damaged ({detail}); move it aside with the `-shm` file beside it and run again: cairn goes on from the ledger as of its last checkpoint and re-runs the stages whose results only the log held (see \"A damaged ledger\" in docs/cli.md)",
+        path.display()
+    )]
+    LedgerWalDamaged { path: PathBuf, detail: String },
     #[error("another cairn process{} holds the workspace lock `{}`", holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), path.display())]
     Locked { path: PathBuf, holder: Option<u32> },
 }
@@ -82,7 +93,18 @@ impl StoreError {
         }
     }
 
+    /// An error from the ledger at `path`; one saying its file is damaged
+    /// becomes [`StoreError::LedgerDamaged`], with what to do.
     pub fn db(path: &Path, source: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+        if let rusqlite::Error::SqliteFailure(failure, _) = &source
+            && matches!(failure.code, DatabaseCorrupt | NotADatabase)
+        {
+            return Self::LedgerDamaged {
+                path: path.to_owned(),
+                detail: source.to_string(),
+            };
+        }
         Self::Db {
             path: path.to_owned(),
             source,

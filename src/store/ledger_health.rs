@@ -1,0 +1,205 @@
+//! Telling a damaged ledger from a healthy one, before SQLite hides it.
+//!
+//! SQLite reads a write-ahead log (`ledger.db-wal`) only up to its first
+//! frame that fails its checksum, and ignores a log whose header is not its
+//! own. That is right for the torn tail a crash leaves, but it turns a
+//! damaged log into a silently shorter ledger: cairn would forget results
+//! it recorded and run their stages again as if nothing had happened. So
+//! before the ledger is opened the log is read here, and these are damage:
+//!
+//! | what is found                                            | what it means                  |
+//! |----------------------------------------------------------|--------------------------------|
+//! | a non-empty log whose header is not SQLite's, or whose    | the whole log is unreadable    |
+//! | header checksum fails                                    |                                |
+//! | after the first unreadable frame, a frame of the same    | committed results would be     |
+//! | generation (same salts) that ends a transaction          | dropped                        |
+//!
+//! A log that simply stops — frames of an older generation, or an
+//! unfinished transaction — is what a crash leaves and is not damage. Nor
+//! can a log garbled from some frame to its very end be told from one that
+//! a crash of the machine cut short: SQLite then drops the transactions
+//! after that frame, and cairn runs their stages again.
+//! Damage inside `ledger.db` itself SQLite reports as "file is not a
+//! database" or "database disk image is malformed";
+//! [`StoreError::db`](super::StoreError::db) turns those into
+//! [`StoreError::LedgerDamaged`](super::StoreError::LedgerDamaged).
+
+use std::path::Path;
+
+use super::StoreError;
+
+const WAL_HEADER: usize = 32;
+const FRAME_HEADER: usize = 24;
+
+/// Checks the write-ahead log beside `ledger`, if there is one.
+pub fn check_wal(ledger: &Path) -> Result<(), StoreError> {
+    let mut wal = ledger.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = std::path::PathBuf::from(wal);
+    let bytes = match crate::fingerprint::read_regular(&wal) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(&wal, e)),
+    };
+    match wal_damage(&bytes) {
+        None => Ok(()),
+        Some(detail) => Err(StoreError::LedgerWalDamaged { path: wal, detail }),
+    }
+}
+
+/// What is wrong with a write-ahead log, if anything (see the module doc).
+fn wal_damage(bytes: &[u8]) -> Option<String> {
+    if bytes.is_empty() {
+        return None;
+    }
+    if bytes.len() < WAL_HEADER {
+        return Some(format!("{} bytes, shorter than a log header", bytes.len()));
+    }
+    let big_endian = match be32(bytes, 0) {
+        0x377f_0682 => false,
+        0x377f_0683 => true,
+        _ => return Some("its header is not an SQLite write-ahead log header".to_owned()),
+    };
+    let header_sum = checksum((0, 0), &bytes[..24], big_endian);
+    if header_sum != (be32(bytes, 24), be32(bytes, 28)) {
+        return Some("its header checksum does not match".to_owned());
+    }
+    let page_size = match be32(bytes, 8) {
+        1 => 65536,
+        n if (512..=65536).contains(&n) && n.is_power_of_two() => n as usize,
+        n => return Some(format!("its header gives an impossible page size {n}")),
+    };
+    let salts = &bytes[16..24];
+    let frame_len = FRAME_HEADER + page_size;
+    let mut sum = header_sum;
+    let mut unreadable_from = None;
+    for (index, frame) in bytes[WAL_HEADER..].chunks_exact(frame_len).enumerate() {
+        let same_generation = &frame[8..16] == salts;
+        match unreadable_from {
+            None => {
+                let next = checksum(
+                    checksum(sum, &frame[..8], big_endian),
+                    &frame[FRAME_HEADER..],
+                    big_endian,
+                );
+                let readable = same_generation
+                    && be32(frame, 0) != 0
+                    && next == (be32(frame, 16), be32(frame, 20));
+                if readable {
+                    sum = next;
+                } else if same_generation {
+                    unreadable_from = Some(index);
+                } else {
+                    // An older generation: the log ends here.
+                    return None;
+                }
+            }
+            Some(first) => {
+                let commits = be32(frame, 4) != 0;
+                if same_generation && commits {
+                    return Some(format!(
+                        "frame {} cannot be read but committed frame {} follows it",
+                        first + 1,
+                        index + 1
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn be32(bytes: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// SQLite's write-ahead log checksum over `data` (a multiple of 8 bytes),
+/// continuing from `(s0, s1)`.
+fn checksum((mut s0, mut s1): (u32, u32), data: &[u8], big_endian: bool) -> (u32, u32) {
+    let word = |chunk: &[u8]| {
+        let array = [chunk[0], chunk[1], chunk[2], chunk[3]];
+        if big_endian {
+            u32::from_be_bytes(array)
+        } else {
+            u32::from_le_bytes(array)
+        }
+    };
+    for pair in data.chunks_exact(8) {
+        s0 = s0.wrapping_add(word(&pair[..4])).wrapping_add(s1);
+        s1 = s1.wrapping_add(word(&pair[4..])).wrapping_add(s0);
+    }
+    (s0, s1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log of `pages` single-frame transactions, as SQLite writes it.
+    fn wal(pages: u32, big_endian: bool) -> Vec<u8> {
+        let page_size = 512usize;
+        let mut bytes = Vec::new();
+        let magic: u32 = if big_endian { 0x377f_0683 } else { 0x377f_0682 };
+        for value in [
+            magic,
+            3_007_000,
+            page_size as u32,
+            0,
+            0x1234_5678,
+            0x9abc_def0,
+        ] {
+            bytes.extend_from_slice(&value.to_be_bytes());
+        }
+        let mut sum = checksum((0, 0), &bytes, big_endian);
+        bytes.extend_from_slice(&sum.0.to_be_bytes());
+        bytes.extend_from_slice(&sum.1.to_be_bytes());
+        for page in 1..=pages {
+            let mut header = Vec::new();
+            header.extend_from_slice(&page.to_be_bytes());
+            header.extend_from_slice(&page.to_be_bytes()); // commits
+            let data = vec![page as u8; page_size];
+            sum = checksum(checksum(sum, &header, big_endian), &data, big_endian);
+            header.extend_from_slice(&bytes[16..24].to_vec());
+            header.extend_from_slice(&sum.0.to_be_bytes());
+            header.extend_from_slice(&sum.1.to_be_bytes());
+            bytes.extend_from_slice(&header);
+            bytes.extend_from_slice(&data);
+        }
+        bytes
+    }
+
+    #[test]
+    fn healthy_logs_in_either_byte_order_are_not_damage() {
+        assert_eq!(wal_damage(&wal(3, false)), None);
+        assert_eq!(wal_damage(&wal(3, true)), None);
+        assert_eq!(wal_damage(&[]), None);
+    }
+
+    #[test]
+    fn a_torn_last_frame_is_what_a_crash_leaves_not_damage() {
+        let mut bytes = wal(3, false);
+        let len = bytes.len();
+        bytes[len - 10] ^= 0xff;
+        assert_eq!(wal_damage(&bytes), None);
+        bytes.truncate(len - 100);
+        assert_eq!(wal_damage(&bytes), None);
+    }
+
+    #[test]
+    fn a_damaged_frame_before_a_committed_one_is_damage() {
+        let mut bytes = wal(3, false);
+        bytes[WAL_HEADER + FRAME_HEADER + 10] ^= 0xff;
+        let detail = wal_damage(&bytes).unwrap();
+        assert!(detail.contains("frame 1"), "{detail}");
+    }
+
+    #[test]
+    fn a_garbage_header_is_damage() {
+        let mut bytes = wal(1, false);
+        bytes[0] = 0;
+        assert!(wal_damage(&bytes).is_some());
+        let mut bytes = wal(1, false);
+        bytes[20] ^= 1;
+        assert!(wal_damage(&bytes).unwrap().contains("checksum"));
+    }
+}
