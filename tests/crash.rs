@@ -209,3 +209,64 @@ fn two_concurrent_runs_never_corrupt_each_other() {
     assert_eq!(p.lines("runs.log"), ["first", "slow", "last"]);
     assert!(b_stderr.contains("0 ran, 3 fresh"), "{b_stderr}");
 }
+
+#[test]
+fn audit_during_a_run_waits_for_it_instead_of_reporting_half_written_outputs() {
+    let p = half_writer();
+    p.file("release", "");
+    p.cairn(&["run"]).success();
+    std::fs::remove_file(p.path("release")).unwrap();
+    std::fs::remove_file(p.path("slow.pid")).unwrap();
+    // A changed input: `slow` runs again and stops half-way.
+    p.file("in.txt", "changed\n");
+    let mut run = spawn(&p, &["run"]);
+    wait_for("the slow stage to write half its output", || {
+        p.exists("slow.pid")
+            && std::fs::read_to_string(p.path("state/2.txt")).is_ok_and(|s| s == "partial")
+    });
+
+    let refused = p.cairn(&["audit", "--no-wait"]);
+    refused.code_is(2);
+    assert!(
+        refused.stderr().contains("run is in progress")
+            && refused.stderr().contains(&format!("pid {}", run.id())),
+        "{}",
+        refused.stderr()
+    );
+    assert!(
+        !refused.stdout().contains("mismatch ("),
+        "{}",
+        refused.stdout()
+    );
+
+    let mut audit = spawn(&p, &["audit"]);
+    let audit_err = audit.stderr.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(audit_err).lines() {
+                let mut text = seen.lock().unwrap();
+                text.push_str(&line.unwrap());
+                text.push('\n');
+            }
+        })
+    };
+    wait_for("the audit to say it waits for the run", || {
+        seen.lock()
+            .unwrap()
+            .contains("waiting for the run in progress")
+    });
+    p.file("release", "");
+    assert!(run.wait().unwrap().success());
+    let audited = audit.wait_with_output().unwrap();
+    reader.join().unwrap();
+    let stdout = String::from_utf8_lossy(&audited.stdout);
+    assert!(
+        audited.status.success(),
+        "{stdout}\n{}",
+        seen.lock().unwrap()
+    );
+    assert!(stdout.contains("0 mismatch(es)"), "{stdout}");
+}

@@ -186,6 +186,10 @@ pub struct AuditArgs {
     /// Every finding as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,
+    /// Fail at once (exit 2) if a run is in progress instead of waiting for
+    /// it to end.
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,29 +1,55 @@
 //! `cairn audit [--repair]`.
 
+use std::path::Path;
+
 use super::args::{AuditArgs, Global};
 use super::error::{CliError, exit};
 use super::render;
 use super::workspace;
-use crate::store::{Ledger, MismatchKind, PipelineId, WhenLocked, WorkspaceLock, audit};
+use crate::store::{
+    Ledger, MismatchKind, PipelineId, StoreError, WhenLocked, WorkspaceLock, audit,
+};
+
+/// Holds the workspace for the audit, as a run does: a run in progress has
+/// outputs half-written and results not yet recorded, which an audit would
+/// report as mismatches that are not there; no run starts mid-audit; and
+/// repairing writes the store and the ledger. `None` when there is no cache
+/// yet (nothing to audit, nothing to hold).
+fn hold_workspace(cache: &Path, no_wait: bool) -> Result<Option<WorkspaceLock>, CliError> {
+    if !cache.exists() {
+        return Ok(None);
+    }
+    let when_locked = if no_wait {
+        WhenLocked::Fail
+    } else {
+        WhenLocked::Wait
+    };
+    let lock = WorkspaceLock::acquire(cache, when_locked, |holder| {
+        let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
+        errln!("waiting for the run in progress{who} to end before auditing…");
+    });
+    match lock {
+        Ok(lock) => Ok(Some(lock)),
+        Err(StoreError::Locked { holder, .. }) => {
+            let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
+            Err(CliError::usage(format!(
+                "a run is in progress{who} in `{}`: its outputs are not final, so an audit now would report mismatches that are not there; audit when it ends, or without `--no-wait` to wait for it",
+                cache.display()
+            )))
+        }
+        Err(other) => Err(other.into()),
+    }
+}
 
 pub fn audit_cmd(global: &Global, args: &AuditArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
     let cache = loaded.manifest.cache_dir();
+    let _lock = hold_workspace(&cache, args.no_wait)?;
     let Some(ledger) = Ledger::open_existing(&cache, &PipelineId::of(&loaded.manifest))? else {
         return Err(CliError::usage(format!(
             "nothing to audit: no ledger under `{}` yet; `cairn run` records one",
             cache.display()
         )));
-    };
-    // Repairing writes the store and the ledger: not beside a run.
-    let _lock = match args.repair {
-        true => Some(WorkspaceLock::acquire(&cache, WhenLocked::Wait, |_| {
-            eprintln!(
-                "waiting for another cairn process to release the workspace `{}`…",
-                cache.display()
-            );
-        })?),
-        false => None,
     };
     let report = audit(&loaded.manifest, &ledger, args.repair)?;
     if args.json {

@@ -91,8 +91,13 @@ pub async fn run(
     reporter: &mut dyn Reporter,
 ) -> Result<RunSummary, ScheduleError> {
     let mut dispatcher = Dispatcher::begin(ctx, options, reporter)?;
-    dispatcher.drive().await?;
-    dispatcher.end()
+    match dispatcher.drive().await {
+        Ok(()) => dispatcher.end(),
+        Err(error) => {
+            dispatcher.close_as_failed();
+            Err(error)
+        }
+    }
 }
 
 struct Dispatcher<'a, 'm> {
@@ -535,8 +540,28 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 self.fail(i, &message, Some(task.failure_log.unwrap_or(log)));
             }
             (None, Some(published)) => {
-                self.commit(i, key, published, task.started_ms, &log)?;
-                self.summary.counts.executed += 1;
+                match self.commit(i, key, published, task.started_ms, &log) {
+                    Ok(()) => self.summary.counts.executed += 1,
+                    // A full disk under the ledger, typically: the outputs
+                    // are made and stored but their result is not recorded,
+                    // so the stage failed (and runs again next time).
+                    Err(error) => {
+                        let message = format!(
+                            "its outputs were made but could not be recorded: {}",
+                            super::with_causes(&error)
+                        );
+                        if let Err(also) =
+                            self.record_failure(i, key, Some(0), task.started_ms, &log, &message)
+                        {
+                            tracing::warn!(
+                                "could not record that stage `{}` failed either: {}",
+                                self.ctx.manifest.stages[i].name,
+                                super::with_causes(&also)
+                            );
+                        }
+                        self.fail(i, &message, Some(log));
+                    }
+                }
             }
             (None, None) => {
                 return Err(ScheduleError::Task(
@@ -684,10 +709,45 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
+    /// Closes the run as failed after an error ended it early, if the
+    /// ledger can still take that (a full disk may refuse even this; the
+    /// next run then closes it).
+    fn close_as_failed(&self) {
+        if let Some(ledger) = &self.ctx.ledger
+            && let Err(error) = ledger.finish_run(self.run_id, "failed", self.summary.counts)
+        {
+            tracing::warn!(
+                "could not record run {} as failed: {}",
+                self.run_id,
+                super::with_causes(&error)
+            );
+        }
+    }
+
+    /// Settles the run (see [`Self::settle`]) and closes it (as failed if
+    /// settling fails).
+    fn end(mut self) -> Result<RunSummary, ScheduleError> {
+        if let Err(error) = self.settle() {
+            self.close_as_failed();
+            return Err(error);
+        }
+        let status = if self.summary.interrupted {
+            "interrupted"
+        } else if self.summary.failed.is_empty() {
+            "ok"
+        } else {
+            "failed"
+        };
+        if let Some(ledger) = &self.ctx.ledger {
+            ledger.finish_run(self.run_id, status, self.summary.counts)?;
+        }
+        Ok(self.summary)
+    }
+
     /// Accounts for every selected stage never finished (blocked by a
     /// failure, stopped before it started, or cut short by an interrupt),
-    /// persists the stat cache and the lock file, and closes the run.
-    fn end(mut self) -> Result<RunSummary, ScheduleError> {
+    /// persists the stat cache and the lock file.
+    fn settle(&mut self) -> Result<(), ScheduleError> {
         let manifest = self.ctx.manifest;
         for &i in self.ctx.dag.order() {
             if !self.options.selected[i] {
@@ -746,17 +806,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 lock.write(&self.ctx.manifest.lock_path())?;
             }
         }
-        let status = if self.summary.interrupted {
-            "interrupted"
-        } else if self.summary.failed.is_empty() {
-            "ok"
-        } else {
-            "failed"
-        };
-        if let Some(ledger) = &self.ctx.ledger {
-            ledger.finish_run(self.run_id, status, self.summary.counts)?;
-        }
-        Ok(self.summary)
+        Ok(())
     }
 }
 

@@ -179,11 +179,14 @@ impl Ledger {
         if !path.exists() {
             return Ok(None);
         }
-        // While a run holds the workspace, its log is being written and is
-        // its business; otherwise the lock keeps one from starting meanwhile.
-        if let Some(_quiet) = super::WorkspaceLock::try_acquire(cache) {
+        // While another process holds the workspace, its log is being
+        // written and is its business; otherwise the lock keeps one from
+        // starting meanwhile.
+        let quiet = super::WorkspaceLock::try_acquire(cache);
+        if quiet.is_some() || super::WorkspaceLock::held_here(cache) {
             super::ledger_health::check_wal(&path)?;
         }
+        drop(quiet);
         let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
         Self::setup(conn, path, cache, pipeline).map(Some)
     }

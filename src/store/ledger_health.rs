@@ -159,7 +159,7 @@ mod tests {
             header.extend_from_slice(&page.to_be_bytes()); // commits
             let data = vec![page as u8; page_size];
             sum = checksum(checksum(sum, &header, big_endian), &data, big_endian);
-            header.extend_from_slice(&bytes[16..24].to_vec());
+            header.extend_from_slice(&bytes[16..24]);
             header.extend_from_slice(&sum.0.to_be_bytes());
             header.extend_from_slice(&sum.1.to_be_bytes());
             bytes.extend_from_slice(&header);

@@ -66,4 +66,10 @@ impl WorkspaceLock {
     pub fn try_acquire(cache: &Path) -> Option<Self> {
         Self::acquire(cache, WhenLocked::Fail, |_| {}).ok()
     }
+
+    /// Whether this process holds the lock (the holder's pid is in the file).
+    pub fn held_here(cache: &Path) -> bool {
+        std::fs::read_to_string(cache.join("lock"))
+            .is_ok_and(|text| text.trim().parse() == Ok(std::process::id()))
+    }
 }
