@@ -94,7 +94,7 @@ impl LocalExecutor {
         let child = command.spawn().map_err(|source| ExecError::Spawn {
             program: match &job.command {
                 Command::Shell(_) => "/bin/sh".to_owned(),
-                Command::Exec(argv) => argv[0].clone(),
+                Command::Exec(argv) => argv.first().cloned().unwrap_or_default(),
             },
             source,
         })?;

@@ -159,7 +159,7 @@ pub enum ExecError {
         #[source]
         source: std::io::Error,
     },
-    #[error("failed to open log file `{}`", path.display())]
+    #[error("failed to write log file `{}`", path.display())]
     Log {
         path: PathBuf,
         #[source]
