@@ -128,7 +128,12 @@ pub fn load_str(path: &Path, source: String, profile: Option<&str>) -> Result<Ma
     let manifest = checker.manifest(path, &tree, profile)?;
     let mut problems = std::mem::take(&mut checker.problems);
     if problems.is_empty() {
-        Ok(manifest.expect("a manifest without problems is built"))
+        // Without a problem, only a project root that cannot be resolved
+        // (its directory gone meanwhile) leaves no manifest.
+        manifest.ok_or_else(|| LoadError::Read {
+            path: path.to_owned(),
+            source: std::io::Error::other("its directory cannot be resolved"),
+        })
     } else {
         problems.sort_by_key(|p| p.span.start);
         Err(ManifestErrors {
