@@ -24,6 +24,7 @@
 //! [`StoreError::db`](super::StoreError::db) turns those into
 //! [`StoreError::LedgerDamaged`](super::StoreError::LedgerDamaged).
 
+use std::io::{self, Read};
 use std::path::Path;
 
 use super::StoreError;
@@ -36,44 +37,60 @@ pub fn check_wal(ledger: &Path) -> Result<(), StoreError> {
     let mut wal = ledger.as_os_str().to_owned();
     wal.push("-wal");
     let wal = std::path::PathBuf::from(wal);
-    let bytes = match crate::fingerprint::read_regular(&wal) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+    let file = match crate::fingerprint::open_regular(&wal) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(StoreError::io(&wal, e)),
     };
-    match wal_damage(&bytes) {
-        None => Ok(()),
-        Some(detail) => Err(StoreError::LedgerWalDamaged { path: wal, detail }),
+    match wal_damage(io::BufReader::new(file)) {
+        Ok(None) => Ok(()),
+        Ok(Some(detail)) => Err(StoreError::LedgerWalDamaged { path: wal, detail }),
+        Err(e) => Err(StoreError::io(&wal, e)),
     }
 }
 
 /// What is wrong with a write-ahead log, if anything (see the module doc).
-fn wal_damage(bytes: &[u8]) -> Option<String> {
-    if bytes.is_empty() {
-        return None;
+/// Reads no further than it must: a healthy log ends at its first frame of
+/// an older generation.
+fn wal_damage(mut log: impl Read) -> io::Result<Option<String>> {
+    let mut header = [0u8; WAL_HEADER];
+    match read_full(&mut log, &mut header)? {
+        0 => return Ok(None),
+        n if n < WAL_HEADER => {
+            return Ok(Some(format!("{n} bytes, shorter than a log header")));
+        }
+        _ => {}
     }
-    if bytes.len() < WAL_HEADER {
-        return Some(format!("{} bytes, shorter than a log header", bytes.len()));
-    }
-    let big_endian = match be32(bytes, 0) {
+    let big_endian = match be32(&header, 0) {
         0x377f_0682 => false,
         0x377f_0683 => true,
-        _ => return Some("its header is not an SQLite write-ahead log header".to_owned()),
+        _ => {
+            return Ok(Some(
+                "its header is not an SQLite write-ahead log header".to_owned(),
+            ));
+        }
     };
-    let header_sum = checksum((0, 0), &bytes[..24], big_endian);
-    if header_sum != (be32(bytes, 24), be32(bytes, 28)) {
-        return Some("its header checksum does not match".to_owned());
+    let header_sum = checksum((0, 0), &header[..24], big_endian);
+    if header_sum != (be32(&header, 24), be32(&header, 28)) {
+        return Ok(Some("its header checksum does not match".to_owned()));
     }
-    let page_size = match be32(bytes, 8) {
+    let page_size = match be32(&header, 8) {
         1 => 65536,
         n if (512..=65536).contains(&n) && n.is_power_of_two() => n as usize,
-        n => return Some(format!("its header gives an impossible page size {n}")),
+        n => {
+            return Ok(Some(format!(
+                "its header gives an impossible page size {n}"
+            )));
+        }
     };
-    let salts = &bytes[16..24];
-    let frame_len = FRAME_HEADER + page_size;
+    let salts = &header[16..24];
+    let mut frame = vec![0u8; FRAME_HEADER + page_size];
     let mut sum = header_sum;
     let mut unreadable_from = None;
-    for (index, frame) in bytes[WAL_HEADER..].chunks_exact(frame_len).enumerate() {
+    for index in 0.. {
+        if read_full(&mut log, &mut frame)? < frame.len() {
+            return Ok(None);
+        }
         let same_generation = &frame[8..16] == salts;
         match unreadable_from {
             None => {
@@ -83,30 +100,44 @@ fn wal_damage(bytes: &[u8]) -> Option<String> {
                     big_endian,
                 );
                 let readable = same_generation
-                    && be32(frame, 0) != 0
-                    && next == (be32(frame, 16), be32(frame, 20));
+                    && be32(&frame, 0) != 0
+                    && next == (be32(&frame, 16), be32(&frame, 20));
                 if readable {
                     sum = next;
                 } else if same_generation {
                     unreadable_from = Some(index);
                 } else {
                     // An older generation: the log ends here.
-                    return None;
+                    return Ok(None);
                 }
             }
             Some(first) => {
-                let commits = be32(frame, 4) != 0;
+                let commits = be32(&frame, 4) != 0;
                 if same_generation && commits {
-                    return Some(format!(
+                    return Ok(Some(format!(
                         "frame {} cannot be read but committed frame {} follows it",
                         first + 1,
                         index + 1
-                    ));
+                    )));
                 }
             }
         }
     }
-    None
+    Ok(None)
+}
+
+/// Fills `buf` as far as the log goes; the number of bytes read.
+fn read_full(log: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match log.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 fn be32(bytes: &[u8], at: usize) -> u32 {
@@ -134,6 +165,10 @@ fn checksum((mut s0, mut s1): (u32, u32), data: &[u8], big_endian: bool) -> (u32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn damage(bytes: &[u8]) -> Option<String> {
+        wal_damage(bytes).unwrap()
+    }
 
     /// A log of `pages` single-frame transactions, as SQLite writes it.
     fn wal(pages: u32, big_endian: bool) -> Vec<u8> {
@@ -170,9 +205,9 @@ mod tests {
 
     #[test]
     fn healthy_logs_in_either_byte_order_are_not_damage() {
-        assert_eq!(wal_damage(&wal(3, false)), None);
-        assert_eq!(wal_damage(&wal(3, true)), None);
-        assert_eq!(wal_damage(&[]), None);
+        assert_eq!(damage(&wal(3, false)), None);
+        assert_eq!(damage(&wal(3, true)), None);
+        assert_eq!(damage(&[]), None);
     }
 
     #[test]
@@ -180,26 +215,38 @@ mod tests {
         let mut bytes = wal(3, false);
         let len = bytes.len();
         bytes[len - 10] ^= 0xff;
-        assert_eq!(wal_damage(&bytes), None);
+        assert_eq!(damage(&bytes), None);
         bytes.truncate(len - 100);
-        assert_eq!(wal_damage(&bytes), None);
+        assert_eq!(damage(&bytes), None);
     }
 
     #[test]
     fn a_damaged_frame_before_a_committed_one_is_damage() {
         let mut bytes = wal(3, false);
         bytes[WAL_HEADER + FRAME_HEADER + 10] ^= 0xff;
-        let detail = wal_damage(&bytes).unwrap();
+        let detail = damage(&bytes).unwrap();
         assert!(detail.contains("frame 1"), "{detail}");
+    }
+
+    #[test]
+    fn frames_of_an_older_generation_end_the_log_and_are_not_read() {
+        // After a checkpoint, SQLite writes the log again from its start
+        // with new salts; what follows the new frames is the old log.
+        let mut bytes = wal(3, false);
+        let frame_len = FRAME_HEADER + 512;
+        let second = WAL_HEADER + frame_len;
+        bytes[second + 8] ^= 0xff;
+        bytes[second + frame_len + FRAME_HEADER] ^= 0xff;
+        assert_eq!(damage(&bytes), None);
     }
 
     #[test]
     fn a_garbage_header_is_damage() {
         let mut bytes = wal(1, false);
         bytes[0] = 0;
-        assert!(wal_damage(&bytes).is_some());
+        assert!(damage(&bytes).is_some());
         let mut bytes = wal(1, false);
         bytes[20] ^= 1;
-        assert!(wal_damage(&bytes).unwrap().contains("checksum"));
+        assert!(damage(&bytes).unwrap().contains("checksum"));
     }
 }
