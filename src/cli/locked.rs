@@ -64,13 +64,13 @@ pub fn differences(ctx: &Context<'_>, statuses: &[StageStatus]) -> Vec<String> {
 
 /// Reports `differences` on stderr and returns the `--locked` exit.
 pub fn refuse(ctx: &Context<'_>, differences: &[String], what: &str) -> CliError {
-    eprintln!(
+    errln!(
         "error: {what}: the result would differ from the committed lock file `{}`",
         ctx.manifest.lock_path().display()
     );
     for difference in differences {
-        eprintln!("  {difference}");
+        errln!("  {difference}");
     }
-    eprintln!("  help: run without `--locked` to bring the lock file up to date, and commit it");
+    errln!("  help: run without `--locked` to bring the lock file up to date, and commit it");
     CliError::Exit(exit::LOCK_DIFFERS)
 }

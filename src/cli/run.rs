@@ -83,7 +83,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         .as_ref()
         .filter(|_| !global.quiet && !args.locked)
     {
-        eprintln!("warning: {problem}");
+        errln!("warning: {problem}");
     }
     let options = RunOptions {
         jobs: args

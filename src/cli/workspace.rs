@@ -104,7 +104,7 @@ impl Loaded {
             Ledger::open_existing(&self.manifest.cache_dir(), &PipelineId::of(&self.manifest))?;
         let ctx = Context::new(&self.manifest, &self.dag, ledger)?;
         if let Some(problem) = &ctx.lock_problem {
-            eprintln!("warning: {problem}");
+            errln!("warning: {problem}");
         }
         Ok(ctx)
     }
