@@ -126,6 +126,17 @@ fn two_manifests_with_the_same_pipeline_name_are_refused() {
         );
     }
     assert!(!p.exists("out/beta.txt") || p.read("out/beta.txt") == "ecruos\n");
+    // Once `b.toml` is renamed to another pipeline, the name is free.
+    p.file(
+        "b.toml",
+        &p.read("b.toml").replace("\"beta\"", "\"beta-old\""),
+    );
+    p.cairn(&["-f", "c.toml", "status"]).code_is(1);
+    p.file(
+        "b.toml",
+        &p.read("b.toml").replace("\"beta-old\"", "\"beta\""),
+    );
+    p.file("c.toml", &p.read("c.toml").replace("\"beta\"", "\"gamma\""));
     // A manifest that was moved keeps its pipeline's history.
     std::fs::rename(p.path("b.toml"), p.path("b2.toml")).unwrap();
     let run = p.cairn(&["-f", "b2.toml", "run"]);

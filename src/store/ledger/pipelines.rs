@@ -10,8 +10,9 @@
 //! root) each name belongs to. A second manifest with a name already taken
 //! by a manifest that still exists is refused: silently sharing one history
 //! between two different pipelines is what the names are there to prevent.
-//! A name whose recorded manifest is gone (it was moved or renamed) passes
-//! to the manifest that now uses it, with its history.
+//! A name whose recorded manifest is gone (it was moved or renamed), or no
+//! longer declares that name, passes to the manifest that now uses it,
+//! with its history.
 
 use std::path::{Path, PathBuf};
 
@@ -89,9 +90,27 @@ pub fn claim(conn: &Connection, root: &Path, pipeline: &PipelineId) -> rusqlite:
     Ok(match holder {
         None => Claim::Free,
         Some(manifest) if manifest == pipeline.manifest => Claim::Ours,
-        Some(manifest) if root.join(&manifest).exists() => Claim::Taken { manifest },
+        Some(manifest) if still_named(&root.join(&manifest), &pipeline.name) => {
+            Claim::Taken { manifest }
+        }
         Some(_) => Claim::Orphaned,
     })
+}
+
+/// Whether the manifest at `path` exists and still declares `name` (one
+/// that does not parse is taken to: better refused than shared).
+fn still_named(path: &Path, name: &str) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return true;
+    };
+    table
+        .get("pipeline")
+        .and_then(|p| p.get("name"))
+        .and_then(|n| n.as_str())
+        .is_none_or(|declared| declared == name)
 }
 
 /// Records that `pipeline.name` belongs to `pipeline.manifest`.
