@@ -105,3 +105,57 @@ fn rotating_a_secret_reruns_nothing() {
         .unwrap();
     assert!(String::from_utf8_lossy(&second.stderr).contains("0 ran, 1 fresh"));
 }
+
+#[test]
+fn a_secret_an_item_writes_into_its_result_is_redacted_before_it_is_recorded() {
+    let p = Project::new();
+    p.file("items.jsonl", "{\"id\": \"a\"}\n{\"id\": \"b\"}\n");
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "secrets"
+
+[stages.each]
+foreach = { items = "items.jsonl", key = "id" }
+run = "mkdir -p results; printf '{\"token\": \"%s\", \"note\": \"sent %s\", \"turns\": 1}' \"$HF_TOKEN\" \"$HF_TOKEN\" > results/{item.id}.json"
+item_result = "results/{item.id}.json"
+checks = [{ result = "/turns", min = 1 }]
+secrets = ["HF_TOKEN"]
+outputs = { results = "state/results.jsonl" }
+"#,
+    );
+    let run = p
+        .command(&["run"])
+        .env("HF_TOKEN", SECRET)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let merged = p.read("state/results.jsonl");
+    assert!(!merged.contains(SECRET), "{merged}");
+    assert!(
+        merged.contains("\"token\":\"[redacted HF_TOKEN]\"")
+            && merged.contains("\"note\":\"sent [redacted HF_TOKEN]\""),
+        "{merged}"
+    );
+    let show = p
+        .command(&["show", "each/a", "--json"])
+        .env("HF_TOKEN", SECRET)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&show.stdout).contains(SECRET));
+    let mut files = Vec::new();
+    all_files(&p.path("cache"), &mut files);
+    for file in files {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+            "the secret is in {}",
+            file.display()
+        );
+    }
+}

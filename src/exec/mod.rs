@@ -243,6 +243,19 @@ pub fn base_environment() -> Vec<(String, String)> {
         .collect()
 }
 
+/// `text` with every secret value replaced by `[redacted NAME]`, or `None`
+/// if it holds none.
+pub fn redact_text(text: &str, secrets: &[(String, String)]) -> Option<String> {
+    let mut redacted: Option<String> = None;
+    for (name, value) in secrets {
+        let current = redacted.as_deref().unwrap_or(text);
+        if current.contains(value.as_str()) {
+            redacted = Some(current.replace(value.as_str(), &format!("[redacted {name}]")));
+        }
+    }
+    redacted
+}
+
 /// Replaces every secret value in the log with `[redacted NAME]` (temp file
 /// and rename, so no reader sees a half-redacted log).
 pub fn redact_log(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
@@ -254,15 +267,8 @@ pub fn redact_log(log: &std::path::Path, secrets: &[(String, String)]) -> std::i
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
-    let mut text = String::from_utf8_lossy(&bytes).into_owned();
-    let mut changed = false;
-    for (name, value) in secrets {
-        if text.contains(value.as_str()) {
-            text = text.replace(value.as_str(), &format!("[redacted {name}]"));
-            changed = true;
-        }
-    }
-    if changed {
+    let text = String::from_utf8_lossy(&bytes);
+    if let Some(text) = redact_text(&text, secrets) {
         let temp = log.with_extension("log.redacting");
         std::fs::write(&temp, text)?;
         std::fs::rename(&temp, log)?;

@@ -15,7 +15,7 @@ use super::context::Context;
 use super::item_outputs::ItemOutputs;
 use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
-use crate::exec::{Executor, Job, Outcome, RUN_MARKER, base_environment};
+use crate::exec::{Executor, Job, Outcome, RUN_MARKER, base_environment, redact_text};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
 use crate::store::{
     INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, now_ms, remove_path,
@@ -714,6 +714,33 @@ struct ItemEnd {
     log: Option<PathBuf>,
 }
 
+/// Redacts every secret value in the strings (keys included) of `value`.
+fn redact_json(value: &mut serde_json::Value, secrets: &[(String, String)]) {
+    if secrets.is_empty() {
+        return;
+    }
+    match value {
+        serde_json::Value::String(text) => {
+            if let Some(redacted) = redact_text(text, secrets) {
+                *text = redacted;
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                redact_json(item, secrets);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            let entries = std::mem::take(map);
+            for (key, mut item) in entries {
+                redact_json(&mut item, secrets);
+                map.insert(redact_text(&key, secrets).unwrap_or(key), item);
+            }
+        }
+        _ => {}
+    }
+}
+
 impl ItemRunner {
     /// The item's JSON result, if the stage declares one: `(result,
     /// problem)`, where the problem says why it is missing or unreadable.
@@ -734,7 +761,13 @@ impl ItemRunner {
                 Some(format!("item result `{path}` cannot be read: {e}")),
             ),
             Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(value) => (Some(value), None),
+                // A secret the command wrote into its result is redacted
+                // as in its log: the result reaches the ledger and the
+                // merged output.
+                Ok(mut value) => {
+                    redact_json(&mut value, &self.job.redact);
+                    (Some(value), None)
+                }
                 Err(error) => (
                     None,
                     Some(format!("item result `{path}` is not JSON: {error}")),
