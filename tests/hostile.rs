@@ -440,3 +440,136 @@ outputs = { results = "state/results.jsonl" }
 fn task_id(field: &str, i: usize) -> String {
     format!("{} {i}", field.replace('\n', " "))
 }
+
+fn one_stage_writing(output: &str) -> String {
+    format!(
+        "[pipeline]\nname = \"places\"\n\n[stages.write]\nrun = \"echo data > {output}\"\noutputs = [\"{output}\"]\n"
+    )
+}
+
+#[test]
+fn an_output_may_not_be_the_manifest_or_its_lock_file() {
+    for (output, what) in [("cairn.toml", "the manifest"), ("cairn.lock", "lock file")] {
+        let p = Project::new();
+        let manifest = one_stage_writing(output);
+        p.file("cairn.toml", &manifest);
+        let out = p.cairn(&["run"]);
+        out.code_is(2);
+        assert!(
+            out.stderr().contains("cairn.toml:6:") && out.stderr().contains(what),
+            "{output}: {}",
+            out.stderr()
+        );
+        assert_eq!(p.read("cairn.toml"), manifest);
+        assert!(!p.exists("cache"));
+    }
+}
+
+#[test]
+fn an_output_through_a_symlink_leaving_the_root_or_that_is_a_symlink_is_refused() {
+    let outside = tempfile::tempdir().unwrap();
+    let p = Project::new();
+    std::os::unix::fs::symlink(outside.path(), p.path("data")).unwrap();
+    p.file("cairn.toml", &one_stage_writing("data/out.txt"));
+    let out = p.cairn(&["run"]);
+    out.code_is(2);
+    assert!(
+        out.stderr().contains("leaves the project root") && out.stderr().contains("cairn.toml:6:"),
+        "{}",
+        out.stderr()
+    );
+    assert!(!outside.path().join("out.txt").exists());
+
+    let p = Project::new();
+    p.file("real.txt", "mine\n");
+    std::os::unix::fs::symlink(p.path("real.txt"), p.path("out.txt")).unwrap();
+    p.file("cairn.toml", &one_stage_writing("out.txt"));
+    let out = p.cairn(&["run"]);
+    out.code_is(2);
+    assert!(
+        out.stderr().contains("is a symbolic link"),
+        "{}",
+        out.stderr()
+    );
+    assert_eq!(p.read("real.txt"), "mine\n");
+}
+
+#[test]
+fn an_output_under_a_symlink_that_stays_inside_the_root_is_allowed() {
+    let p = Project::new();
+    std::fs::create_dir(p.path("real")).unwrap();
+    std::os::unix::fs::symlink("real", p.path("data")).unwrap();
+    p.file("cairn.toml", &one_stage_writing("data/out.txt"));
+    p.cairn(&["run"]).success();
+    assert_eq!(p.read("real/out.txt"), "data\n");
+}
+
+#[test]
+fn an_item_output_named_by_a_hostile_field_stays_in_its_directory() {
+    let p = Project::new();
+    p.file(
+        "items.jsonl",
+        "{\"id\": \"a\", \"name\": \"..\"}\n{\"id\": \"b\", \"name\": \"../../escaped\"}\n{\"id\": \"c\", \"name\": \"fine\"}\n",
+    );
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "entries"
+
+[stages.each]
+foreach = { items = "items.jsonl", key = "id" }
+item_outputs = { tasks = "{item.name}" }
+run = "mkdir -p state/tasks/{item.name} && echo x > state/tasks/{item.name}/f"
+outputs = { results = "state/results.jsonl", tasks = "state/tasks" }
+allow_errors = 2
+"#,
+    );
+    p.cairn(&["run"]).success();
+    let merged = p.read("state/results.jsonl");
+    assert!(
+        merged.contains(r#""class":"error","item":{"id":"a""#),
+        "{merged}"
+    );
+    assert!(
+        merged.contains(r#""class":"error","item":{"id":"b""#),
+        "{merged}"
+    );
+    assert!(
+        merged.contains(r#""class":"ok","item":{"id":"c""#),
+        "{merged}"
+    );
+}
+
+#[test]
+fn an_item_result_named_by_a_hostile_field_is_not_read_from_outside_the_root() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("private.json"), "{\"stolen\": true}").unwrap();
+    let p = Project::new();
+    let escape = format!(
+        "../../../../../../../..{}/private",
+        outside.path().display()
+    );
+    p.file(
+        "items.jsonl",
+        &format!("{}\n", serde_json::json!({"id": "a", "name": escape})),
+    );
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "results"
+
+[stages.each]
+foreach = { items = "items.jsonl", key = "id" }
+item_result = "results/{item.name}.json"
+run = "true"
+outputs = { results = "state/results.jsonl" }
+allow_errors = 1
+"#,
+    );
+    p.cairn(&["run"]).success();
+    let merged = p.read("state/results.jsonl");
+    assert!(!merged.contains("stolen"), "{merged}");
+    assert!(merged.contains(r#""class":"error""#), "{merged}");
+}

@@ -13,6 +13,7 @@ use super::raw::{self, Entry, Node, NodeKind, Span};
 
 mod commands;
 mod executors;
+mod output_places;
 mod uses;
 
 const TOP_KEYS: &[&str] = &[
@@ -224,6 +225,7 @@ impl<'s> Checker<'s> {
         }
         if let Some(root) = &root {
             self.cross_stage(&stages, root);
+            self.check_output_places(&stages, root, path);
         }
         self.check_resource_names(&stages, &resources);
         self.check_executor_names(&stages, &executors);

@@ -714,6 +714,21 @@ struct ItemEnd {
     log: Option<PathBuf>,
 }
 
+/// Whether a relative path written by filling a template (`..` from an
+/// item field, or an absolute path) leads outside the project root.
+fn leaves_root(path: &str) -> bool {
+    let mut depth = 0usize;
+    for component in Path::new(path).components() {
+        match component {
+            std::path::Component::Normal(_) => depth += 1,
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir if depth > 0 => depth -= 1,
+            _ => return true,
+        }
+    }
+    false
+}
+
 /// Redacts every secret value in the strings (keys included) of `value`.
 fn redact_json(value: &mut serde_json::Value, secrets: &[(String, String)]) {
     if secrets.is_empty() {
@@ -752,6 +767,12 @@ impl ItemRunner {
             Ok(path) => path,
             Err(message) => return (None, Some(message)),
         };
+        if leaves_root(&path) {
+            return (
+                None,
+                Some(format!("item result `{path}` lies outside the project root")),
+            );
+        }
         match crate::fingerprint::read_regular(&self.job.cwd.join(&path)) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 (None, Some(format!("item result `{path}` was not written")))

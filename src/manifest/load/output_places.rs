@@ -1,0 +1,90 @@
+//! Where outputs may be: never the manifest or its lock file (`cache/` is
+//! refused when paths are normalised), and never through a symbolic link.
+//!
+//! cairn removes an output before its stage runs, rewrites it, hashes it as
+//! a project file and restores it from the store. Through a link that
+//! leaves the root it would do all that to files outside the project; a
+//! link as the output itself would be replaced by a file (or written
+//! through, by the command). So an output that is a symbolic link, or lies
+//! under a linked directory that resolves outside the root, is refused. A
+//! linked directory that stays inside the root is the same project and is
+//! allowed.
+
+use std::path::{Path, PathBuf};
+
+use super::super::model::{Stage, lock_path_of};
+use super::Checker;
+use crate::manifest::error::Problem;
+
+impl Checker<'_> {
+    pub(super) fn check_output_places(&mut self, stages: &[Stage], root: &Path, manifest: &Path) {
+        let manifest = manifest
+            .canonicalize()
+            .unwrap_or_else(|_| manifest.to_owned());
+        let lock = lock_path_of(&manifest);
+        for stage in stages {
+            for output in &stage.outputs {
+                if output.path.is_external() {
+                    continue;
+                }
+                let abs = output.path.resolve(root);
+                let refused = if abs == manifest {
+                    Some((
+                        format!("output `{}` is the manifest itself", output.path),
+                        "a stage may not overwrite the pipeline that runs it; write elsewhere"
+                            .to_owned(),
+                    ))
+                } else if abs == lock {
+                    Some((
+                        format!("output `{}` is the manifest's lock file", output.path),
+                        "cairn writes the lock file after each run; write elsewhere".to_owned(),
+                    ))
+                } else {
+                    through_link(root, output.path.as_str())
+                };
+                if let Some((message, help)) = refused {
+                    self.problems
+                        .push(Problem::new(message, output.span.clone(), "this output").help(help));
+                }
+            }
+        }
+    }
+}
+
+/// Why the output at `rel` (relative to `root`) would be written through a
+/// symbolic link, if it would.
+fn through_link(root: &Path, rel: &str) -> Option<(String, String)> {
+    let mut current = PathBuf::from(root);
+    let parts: Vec<&str> = rel.split('/').collect();
+    for (n, part) in parts.iter().enumerate() {
+        current.push(part);
+        let Ok(meta) = std::fs::symlink_metadata(&current) else {
+            return None;
+        };
+        if !meta.file_type().is_symlink() {
+            continue;
+        }
+        let target = std::fs::read_link(&current)
+            .map(|t| t.display().to_string())
+            .unwrap_or_default();
+        if n + 1 == parts.len() {
+            return Some((
+                format!("output `{rel}` is a symbolic link (to `{target}`)"),
+                "cairn replaces its outputs on every run; remove the link and declare the path it points to, or let the stage create a real file".to_owned(),
+            ));
+        }
+        let inside = current
+            .canonicalize()
+            .is_ok_and(|real| real.starts_with(root));
+        if !inside {
+            return Some((
+                format!(
+                    "output `{rel}` lies under `{}`, a symbolic link that leaves the project root (to `{target}`)",
+                    parts[..=n].join("/")
+                ),
+                "cairn removes, rewrites and restores outputs; through this link it would change files outside the project. Set `[pipeline] root` to include the data, or declare outputs inside the project".to_owned(),
+            ));
+        }
+    }
+    None
+}
