@@ -770,7 +770,9 @@ impl ItemRunner {
         if leaves_root(&path) {
             return (
                 None,
-                Some(format!("item result `{path}` lies outside the project root")),
+                Some(format!(
+                    "item result `{path}` lies outside the project root"
+                )),
             );
         }
         match crate::fingerprint::read_regular(&self.job.cwd.join(&path)) {
