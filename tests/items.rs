@@ -486,7 +486,7 @@ fn a_schema_3_ledger_is_migrated_and_keeps_its_history() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, cairn::store::LEDGER_SCHEMA_VERSION);
 }
 
 /// A per-item stage whose items each write a directory (`item_outputs`).
@@ -690,4 +690,30 @@ outputs = { results = "state/results.jsonl" }
             && !failed.contains("is empty"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_schema_6_ledger_gains_job_handles_and_keeps_its_history() {
+    let p = oracle(2);
+    p.cairn(&["run"]).success();
+    {
+        let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+        common::downgrade_to_schema_6(&db);
+    }
+    let out = p.cairn(&["run"]);
+    out.success();
+    assert!(out.stderr().contains("0 ran, 1 fresh"), "{}", out.stderr());
+    // Attempts recorded before have no job; new ones name theirs.
+    let before = attempts(&p, "oracle/t1");
+    assert!(before[0]["handle"].is_null(), "{before}");
+    p.cairn(&["run", "--force", "oracle"]).success();
+    let after = attempts(&p, "oracle/t1");
+    let last = after.as_array().unwrap().last().unwrap();
+    assert!(
+        last["handle"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("pid:")),
+        "{after}"
+    );
+    assert_eq!(last["class"], "ok");
 }

@@ -159,5 +159,5 @@ fn a_schema_5_ledger_belongs_to_the_pipeline_that_opens_it_first() {
         .unwrap()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, cairn::store::LEDGER_SCHEMA_VERSION);
 }

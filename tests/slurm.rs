@@ -355,6 +355,12 @@ async fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
     }
     child.wait().unwrap();
     assert!(!live_jobs(&p).is_empty(), "the jobs died with cairn");
+    // Each attempt was on record, with its job, before it ended.
+    let before = attempts_of(&p, "work/task-00");
+    assert_eq!(before.len(), 1, "{before:?}");
+    assert_eq!(before[0]["class"], "running");
+    let job = before[0]["handle"].as_str().unwrap().to_owned();
+    assert!(job.starts_with("slurm:"), "{job}");
 
     let resumed = run_on_slurm(&p, &["--profile", "slurm", "run"]);
     resumed.success();
@@ -369,6 +375,19 @@ async fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
     }
     assert_eq!(files_in(&p, "out"), 6);
     assert_eq!(p.lines("state/work.jsonl").len(), 6);
+    // The killed run's attempt is abandoned; the next run's adopted the
+    // very same job.
+    let after = attempts_of(&p, "work/task-00");
+    let classes: Vec<&str> = after.iter().map(|a| a["class"].as_str().unwrap()).collect();
+    assert_eq!(classes, ["abandoned", "ok"], "{after:?}");
+    assert_eq!(after[1]["handle"], job.as_str());
+}
+
+/// `cairn show STAGE/ITEM --json`: the item's attempts.
+fn attempts_of(p: &common::Project, item: &str) -> Vec<serde_json::Value> {
+    let show = p.cairn(&["show", item, "--json"]);
+    show.success();
+    serde_json::from_str(&show.stdout()).unwrap()
 }
 
 #[tokio::test]

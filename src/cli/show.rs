@@ -246,7 +246,7 @@ fn show_item(
     outln!("item {stage}/{key}: {} attempt(s)", attempts.len());
     let mut rows = vec![
         [
-            "RUN", "#", "STARTED", "DURATION", "EXIT", "CLASS", "RULE", "CODE", "LOG",
+            "RUN", "#", "STARTED", "DURATION", "EXIT", "CLASS", "RULE", "CODE", "JOB", "LOG",
         ]
         .map(String::from)
         .to_vec(),
@@ -262,6 +262,7 @@ fn show_item(
             a.rule.clone().unwrap_or_default(),
             a.code
                 .map_or("-".to_owned(), |c| c.to_string().chars().take(19).collect()),
+            a.handle.clone().unwrap_or_else(|| "-".to_owned()),
             a.log_path.clone().unwrap_or_default(),
         ]);
     }

@@ -207,18 +207,23 @@ pub trait Executor: Send + Sync {
         job: &'a Job,
     ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>>;
 
-    /// Adopts the job if the engine has it, else submits it; then waits.
-    fn run<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+    /// The job named `job.name` if the engine has it (adopted), else a
+    /// newly submitted one.
+    fn start<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
         Box::pin(async move {
-            let running = match self.attach(job).await? {
+            match self.attach(job).await? {
                 Some(adopted) => {
                     tracing::info!(job = %job.name, handle = %adopted.handle(), "adopted a job already submitted");
-                    adopted
+                    Ok(adopted)
                 }
-                None => self.submit(job).await?,
-            };
-            running.wait().await
+                None => self.submit(job).await,
+            }
         })
+    }
+
+    /// Starts the job (see [`Executor::start`]) and waits for it.
+    fn run<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Outcome, ExecError>> {
+        Box::pin(async move { self.start(job).await?.wait().await })
     }
 }
 

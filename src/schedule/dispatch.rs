@@ -20,7 +20,7 @@ use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::store::{
-    ItemAttempt, LockFile, NewResult, OutputRecord, Published, ResultRecord, ResultStatus,
+    ItemAttempt, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord, ResultStatus,
     RunCounts, StoreError, now_ms,
 };
 
@@ -580,7 +580,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
         ledger.record_item_attempts(attempts)?;
-        for attempt in attempts {
+        for attempt in attempts.iter().filter(|a| a.class != RUNNING) {
             self.reporter.event(Event::ItemFinished {
                 stage: &attempt.stage,
                 key: &attempt.key,

@@ -18,7 +18,7 @@ use super::limits::Limits;
 use crate::exec::{Executor, Job, Outcome, RUN_MARKER, base_environment, redact_text};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
 use crate::store::{
-    INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, now_ms, remove_path,
+    INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms, remove_path,
 };
 
 /// How a stage's command, checks and output storage ended.
@@ -588,6 +588,7 @@ impl ItemRunner {
                 .log_dir
                 .join(format!("{}.{attempt}.log", file_name(&item.key)));
             self.outputs.clear(item)?;
+            let mut handle = None;
             let (class, rule, exit_code, result) = match &filled {
                 Err(message) => (ItemClass::Error, Some(message.clone()), None, None),
                 Ok((command, checks)) => {
@@ -610,7 +611,28 @@ impl ItemRunner {
                     job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
                     job.env
                         .push((ATTEMPT_MARKER.to_owned(), (previous + attempt).to_string()));
-                    let outcome = self.executor.run(&job).await?;
+                    let running = self.executor.start(&job).await?;
+                    handle = Some(running.handle());
+                    // On record before it ends: a cairn that dies now
+                    // leaves the job's handle behind.
+                    let _ = self.attempts.send(ItemAttempt {
+                        run_id: self.run_id,
+                        stage: self.stage.clone(),
+                        key: item.key.clone(),
+                        fingerprint: planned.fingerprint,
+                        attempt,
+                        started_ms,
+                        finished_ms: started_ms,
+                        exit_code: None,
+                        class: RUNNING.to_owned(),
+                        rule: None,
+                        log_path: None,
+                        result: None,
+                        code: Some(planned.code),
+                        outputs: None,
+                        handle: handle.clone(),
+                    });
+                    let outcome = running.wait().await?;
                     let mut failed_check = None;
                     if outcome == Outcome::Success {
                         for (n, check) in checks.iter().enumerate() {
@@ -684,6 +706,7 @@ impl ItemRunner {
                 result: result.as_ref().map(|r| r.to_string()),
                 code: Some(planned.code),
                 outputs,
+                handle,
             });
             let retry = &self.spec.retry;
             if retry.on.contains(&class) && attempt <= retry.max {

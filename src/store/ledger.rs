@@ -110,7 +110,13 @@ pub struct ItemAttempt {
     /// What it wrote (`item_outputs`), stored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outputs: Option<Vec<OutputRecord>>,
+    /// The job on its engine (`pid:4242`, `slurm:1234`), once submitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
 }
+
+/// The class of an attempt whose job has started and not yet ended.
+pub const RUNNING: &str = "running";
 
 /// An item's newest outcome under one fingerprint.
 #[derive(Debug, Clone, Serialize)]
@@ -467,8 +473,8 @@ impl Ledger {
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code, pipeline)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code, pipeline, handle)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 )
                 .map_err(|e| self.db(e))?;
             let mut upsert = tx
@@ -477,9 +483,25 @@ impl Ledger {
                      ON CONFLICT(pipeline, stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8, outputs = ?9",
                 )
                 .map_err(|e| self.db(e))?;
+            let mut started = tx
+                .prepare_cached(
+                    "DELETE FROM item_attempts WHERE pipeline = ?1 AND run_id = ?2 AND stage = ?3 AND key = ?4 AND fingerprint = ?5 AND attempt = ?6 AND class = 'running'",
+                )
+                .map_err(|e| self.db(e))?;
             for attempt in attempts {
                 let fingerprint = attempt.fingerprint.to_string();
                 let code = attempt.code.map(|c| c.to_string());
+                // An attempt that ends replaces its record of having started.
+                started
+                    .execute(params![
+                        self.pipeline.name,
+                        attempt.run_id,
+                        attempt.stage,
+                        attempt.key,
+                        fingerprint,
+                        attempt.attempt,
+                    ])
+                    .map_err(|e| self.db(e))?;
                 let outputs = attempt
                     .outputs
                     .as_ref()
@@ -499,8 +521,12 @@ impl Ledger {
                         attempt.log_path,
                         code,
                         self.pipeline.name,
+                        attempt.handle,
                     ])
                     .map_err(|e| self.db(e))?;
+                if attempt.class == RUNNING {
+                    continue;
+                }
                 upsert
                     .execute(params![
                         attempt.stage,
@@ -525,7 +551,7 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare(
-                "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code
+                "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code, handle
                  FROM item_attempts WHERE pipeline = ?3 AND stage = ?1 AND key = ?2 ORDER BY id",
             )
             .map_err(|e| self.db(e))?;
@@ -549,6 +575,7 @@ impl Ledger {
                         .get::<_, Option<String>>(11)?
                         .and_then(|c| c.parse().ok()),
                     outputs: None,
+                    handle: row.get(12)?,
                 })
             })
             .map_err(|e| self.db(e))?;
@@ -758,10 +785,13 @@ impl Ledger {
             .query_map([], |row| row.get::<_, String>(0))
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|e| self.db(e))?;
+        // Their attempts that never ended: the jobs may still run on their
+        // engine, and an attempt that adopts one is recorded anew.
         self.conn
-            .execute(
-                "UPDATE runs SET status = 'killed' WHERE status = 'running'",
-                [],
+            .execute_batch(
+                "UPDATE item_attempts SET class = 'abandoned'
+                   WHERE class = 'running' AND run_id IN (SELECT id FROM runs WHERE status = 'running');
+                 UPDATE runs SET status = 'killed' WHERE status = 'running';",
             )
             .map_err(|e| self.db(e))?;
         Ok(tokens)

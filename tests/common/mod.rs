@@ -176,7 +176,17 @@ pub fn intoto_errors(statement: &serde_json::Value) -> Vec<String> {
 
 /// Turns a current ledger back into schema 5: no pipeline columns, heads
 /// and items keyed without one, no `pipelines` table.
+/// Turns a current ledger back into schema 6: attempts without job handles.
+pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "ALTER TABLE item_attempts DROP COLUMN handle;
+         PRAGMA user_version = 6;",
+    )
+    .unwrap();
+}
+
 pub fn downgrade_to_schema_5(db: &rusqlite::Connection) {
+    downgrade_to_schema_6(db);
     db.execute_batch(
         "BEGIN;
          DROP INDEX results_by_stage;

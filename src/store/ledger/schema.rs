@@ -9,6 +9,7 @@
 //! | 4 | items and item attempts record the code fingerprint behind them |
 //! | 5 | items record their outputs |
 //! | 6 | runs, results, heads, items and item attempts belong to a pipeline (its `[pipeline] name`); `pipelines` records which manifest each name belongs to |
+//! | 7 | an item attempt is recorded when its job starts (class `running`, with the job's handle on its engine) and replaced when it ends; a run that died leaves it `abandoned` |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -16,7 +17,7 @@
 use rusqlite::{Connection, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 6;
+pub const LEDGER_SCHEMA_VERSION: i64 = 7;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -100,7 +101,8 @@ CREATE TABLE IF NOT EXISTS item_attempts (
     rule TEXT,
     log_path TEXT,
     code TEXT,
-    pipeline TEXT NOT NULL DEFAULT ''
+    pipeline TEXT NOT NULL DEFAULT '',
+    handle TEXT
 );
 CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(pipeline, stage, key, id);
 CREATE TABLE IF NOT EXISTS stat_cache (
@@ -169,6 +171,9 @@ pub fn migrate(
             "INSERT OR REPLACE INTO pipelines (name, manifest) VALUES (?1, ?2)",
             params![pipeline, manifest],
         )?;
+    }
+    if from < 7 {
+        tx.execute_batch("ALTER TABLE item_attempts ADD COLUMN handle TEXT;")?;
     }
     tx.execute_batch(&format!("PRAGMA user_version = {LEDGER_SCHEMA_VERSION}"))?;
     tx.commit()
