@@ -339,7 +339,7 @@ async fn twenty_items_run_as_slurm_jobs_and_are_reused_item_by_item() {
 #[tokio::test]
 async fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
     let _node = cluster().await;
-    let p = project(6, 3);
+    let p = project(6, 6);
     let mut child = cairn_on_slurm(&p, &["--profile", "slurm", "run"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -349,13 +349,20 @@ async fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
     poll("six submissions", Duration::from_secs(60), || {
         sbatch_calls(&p) == 6
     });
+    // Each attempt is on record, with its job, before it ends.
+    poll("the attempts on record", Duration::from_secs(30), || {
+        (0..6).all(|i| {
+            attempts_of(&p, &format!("work/task-{i:02}"))
+                .first()
+                .is_some_and(|a| a["class"] == "running")
+        })
+    });
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGKILL);
     }
     child.wait().unwrap();
     assert!(!live_jobs(&p).is_empty(), "the jobs died with cairn");
-    // Each attempt was on record, with its job, before it ended.
     let before = attempts_of(&p, "work/task-00");
     assert_eq!(before.len(), 1, "{before:?}");
     assert_eq!(before[0]["class"], "running");
