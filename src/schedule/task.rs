@@ -616,21 +616,9 @@ impl ItemRunner {
                     // On record before it ends: a cairn that dies now
                     // leaves the job's handle behind.
                     let _ = self.attempts.send(ItemAttempt {
-                        run_id: self.run_id,
-                        stage: self.stage.clone(),
-                        key: item.key.clone(),
-                        fingerprint: planned.fingerprint,
-                        attempt,
-                        started_ms,
-                        finished_ms: started_ms,
-                        exit_code: None,
                         class: RUNNING.to_owned(),
-                        rule: None,
-                        log_path: None,
-                        result: None,
-                        code: Some(planned.code),
-                        outputs: None,
                         handle: handle.clone(),
+                        ..self.attempt_record(planned, attempt, started_ms)
                     });
                     let outcome = running.wait().await?;
                     let mut failed_check = None;
@@ -692,21 +680,15 @@ impl ItemRunner {
                 .clone()
                 .or_else(|| exit_code.map(|code| format!("exit status {code}")));
             let _ = self.attempts.send(ItemAttempt {
-                run_id: self.run_id,
-                stage: self.stage.clone(),
-                key: item.key.clone(),
-                fingerprint: planned.fingerprint,
-                attempt,
-                started_ms,
                 finished_ms: now_ms(),
                 exit_code,
                 class: class.name().to_owned(),
                 rule,
                 log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
                 result: result.as_ref().map(|r| r.to_string()),
-                code: Some(planned.code),
                 outputs,
                 handle,
+                ..self.attempt_record(planned, attempt, started_ms)
             });
             let retry = &self.spec.retry;
             if retry.on.contains(&class) && attempt <= retry.max {
@@ -780,6 +762,28 @@ fn redact_json(value: &mut serde_json::Value, secrets: &[(String, String)]) {
 }
 
 impl ItemRunner {
+    /// The record of an attempt that started at `started_ms`, before
+    /// anything is known of how it ends.
+    fn attempt_record(&self, planned: &PlannedItem, attempt: u32, started_ms: i64) -> ItemAttempt {
+        ItemAttempt {
+            run_id: self.run_id,
+            stage: self.stage.clone(),
+            key: planned.item.key.clone(),
+            fingerprint: planned.fingerprint,
+            attempt,
+            started_ms,
+            finished_ms: started_ms,
+            exit_code: None,
+            class: RUNNING.to_owned(),
+            rule: None,
+            log_path: None,
+            result: None,
+            code: Some(planned.code),
+            outputs: None,
+            handle: None,
+        }
+    }
+
     /// The item's JSON result, if the stage declares one: `(result,
     /// problem)`, where the problem says why it is missing or unreadable.
     fn read_result(&self, item: &serde_json::Value) -> (Option<serde_json::Value>, Option<String>) {
