@@ -46,6 +46,8 @@ fn job(dir: &Path, name: &str, script: &str) -> Job {
         timeout: None,
         log: dir.join(format!("{name}.log")),
         redact: Vec::new(),
+        stage: "test".to_owned(),
+        secrets: Vec::new(),
     }
 }
 

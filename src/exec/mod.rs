@@ -1,9 +1,11 @@
 //! Executors run one command and report how it ended. They know nothing of
 //! graphs, fingerprints or caching.
 
+mod kubernetes;
 mod local;
 mod slurm;
 
+pub use kubernetes::{KubernetesExecutor, job_spec, kubernetes_name, label_value};
 pub use local::LocalExecutor;
 pub use slurm::{JobState, SlurmExecutor, SlurmJob};
 
@@ -23,6 +25,8 @@ pub struct Job {
     pub name: String,
     /// The run's token: marks every process and job this run starts.
     pub token: String,
+    /// The stage it belongs to (a label on engines that label jobs).
+    pub stage: String,
     pub command: Command,
     pub cwd: PathBuf,
     /// The complete environment of the process.
@@ -32,6 +36,9 @@ pub struct Job {
     pub log: PathBuf,
     /// (name, value) of secrets whose values are redacted from the log.
     pub redact: Vec<(String, String)>,
+    /// The names of the stage's secret variables (an engine with its own
+    /// secret store hands them over by name instead of by value).
+    pub secrets: Vec<String>,
 }
 
 /// The variable that marks every process a run starts (its value is the

@@ -429,6 +429,8 @@ mod tests {
             timeout: Some(Duration::from_secs(90)),
             log: PathBuf::from("/shared/project/cache/logs/7/oracle.log"),
             redact: Vec::new(),
+            stage: "oracle".to_owned(),
+            secrets: Vec::new(),
         }
     }
 

@@ -13,6 +13,7 @@ use super::raw::{self, Entry, Node, NodeKind, Span};
 
 mod commands;
 mod executors;
+mod kubernetes;
 mod output_places;
 mod uses;
 

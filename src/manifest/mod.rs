@@ -18,7 +18,7 @@ pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,
-    Manifest, Named, OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry,
-    SlurmSettings, Stage, Uses, lock_path_of,
+    KubernetesSettings, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck,
+    Retry, RootVolume, SlurmSettings, Stage, Toleration, Uses, lock_path_of,
 };
 pub use raw::Span;

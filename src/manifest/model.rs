@@ -35,6 +35,8 @@ pub enum ExecutorSpec {
     Local,
     /// Batch jobs on a Slurm cluster.
     Slurm(SlurmSettings),
+    /// Kubernetes Jobs, one pod each, in a cluster.
+    Kubernetes(KubernetesSettings),
 }
 
 impl ExecutorSpec {
@@ -42,6 +44,7 @@ impl ExecutorSpec {
         match self {
             ExecutorSpec::Local => "local",
             ExecutorSpec::Slurm(_) => "slurm",
+            ExecutorSpec::Kubernetes(_) => "kubernetes",
         }
     }
 }
@@ -65,6 +68,56 @@ pub struct SlurmSettings {
     pub poll: Duration,
     /// At most this many of its jobs queued or running at once.
     pub max_jobs: usize,
+}
+
+/// Where and how a stage's jobs run on Kubernetes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubernetesSettings {
+    pub namespace: String,
+    /// The container image, `REPO@sha256:…` unless `require_digest` is off.
+    pub image: String,
+    pub service_account: Option<String>,
+    /// Requests and limits, as Kubernetes quantities (`500m`, `2`, `4Gi`).
+    pub cpu: Option<String>,
+    pub memory: Option<String>,
+    /// `nvidia.com/gpu` requested and limited.
+    pub gpus: Option<u32>,
+    pub node_selector: BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+    pub image_pull_secrets: Vec<String>,
+    /// The Kubernetes Secret holding the stage's `secrets`, one key per
+    /// variable name; without it a job gets no secret.
+    pub secret: Option<String>,
+    /// How the project root reaches the pod, mounted at the same path.
+    pub root_volume: RootVolume,
+    /// A pod that no node can take for this long fails as infrastructure.
+    pub unschedulable_timeout: Duration,
+    /// `ttlSecondsAfterFinished`: how long a finished Job stays for `kubectl`.
+    pub ttl: Duration,
+    /// At most this many of its Jobs exist unfinished at once.
+    pub max_jobs: usize,
+}
+
+/// How the project root is mounted into a pod (at the same path).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum RootVolume {
+    /// A PersistentVolumeClaim, by name, that holds the root.
+    Claim(String),
+    /// The node's own directory of that path (single-node kind/k3s, or a
+    /// network filesystem every node mounts there).
+    #[default]
+    HostPath,
+}
+
+/// One toleration of node taints, as Kubernetes spells it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Toleration {
+    pub key: Option<String>,
+    /// `Equal` or `Exists`.
+    pub operator: Option<String>,
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: Option<String>,
 }
 
 /// A named capacity (`[resources]`).

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::exec::{Executor, LocalExecutor, SlurmExecutor};
+use crate::exec::{Executor, KubernetesExecutor, LocalExecutor, SlurmExecutor};
 use crate::manifest::{ExecutorSpec, Manifest};
 
 pub struct Executors {
@@ -23,6 +23,11 @@ impl Executors {
                 let executor: Arc<dyn Executor> = match spec {
                     ExecutorSpec::Local => local.clone(),
                     ExecutorSpec::Slurm(settings) => Arc::new(SlurmExecutor::new(settings.clone())),
+                    // Connects when its first job starts, so a manifest
+                    // loads (and `status` works) without a cluster.
+                    ExecutorSpec::Kubernetes(settings) => {
+                        Arc::new(KubernetesExecutor::new(settings.clone()))
+                    }
                 };
                 (name.as_str(), executor)
             })

@@ -191,6 +191,7 @@ impl StageTask {
                 // their fingerprint and attempt, and adopted.
                 name: format!("{}-{run_token}", job_prefix(ctx, stage)),
                 token: run_token.to_owned(),
+                stage: stage.name.clone(),
                 command: match &stage.uses {
                     Some(_) => builtin_command(&stage.run),
                     None => stage.run.clone(),
@@ -200,6 +201,7 @@ impl StageTask {
                 timeout: stage.timeout,
                 log: log_dir.join(format!("{}.log", stage.name)),
                 redact,
+                secrets: stage.secrets.clone(),
             },
             checks: stage.checks.clone(),
             store: ctx.store.clone(),

@@ -11,7 +11,7 @@ use super::super::raw::{Entry, Node, NodeKind};
 use super::{Checker, find};
 use crate::manifest::error::Problem;
 
-const KINDS: &[&str] = &["local", "slurm"];
+const KINDS: &[&str] = &["local", "slurm", "kubernetes"];
 const LOCAL_KEYS: &[&str] = &["kind"];
 const SLURM_KEYS: &[&str] = &[
     "kind",
@@ -106,7 +106,9 @@ impl Checker<'_> {
                     node.span.clone(),
                     "here",
                 )
-                .help("say where its stages run: `kind = \"local\"` or `kind = \"slurm\"`"),
+                .help(
+                    "say where its stages run: `kind = \"local\"`, `\"slurm\"` or `\"kubernetes\"`",
+                ),
             );
             return None;
         };
@@ -121,9 +123,17 @@ impl Checker<'_> {
                 self.unknown_keys(table, SLURM_KEYS, &context);
                 Some(ExecutorSpec::Slurm(self.slurm_settings(table)))
             }
+            "kubernetes" => {
+                self.unknown_keys(table, super::kubernetes::KEYS, &context);
+                self.kubernetes_settings(name, node, table)
+                    .map(ExecutorSpec::Kubernetes)
+            }
             other => {
-                let help =
-                    self.did_you_mean(other, KINDS.iter().copied(), "the kinds are: local, slurm");
+                let help = self.did_you_mean(
+                    other,
+                    KINDS.iter().copied(),
+                    "the kinds are: local, slurm, kubernetes",
+                );
                 self.problems.push(
                     Problem::new(
                         format!("unknown executor kind `{other}`"),

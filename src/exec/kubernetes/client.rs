@@ -1,0 +1,435 @@
+//! The Kubernetes executor: creates, finds, watches and deletes Jobs
+//! through an injected `kube::Client` (or the default kubeconfig /
+//! in-cluster configuration, found the first time a job needs it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::batch::v1::Job as KubeJob;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams, WatchEvent, WatchParams};
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
+
+use super::spec::{job_spec, kubernetes_name};
+use super::status::{JobState, PodSignal, ended_pod_outcome, job_state, pod_signal};
+use crate::exec::{BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, Running, redact_log};
+use crate::manifest::KubernetesSettings;
+
+/// How long one watch request stays open before it is renewed (the API
+/// server's own limit is larger; a renewal lists once, then watches again).
+const WATCH_SECONDS: u32 = 290;
+
+#[derive(Clone)]
+pub struct KubernetesExecutor {
+    settings: Arc<KubernetesSettings>,
+    client: Arc<OnceCell<Client>>,
+    /// One permit per Job created and not yet ended (`max_jobs`).
+    in_flight: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for KubernetesExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesExecutor")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+fn engine_error(action: &'static str, error: impl std::fmt::Display) -> ExecError {
+    ExecError::Engine {
+        engine: "kubernetes",
+        action,
+        detail: error.to_string(),
+    }
+}
+
+impl KubernetesExecutor {
+    /// An executor that connects through the default kubeconfig (or the
+    /// in-cluster service account) when its first job starts.
+    pub fn new(settings: KubernetesSettings) -> Self {
+        let permits = settings.max_jobs.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            settings: Arc::new(settings),
+            client: Arc::new(OnceCell::new()),
+            in_flight: Arc::new(Semaphore::new(permits)),
+        }
+    }
+
+    /// An executor that talks through `client`.
+    pub fn with_client(settings: KubernetesSettings, client: Client) -> Self {
+        Self {
+            client: Arc::new(OnceCell::new_with(Some(client))),
+            ..Self::new(settings)
+        }
+    }
+
+    async fn client(&self) -> Result<Client, ExecError> {
+        self.client
+            .get_or_try_init(|| async {
+                Client::try_default().await.map_err(|e| {
+                    engine_error(
+                        "reach the cluster to start",
+                        format!(
+                            "no usable kubeconfig (KUBECONFIG, ~/.kube/config) or in-cluster configuration: {e}"
+                        ),
+                    )
+                })
+            })
+            .await
+            .cloned()
+    }
+
+    async fn apis(&self) -> Result<(Api<KubeJob>, Api<Pod>), ExecError> {
+        let client = self.client().await?;
+        let namespace = &self.settings.namespace;
+        Ok((
+            Api::namespaced(client.clone(), namespace),
+            Api::namespaced(client, namespace),
+        ))
+    }
+
+    async fn room(&self) -> Result<OwnedSemaphorePermit, ExecError> {
+        self.in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| ExecError::Wait(std::io::Error::other(e)))
+    }
+
+    fn running(
+        &self,
+        job: &Job,
+        jobs: Api<KubeJob>,
+        pods: Api<Pod>,
+        permit: OwnedSemaphorePermit,
+    ) -> Box<dyn Running> {
+        Box::new(KubernetesRunning {
+            name: kubernetes_name(&job.name),
+            jobs,
+            pods,
+            settings: self.settings.clone(),
+            timeout: job.timeout,
+            log: job.log.clone(),
+            redact: job.redact.clone(),
+            ended: false,
+            _permit: permit,
+        })
+    }
+}
+
+impl Executor for KubernetesExecutor {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
+        Box::pin(async move {
+            let permit = self.room().await?;
+            let (jobs, pods) = self.apis().await?;
+            let object = job_spec(job, &self.settings);
+            match jobs.create(&PostParams::default(), &object).await {
+                Ok(_) => {}
+                // The same name is the same attempt: an earlier cairn
+                // process created it; wait for that one.
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                    tracing::info!(job = %job.name, "adopted a job that already exists");
+                }
+                Err(e) => return Err(engine_error("submit", e)),
+            }
+            Ok(self.running(job, jobs, pods, permit))
+        })
+    }
+
+    fn attach<'a>(
+        &'a self,
+        job: &'a Job,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>> {
+        Box::pin(async move {
+            let permit = self.room().await?;
+            let (jobs, pods) = self.apis().await?;
+            let found = jobs
+                .get_opt(&kubernetes_name(&job.name))
+                .await
+                .map_err(|e| engine_error("find", e))?;
+            Ok(found.map(|_| self.running(job, jobs, pods, permit)))
+        })
+    }
+}
+
+/// A Job on the cluster. Dropped before it ended (the run was
+/// interrupted), it is deleted; a cairn process killed outright leaves it
+/// running, for the next run to adopt.
+struct KubernetesRunning {
+    name: String,
+    jobs: Api<KubeJob>,
+    pods: Api<Pod>,
+    settings: Arc<KubernetesSettings>,
+    timeout: Option<Duration>,
+    log: std::path::PathBuf,
+    redact: Vec<(String, String)>,
+    ended: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Deletes the Job and, in the background, its pod.
+async fn delete(jobs: &Api<KubeJob>, name: &str) -> Result<(), ExecError> {
+    match jobs.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(engine_error("cancel", e)),
+    }
+}
+
+impl Drop for KubernetesRunning {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (jobs, name) = (self.jobs.clone(), self.name.clone());
+            runtime.spawn(async move {
+                if let Err(e) = delete(&jobs, &name).await {
+                    tracing::warn!(job = %name, error = %e, "could not delete an interrupted job");
+                }
+            });
+        }
+    }
+}
+
+impl Running for KubernetesRunning {
+    fn handle(&self) -> String {
+        format!("kubernetes:{}/{}", self.settings.namespace, self.name)
+    }
+
+    fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>> {
+        Box::pin(async move {
+            let mut this = self;
+            let (outcome, pod) = this.watch().await?;
+            this.ended = true;
+            if let Some(pod) = pod {
+                this.collect_log(&pod).await?;
+            }
+            Ok(outcome)
+        })
+    }
+}
+
+impl KubernetesRunning {
+    fn pod_selector(&self) -> String {
+        format!("job-name={}", self.name)
+    }
+
+    /// Watches the Job and its pod until the Job ends (or the pod says it
+    /// never will); how it ended and the pod's name, if it had one.
+    async fn watch(&mut self) -> Result<(Outcome, Option<String>), ExecError> {
+        let mut unschedulable_since: Option<tokio::time::Instant> = None;
+        let mut pod_name: Option<String> = None;
+        loop {
+            // A fresh look, then a watch from exactly that point.
+            let Some(current) = self
+                .jobs
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| engine_error("query", e))?
+            else {
+                return Ok((Outcome::Infra(InfraKind::Vanished), pod_name));
+            };
+            if let Some(outcome) = self.job_outcome(&current, &mut pod_name).await? {
+                return Ok((outcome, pod_name));
+            }
+            let listed = self
+                .pods
+                .list(&ListParams::default().labels(&self.pod_selector()))
+                .await
+                .map_err(|e| engine_error("query", e))?;
+            for pod in &listed.items {
+                if let Some(outcome) = self
+                    .on_pod(pod, &mut unschedulable_since, &mut pod_name)
+                    .await?
+                {
+                    return Ok((outcome, pod_name));
+                }
+            }
+            let job_version = current
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default();
+            let pod_version = listed.metadata.resource_version.clone().unwrap_or_default();
+            let job_events = self
+                .jobs
+                .watch(
+                    &WatchParams::default()
+                        .fields(&format!("metadata.name={}", self.name))
+                        .timeout(WATCH_SECONDS),
+                    &job_version,
+                )
+                .await
+                .map_err(|e| engine_error("watch", e))?
+                .map_ok(Either::Job);
+            let pod_events = self
+                .pods
+                .watch(
+                    &WatchParams::default()
+                        .labels(&self.pod_selector())
+                        .timeout(WATCH_SECONDS),
+                    &pod_version,
+                )
+                .await
+                .map_err(|e| engine_error("watch", e))?
+                .map_ok(Either::Pod);
+            let mut events = futures::stream::select(job_events.boxed(), pod_events.boxed());
+            loop {
+                let deadline =
+                    unschedulable_since.map(|since| since + self.settings.unschedulable_timeout);
+                let event = tokio::select! {
+                    event = events.next() => event,
+                    () = sleep_until(deadline) => {
+                        delete(&self.jobs, &self.name).await?;
+                        return Ok((Outcome::Infra(InfraKind::Unschedulable), pod_name));
+                    }
+                };
+                let event = match event {
+                    // The watch expired: look again and watch anew.
+                    None => break,
+                    Some(Err(e)) => return Err(engine_error("watch", e)),
+                    Some(Ok(event)) => event,
+                };
+                match event {
+                    Either::Job(WatchEvent::Added(job) | WatchEvent::Modified(job)) => {
+                        if let Some(outcome) = self.job_outcome(&job, &mut pod_name).await? {
+                            return Ok((outcome, pod_name));
+                        }
+                    }
+                    // Someone deleted the Job before it ended.
+                    Either::Job(WatchEvent::Deleted(_)) => {
+                        return Ok((Outcome::Cancelled, pod_name));
+                    }
+                    Either::Pod(WatchEvent::Added(pod) | WatchEvent::Modified(pod)) => {
+                        if let Some(outcome) = self
+                            .on_pod(&pod, &mut unschedulable_since, &mut pod_name)
+                            .await?
+                        {
+                            return Ok((outcome, pod_name));
+                        }
+                    }
+                    // 410 Gone (the version is too old) and the like: start over.
+                    Either::Job(WatchEvent::Error(_)) | Either::Pod(WatchEvent::Error(_)) => break,
+                    Either::Job(WatchEvent::Bookmark(_)) | Either::Pod(_) => {}
+                }
+            }
+        }
+    }
+
+    /// The Job's outcome once it has ended: a failure is explained by its pod.
+    async fn job_outcome(
+        &self,
+        job: &KubeJob,
+        pod_name: &mut Option<String>,
+    ) -> Result<Option<Outcome>, ExecError> {
+        match job_state(job) {
+            JobState::Active => Ok(None),
+            JobState::Complete => {
+                if pod_name.is_none() {
+                    *pod_name = self.latest_pod().await?.and_then(|p| p.metadata.name);
+                }
+                Ok(Some(Outcome::Success))
+            }
+            JobState::Failed(Some(reason)) if reason == "DeadlineExceeded" => {
+                if pod_name.is_none() {
+                    *pod_name = self.latest_pod().await?.and_then(|p| p.metadata.name);
+                }
+                Ok(Some(Outcome::TimedOut(self.timeout.unwrap_or_default())))
+            }
+            JobState::Failed(_) => Ok(Some(match self.latest_pod().await? {
+                Some(pod) => {
+                    *pod_name = pod.metadata.name.clone();
+                    ended_pod_outcome(&pod)
+                }
+                None => Outcome::Infra(InfraKind::Unknown),
+            })),
+        }
+    }
+
+    async fn on_pod(
+        &self,
+        pod: &Pod,
+        unschedulable_since: &mut Option<tokio::time::Instant>,
+        pod_name: &mut Option<String>,
+    ) -> Result<Option<Outcome>, ExecError> {
+        if pod.metadata.name.is_some() {
+            pod_name.clone_from(&pod.metadata.name);
+        }
+        match pod_signal(pod) {
+            PodSignal::Quiet => {
+                *unschedulable_since = None;
+                Ok(None)
+            }
+            PodSignal::Unschedulable => {
+                unschedulable_since.get_or_insert_with(tokio::time::Instant::now);
+                Ok(None)
+            }
+            // An image that cannot be pulled never will be: the Job would
+            // wait forever.
+            PodSignal::Ended(outcome @ Outcome::Infra(InfraKind::ImagePull)) => {
+                delete(&self.jobs, &self.name).await?;
+                Ok(Some(outcome))
+            }
+            PodSignal::Ended(outcome) => Ok(Some(outcome)),
+        }
+    }
+
+    /// The Job's newest pod (there is one: `backoffLimit` is 0).
+    async fn latest_pod(&self) -> Result<Option<Pod>, ExecError> {
+        let listed = self
+            .pods
+            .list(&ListParams::default().labels(&self.pod_selector()))
+            .await
+            .map_err(|e| engine_error("query", e))?;
+        Ok(listed
+            .items
+            .into_iter()
+            .max_by_key(|p| p.metadata.creation_timestamp.clone()))
+    }
+
+    /// Appends the pod's log to the job's log, then redacts it.
+    async fn collect_log(&self, pod: &str) -> Result<(), ExecError> {
+        use std::io::Write as _;
+        let text = match self.pods.logs(pod, &LogParams::default()).await {
+            Ok(text) => text,
+            // A pod that never started has no log; that is not an error.
+            Err(e) => format!("[cairn: no log from pod {pod}: {e}]\n"),
+        };
+        let log_error = |source| ExecError::Log {
+            path: self.log.clone(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(log_error)?;
+        file.write_all(text.as_bytes()).map_err(log_error)?;
+        drop(file);
+        redact_log(&self.log, &self.redact).map_err(log_error)
+    }
+}
+
+/// An event of either watch.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one event at a time, moved out of the stream at once"
+)]
+enum Either {
+    Job(WatchEvent<KubeJob>),
+    Pod(WatchEvent<Pod>),
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
