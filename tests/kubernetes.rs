@@ -381,6 +381,16 @@ async fn a_create_that_finds_the_job_already_there_waits_for_that_one() {
 
 #[tokio::test]
 async fn an_interrupted_wait_deletes_the_job_in_the_background() {
+    interrupted_wait_deletes_the_job().await;
+}
+
+/// The scheduler's runtime: the delete is sent before the drop returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_wait_deletes_the_job_on_the_schedulers_runtime() {
+    interrupted_wait_deletes_the_job().await;
+}
+
+async fn interrupted_wait_deletes_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let (client, mut requests) = cluster(move |line| match line {
         l if l.starts_with("POST ") => Reply::Json(201, kube_job(json!([]))),

@@ -20,6 +20,8 @@ use crate::manifest::KubernetesSettings;
 /// How long one watch request stays open before it is renewed (the API
 /// server's own limit is larger; a renewal lists once, then watches again).
 const WATCH_SECONDS: u32 = 290;
+/// How long an interrupted run waits for one Job's deletion.
+const CANCEL_LIMIT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub struct KubernetesExecutor {
@@ -187,13 +189,29 @@ impl Drop for KubernetesRunning {
         if self.ended {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (jobs, name) = (self.jobs.clone(), self.name.clone());
-            runtime.spawn(async move {
-                if let Err(e) = delete(&jobs, &name).await {
-                    tracing::warn!(job = %name, error = %e, "could not delete an interrupted job");
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (jobs, name) = (self.jobs.clone(), self.name.clone());
+        let delete = async move {
+            match tokio::time::timeout(CANCEL_LIMIT, delete(&jobs, &name)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(job = %name, error = %e, "could not delete an interrupted job")
                 }
-            });
+                Err(_) => tracing::warn!(job = %name, "deleting an interrupted job took too long"),
+            }
+        };
+        match runtime.runtime_flavor() {
+            // The scheduler drops its jobs on Ctrl-C and then exits: delete
+            // before returning (briefly blocking, like `scancel`), or the
+            // runtime may be gone before a spawned delete is sent.
+            tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| runtime.block_on(delete));
+            }
+            _ => {
+                runtime.spawn(delete);
+            }
         }
     }
 }
