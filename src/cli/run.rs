@@ -15,7 +15,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     if args.jobs == Some(0) {
         return Err(CliError::usage("`-j 0` would run nothing; give at least 1"));
     }
-    schedule::check_item_lists(&loaded.manifest)?;
+    schedule::check_item_lists(&loaded.manifest, &selected)?;
 
     if args.dry_run {
         let mut ctx = loaded.read_context()?;

@@ -104,13 +104,17 @@ fn lookup<'v>(value: &'v serde_json::Value, dotted: &str) -> Option<&'v serde_js
     dotted.split('.').try_fold(value, |v, part| v.get(part))
 }
 
-/// Reads, before anything runs, the item list of every per-item stage
-/// that no stage of the pipeline writes, and checks its keys and fields.
-pub fn check_item_lists(manifest: &Manifest) -> Result<(), ScheduleError> {
-    for stage in &manifest.stages {
+/// Reads, before anything runs, the item list of every selected per-item
+/// stage that no stage of the pipeline writes, and checks its keys and
+/// fields.
+pub fn check_item_lists(manifest: &Manifest, selected: &[bool]) -> Result<(), ScheduleError> {
+    for (i, stage) in manifest.stages.iter().enumerate() {
         let Some(foreach) = &stage.foreach else {
             continue;
         };
+        if !selected.get(i).copied().unwrap_or(true) {
+            continue;
+        }
         let items_path = foreach.items.as_str();
         let produced = manifest.stages.iter().flat_map(|s| &s.outputs).any(|o| {
             let out = o.path.as_str();
