@@ -49,7 +49,7 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     (
         "gpus not a number",
         "image = \"mirror/oracle@sha256:abababababababababababababababababababababababababababababababab\"\nhost_path = true\ngpus = \"one\"",
-        "`gpus` must be a positive integer",
+        "`gpus` must be an integer of at least 1",
         "cairn.toml:7:8",
     ),
     (

@@ -573,7 +573,7 @@ impl<'s> Checker<'s> {
         retry
     }
 
-    fn count(&mut self, node: &Node, what: &str, min: i64) -> Option<usize> {
+    pub(super) fn count(&mut self, node: &Node, what: &str, min: i64) -> Option<usize> {
         match node.kind {
             NodeKind::Integer(n) if n >= min && n <= u32::MAX as i64 => Some(n as usize),
             _ => {

@@ -130,7 +130,11 @@ impl Executor for KubernetesExecutor {
         Box::pin(async move {
             let permit = self.room().await?;
             let (jobs, pods) = self.apis().await?;
-            let object = job_spec(job, &self.settings);
+            let object = job_spec(job, &self.settings).map_err(|e| ExecError::Engine {
+                engine: "kubernetes",
+                action: "describe",
+                detail: format!("the Job for `{}` is not valid: {e}", job.name),
+            })?;
             match jobs.create(&PostParams::default(), &object).await {
                 Ok(_) => {}
                 // The same name is the same attempt: an earlier cairn

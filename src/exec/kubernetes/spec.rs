@@ -155,7 +155,7 @@ fn root_volume(job: &Job, settings: &KubernetesSettings) -> Value {
 /// The Kubernetes Job that runs `job` once: one pod, never restarted
 /// (cairn retries), in the configured image, with the project root mounted
 /// at its own path as the working directory.
-pub fn job_spec(job: &Job, settings: &KubernetesSettings) -> KubeJob {
+pub fn job_spec(job: &Job, settings: &KubernetesSettings) -> Result<KubeJob, serde_json::Error> {
     let labels = labels(job);
     let command = match &job.command {
         Command::Shell(script) => json!(["/bin/sh", "-c", script]),
@@ -231,7 +231,7 @@ pub fn job_spec(job: &Job, settings: &KubernetesSettings) -> KubeJob {
         },
         "spec": spec,
     });
-    serde_json::from_value(object).expect("the Job built here follows the Kubernetes schema")
+    serde_json::from_value(object)
 }
 
 #[cfg(test)]
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn an_item_job_with_every_setting() {
-        insta::assert_json_snapshot!(job_spec(&item_job(), &full_settings()));
+        insta::assert_json_snapshot!(job_spec(&item_job(), &full_settings()).unwrap());
     }
 
     #[test]
@@ -316,18 +316,19 @@ mod tests {
             ttl: Duration::from_secs(600),
             ..KubernetesSettings::default()
         };
-        insta::assert_json_snapshot!(job_spec(&job, &settings));
+        insta::assert_json_snapshot!(job_spec(&job, &settings).unwrap());
     }
 
     #[test]
     fn secret_values_never_enter_the_job_object() {
-        let text = serde_json::to_string(&job_spec(&item_job(), &full_settings())).unwrap();
+        let text =
+            serde_json::to_string(&job_spec(&item_job(), &full_settings()).unwrap()).unwrap();
         assert!(!text.contains("s3cr3t-value"), "{text}");
         let without_secret = KubernetesSettings {
             secret: None,
             ..full_settings()
         };
-        let text = serde_json::to_string(&job_spec(&item_job(), &without_secret)).unwrap();
+        let text = serde_json::to_string(&job_spec(&item_job(), &without_secret).unwrap()).unwrap();
         assert!(
             !text.contains("s3cr3t-value") && !text.contains("API_TOKEN"),
             "{text}"

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::super::model::{ExecutorSpec, SlurmSettings, Stage};
-use super::super::raw::{Entry, Node, NodeKind};
+use super::super::raw::{Entry, Node};
 use super::{Checker, find};
 use crate::manifest::error::Problem;
 
@@ -151,23 +151,12 @@ impl Checker<'_> {
         let text = |checker: &mut Self, key: &str| {
             find(table, key).and_then(|e| checker.string(&e.value, &format!("`{key}`")))
         };
-        let cpus = find(table, "cpus").and_then(|e| match e.value.kind {
-            NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => Some(n as u32),
-            _ => {
-                self.type_error(&e.value, "`cpus`", "a positive integer");
-                None
-            }
-        });
-        let max_jobs = match find(table, "max_jobs") {
-            None => DEFAULT_MAX_JOBS,
-            Some(e) => match e.value.kind {
-                NodeKind::Integer(n) if n >= 1 => n as usize,
-                _ => {
-                    self.type_error(&e.value, "`max_jobs`", "a positive integer");
-                    DEFAULT_MAX_JOBS
-                }
-            },
-        };
+        let cpus = find(table, "cpus")
+            .and_then(|e| self.count(&e.value, "`cpus`", 1))
+            .map(|n| n as u32);
+        let max_jobs = find(table, "max_jobs")
+            .and_then(|e| self.count(&e.value, "`max_jobs`", 1))
+            .unwrap_or(DEFAULT_MAX_JOBS);
         let sbatch_args = match find(table, "sbatch_args") {
             None => Vec::new(),
             Some(e) => match e.value.as_array() {

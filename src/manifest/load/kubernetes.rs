@@ -116,23 +116,12 @@ impl Checker<'_> {
                 None
             }
         };
-        let gpus = find(table, "gpus").and_then(|e| match e.value.kind {
-            NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => Some(n as u32),
-            _ => {
-                self.type_error(&e.value, "`gpus`", "a positive integer");
-                None
-            }
-        });
-        let max_jobs = match find(table, "max_jobs") {
-            None => DEFAULT_MAX_JOBS,
-            Some(e) => match e.value.kind {
-                NodeKind::Integer(n) if n >= 1 => n as usize,
-                _ => {
-                    self.type_error(&e.value, "`max_jobs`", "a positive integer");
-                    DEFAULT_MAX_JOBS
-                }
-            },
-        };
+        let gpus = find(table, "gpus")
+            .and_then(|e| self.count(&e.value, "`gpus`", 1))
+            .map(|n| n as u32);
+        let max_jobs = find(table, "max_jobs")
+            .and_then(|e| self.count(&e.value, "`max_jobs`", 1))
+            .unwrap_or(DEFAULT_MAX_JOBS);
         let settings = KubernetesSettings {
             namespace: text(self, "namespace").unwrap_or_else(|| "default".to_owned()),
             image: image.clone().unwrap_or_default(),
