@@ -103,6 +103,7 @@ fn job(dir: &Path) -> Job {
         log: dir.join("job.log"),
         redact: Vec::new(),
         secrets: Vec::new(),
+        image: None,
     }
 }
 

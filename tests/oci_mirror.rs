@@ -4,63 +4,10 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use common::Project;
-use sha2::{Digest as _, Sha256};
-
-fn sha256(bytes: &[u8]) -> String {
-    format!(
-        "sha256:{}",
-        Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
-}
-
-/// Writes an OCI image layout at `root` with one tiny image per name.
-fn layout(p: &Project, root: &str, names: &[String]) {
-    let mut manifests = Vec::new();
-    let blob = |bytes: &[u8]| -> (String, usize) {
-        let digest = sha256(bytes);
-        let path = format!("{root}/blobs/sha256/{}", &digest[7..]);
-        std::fs::create_dir_all(p.path(&format!("{root}/blobs/sha256"))).unwrap();
-        std::fs::write(p.path(&path), bytes).unwrap();
-        (digest, bytes.len())
-    };
-    for name in names {
-        let (layer, layer_size) = blob(format!("layer of {name}\n").as_bytes());
-        let (config, config_size) = blob(
-            serde_json::json!({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [layer]}})
-                .to_string()
-                .as_bytes(),
-        );
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": config_size},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": layer, "size": layer_size}],
-        })
-        .to_string();
-        let (digest, size) = blob(manifest.as_bytes());
-        manifests.push(serde_json::json!({
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": digest, "size": size,
-            "annotations": {"org.opencontainers.image.ref.name": name},
-        }));
-    }
-    p.file(
-        &format!("{root}/index.json"),
-        &serde_json::json!({"schemaVersion": 2, "manifests": manifests}).to_string(),
-    );
-    p.file(
-        &format!("{root}/oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    );
-}
+use common::registry::{Registry, layout, sha256};
 
 /// A project mirroring `images` (records) from `layout` to `target`.
 fn project(images: usize, target: &str, quota: usize) -> Project {
@@ -184,86 +131,6 @@ fn the_quota_gate_refuses_before_copying_anything() {
         out.stderr()
     );
     assert!(!p.exists("target"), "something was copied");
-}
-
-/// Whether a registry on `port` answers `GET /v2/` with 200.
-fn answers_api_root(port: u16) -> bool {
-    use std::io::{Read as _, Write as _};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    if stream
-        .write_all(b"GET /v2/ HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
-}
-
-/// A `docker-registry serve` on a free port, stopped when dropped.
-struct Registry {
-    child: Child,
-    port: u16,
-    _data: tempfile::TempDir,
-}
-
-impl Registry {
-    fn start() -> Registry {
-        let data = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = data.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                data.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        common::require_tool("docker-registry");
-        common::require_tool("curl");
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start docker-registry");
-        // Ready when it answers the API root.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !answers_api_root(port) {
-            assert!(Instant::now() < deadline, "the registry did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Registry {
-            child,
-            port,
-            _data: data,
-        }
-    }
-
-    fn get(&self, path: &str) -> String {
-        let out = Command::new("curl")
-            .args(["-sf", &format!("http://127.0.0.1:{}{path}", self.port)])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "GET {path} failed");
-        String::from_utf8(out.stdout).unwrap()
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

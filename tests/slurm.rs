@@ -48,6 +48,7 @@ fn job(dir: &Path, name: &str, script: &str) -> Job {
         redact: Vec::new(),
         stage: "test".to_owned(),
         secrets: Vec::new(),
+        image: None,
     }
 }
 

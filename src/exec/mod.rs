@@ -1,10 +1,12 @@
 //! Executors run one command and report how it ended. They know nothing of
 //! graphs, fingerprints or caching.
 
+mod image;
 mod kubernetes;
 mod local;
 mod slurm;
 
+pub use image::{ImageRef, ImageResolver, PinnedImage};
 pub use kubernetes::{KubernetesExecutor, job_spec, kubernetes_name, label_value};
 pub use local::LocalExecutor;
 pub use slurm::{JobState, SlurmExecutor, SlurmJob};
@@ -39,6 +41,9 @@ pub struct Job {
     /// The names of the stage's secret variables (an engine with its own
     /// secret store hands them over by name instead of by value).
     pub secrets: Vec<String>,
+    /// The image it runs in, by digest (`REPO@sha256:…`), on engines that
+    /// run images; pinned before the job was fingerprinted.
+    pub image: Option<String>,
 }
 
 /// The variable that marks every process a run starts (its value is the
@@ -241,6 +246,54 @@ pub trait Running: Send {
 
     /// Waits until the job ends; its log is complete and redacted then.
     fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>>;
+}
+
+/// Counts the remote jobs this process holds (started or adopted, not yet
+/// ended or cancelled). A job dropped before it ended is cancelled by its
+/// `Drop`, which needs the scheduler's runtime: an interrupted run waits
+/// for [`remote_jobs_released`] before it returns, so no cancellation is
+/// lost to the runtime shutting down.
+static REMOTE_JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Held by a remote [`Running`] job, as its last field (so it is released
+/// after the job's own `Drop` has cancelled it).
+#[derive(Debug)]
+pub struct RemoteJobGuard(());
+
+impl RemoteJobGuard {
+    pub fn new() -> Self {
+        REMOTE_JOBS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        RemoteJobGuard(())
+    }
+}
+
+impl Default for RemoteJobGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for RemoteJobGuard {
+    fn drop(&mut self) {
+        REMOTE_JOBS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Waits (at most `limit`) until every remote job this process held has
+/// ended or been cancelled; false if some are still held then.
+pub async fn remote_jobs_released(limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut pause = Duration::from_millis(1);
+    while REMOTE_JOBS.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        // Aborted tasks are dropped by the runtime's workers soon after
+        // the abort; nothing notifies when, so look again shortly.
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    true
 }
 
 /// The base environment every command gets, before declared variables.

@@ -27,7 +27,10 @@
 
 use std::time::Duration;
 
-use super::{BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, Running, redact_log};
+use super::{
+    BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, RUN_MARKER, RemoteJobGuard, Running,
+    redact_log,
+};
 use crate::manifest::{Command, SlurmSettings};
 
 /// A job submitted to Slurm: its job id and name.
@@ -113,7 +116,15 @@ impl SlurmExecutor {
         command
             .args(self.sbatch_args(job))
             .env_clear()
-            .envs(job.env.iter().map(|(k, v)| (k, v)))
+            // Not the run marker: a resumed run kills this machine's
+            // processes that carry it, and a job is Slurm's to keep (the
+            // token is in its comment).
+            .envs(
+                job.env
+                    .iter()
+                    .filter(|(k, _)| k != RUN_MARKER)
+                    .map(|(k, v)| (k, v)),
+            )
             .envs(slurm_client_env())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -294,6 +305,7 @@ impl SlurmExecutor {
             redact: job.redact.clone(),
             ended: false,
             _permit: permit,
+            _held: RemoteJobGuard::new(),
         })
     }
 }
@@ -308,6 +320,7 @@ struct SlurmRunning {
     redact: Vec<(String, String)>,
     ended: bool,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    _held: RemoteJobGuard,
 }
 
 impl Drop for SlurmRunning {
@@ -431,6 +444,7 @@ mod tests {
             redact: Vec::new(),
             stage: "oracle".to_owned(),
             secrets: Vec::new(),
+            image: None,
         }
     }
 

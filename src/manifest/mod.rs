@@ -19,6 +19,6 @@ pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,
     KubernetesSettings, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck,
-    Retry, RootVolume, SlurmSettings, Stage, Toleration, Uses, lock_path_of,
+    Retry, RootVolume, SlurmSettings, Stage, Toleration, Uses, is_per_item, lock_path_of,
 };
 pub use raw::Span;

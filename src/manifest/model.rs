@@ -28,6 +28,31 @@ pub struct Manifest {
     pub stages: Vec<Stage>,
 }
 
+impl Manifest {
+    /// The image `stage`'s commands run in, as written (it may hold
+    /// `{item.FIELD}`), and whether it must be given by digest; `None` for
+    /// an executor that runs no images.
+    pub fn image_of(&self, stage: &Stage) -> Option<(&str, bool)> {
+        match self.executors.get(&stage.executor.as_ref()?.name)? {
+            ExecutorSpec::Kubernetes(settings) => {
+                Some((settings.image.as_str(), settings.require_digest))
+            }
+            ExecutorSpec::Local | ExecutorSpec::Slurm(_) => None,
+        }
+    }
+}
+
+/// Whether an executor's `image` is filled from each item's fields
+/// (`{item.FIELD}`).
+pub fn is_per_item(image: &str) -> bool {
+    let mut per_item = false;
+    let _ = super::interpolate::walk(image, false, |p| {
+        per_item |= p.namespace == "item";
+        Ok::<_, ()>(None)
+    });
+    per_item
+}
+
 /// `[executors.NAME]`: an engine that runs stages' commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecutorSpec {
@@ -74,8 +99,12 @@ pub struct SlurmSettings {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KubernetesSettings {
     pub namespace: String,
-    /// The container image, `REPO@sha256:…` unless `require_digest` is off.
+    /// The container image, `REPO@sha256:…` unless `require_digest` is off;
+    /// `{item.FIELD}` fills it from each item (see [`Manifest::image_of`]).
     pub image: String,
+    /// A tag is refused (true) or resolved to a digest through its
+    /// registry before fingerprinting (false).
+    pub require_digest: bool,
     pub service_account: Option<String>,
     /// Requests and limits, as Kubernetes quantities (`500m`, `2`, `4Gi`).
     pub cpu: Option<String>,

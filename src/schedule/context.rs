@@ -9,13 +9,14 @@ use serde::Serialize;
 use super::ScheduleError;
 use super::item_fields::check_fields;
 use super::items::{PlannedItem, fill, load_items};
+use crate::exec::{ImageResolver, PinnedImage};
 use crate::fingerprint::{
     Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
     stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
-use crate::manifest::{Manifest, OutputIndex};
+use crate::manifest::{Manifest, OutputIndex, is_per_item};
 use crate::store::{
     Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus, StoreError,
     current_ok, read_lock,
@@ -141,6 +142,11 @@ pub struct Context<'m> {
     pub item_codes: HashMap<usize, Digest>,
     /// Whether a dirty stage's reason lists the components that changed.
     pub explain: bool,
+    /// Stages that run in one image: that image, pinned, as of the last
+    /// `key_of` (per-item images are on each [`PlannedItem`]).
+    pub images: HashMap<usize, PinnedImage>,
+    /// Pins image references, asking a registry once per tag.
+    resolver: ImageResolver,
     /// Stored tree listings of upstream directory outputs, by digest
     /// (`None`: not in the store).
     listings: HashMap<Digest, Option<TreeListing>>,
@@ -218,6 +224,8 @@ impl<'m> Context<'m> {
             item_plans: HashMap::new(),
             item_codes: HashMap::new(),
             explain: true,
+            images: HashMap::new(),
+            resolver: ImageResolver::new(),
             listings: HashMap::new(),
         })
     }
@@ -249,6 +257,25 @@ impl<'m> Context<'m> {
             digests.push(content.digest());
         }
         let mut key = stage_key(stage, &digests, |name| std::env::var(name).ok());
+        if let Some((image, require_digest)) = manifest.image_of(stage)
+            && !is_per_item(image)
+        {
+            // What the command runs in is part of what it computes: by
+            // content, so a moved tag re-runs the stage and the same image
+            // mirrored under another name does not.
+            let pinned = self
+                .resolver
+                .pin(image, require_digest)
+                .map_err(|message| ScheduleError::Image {
+                    stage: stage.name.clone(),
+                    message,
+                })?;
+            key.insert(
+                "image",
+                Component::of_value("image", pinned.digest.as_bytes(), pinned.reference.clone()),
+            );
+            self.images.insert(i, pinned);
+        }
         if stage.foreach.is_some() {
             // The stage as a whole is its template plus each item's
             // fingerprint: adding one item changes it, but each item is
@@ -300,6 +327,9 @@ impl<'m> Context<'m> {
             Some(ledger) => ledger.item_outcomes(&stage.name)?,
             None => HashMap::new(),
         };
+        let image = manifest
+            .image_of(stage)
+            .filter(|(image, _)| is_per_item(image));
         let mut planned = Vec::with_capacity(items.len());
         for item in items {
             let mut inputs = Vec::with_capacity(foreach.item_inputs.len());
@@ -324,6 +354,24 @@ impl<'m> Context<'m> {
                 };
                 inputs.push((path, digest));
             }
+            let image = match image {
+                None => None,
+                Some((template, require_digest)) => {
+                    let pinned = fill(template, &item.value)
+                        .and_then(|text| self.resolver.pin(&text, require_digest))
+                        .map_err(|message| ScheduleError::Items {
+                            stage: stage.name.clone(),
+                            message: format!("item `{}`: {message}", item.key),
+                        })?;
+                    // The image enters as one more thing the item reads
+                    // (a name no path can have), by its digest.
+                    inputs.push((
+                        "\0image".to_owned(),
+                        Digest::of(format!("image\0{}", pinned.digest).as_bytes()),
+                    ));
+                    Some(pinned)
+                }
+            };
             let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
             let recorded = outcomes.get(&(item.key.clone(), fingerprint));
             let outcome =
@@ -335,6 +383,7 @@ impl<'m> Context<'m> {
             planned.push(PlannedItem {
                 item,
                 fingerprint,
+                image: image.map(|pinned| pinned.reference),
                 code: *template,
                 outputs,
                 outcome,

@@ -126,6 +126,10 @@ struct Dispatcher<'a, 'm> {
     summary: RunSummary,
 }
 
+/// How long an interrupted run waits for its remote jobs to be cancelled
+/// (each cancellation has its own, shorter, limit).
+const CANCEL_WAIT: Duration = Duration::from_secs(30);
+
 impl<'a, 'm> Dispatcher<'a, 'm> {
     /// Reaps what a killed cairn left running, opens a run in the ledger.
     fn begin(
@@ -278,6 +282,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 () = interrupt.recv() => {
                     running.abort_all();
                     while running.join_next().await.is_some() {}
+                    // The items' tasks are dropped after their stages'
+                    // (each cancels its remote job as it goes): wait for
+                    // them while the runtime still runs.
+                    if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {
+                        tracing::warn!("some remote jobs could not be cancelled in time");
+                    }
                     // Items that finished before the interrupt are kept.
                     let mut batch = Vec::new();
                     while let Ok(attempt) = attempts_rx.try_recv() {

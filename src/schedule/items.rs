@@ -25,6 +25,9 @@ pub struct Item {
 pub struct PlannedItem {
     pub item: Item,
     pub fingerprint: Digest,
+    /// The image it runs in, pinned (`REPO@sha256:…`), when its executor
+    /// takes each item's image from the item.
+    pub image: Option<String>,
     /// The fingerprint of the stage's code (its template) it is run by.
     pub code: Digest,
     /// The newest outcome under this fingerprint, and how many attempts.
@@ -290,6 +293,7 @@ mod tests {
                 canonical: String::new(),
             },
             fingerprint: Digest::of(key.as_bytes()),
+            image: None,
             code: Digest::of(b"code"),
             outcome: Some((ItemClass::Ok, 1)),
             result: None,

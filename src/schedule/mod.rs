@@ -66,6 +66,9 @@ pub enum ScheduleError {
     Exec(#[from] ExecError),
     #[error("{message}")]
     Items { stage: String, message: String },
+    /// The image a stage runs in cannot be pinned to a digest.
+    #[error("stage `{stage}`: {message}")]
+    Image { stage: String, message: String },
     /// An item list read before the run starts holds a bad key or lacks a
     /// field the stage writes: bad input, nothing ran.
     #[error("failed to plan the items of stage `{stage}`: {message}")]

@@ -202,6 +202,15 @@ impl StageTask {
                 log: log_dir.join(format!("{}.log", stage.name)),
                 redact,
                 secrets: stage.secrets.clone(),
+                // Pinned when the stage was fingerprinted (per-item images
+                // are set on each item's job).
+                image: ctx
+                    .manifest
+                    .stages
+                    .iter()
+                    .position(|s| s.name == stage.name)
+                    .and_then(|i| ctx.images.get(&i))
+                    .map(|pinned| pinned.reference.clone()),
             },
             checks: stage.checks.clone(),
             store: ctx.store.clone(),
@@ -608,6 +617,7 @@ impl ItemRunner {
                         ),
                         command: command.clone(),
                         log: log.clone(),
+                        image: planned.image.clone().or_else(|| self.job.image.clone()),
                         ..self.job.clone()
                     };
                     job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod kube;
+pub mod registry;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

@@ -14,7 +14,9 @@ use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use super::spec::{job_spec, kubernetes_name};
 use super::status::{JobState, PodSignal, ended_pod_outcome, job_state, pod_signal};
-use crate::exec::{BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, Running, redact_log};
+use crate::exec::{
+    BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, RemoteJobGuard, Running, redact_log,
+};
 use crate::manifest::KubernetesSettings;
 
 /// How long one watch request stays open before it is renewed (the API
@@ -117,6 +119,7 @@ impl KubernetesExecutor {
             redact: job.redact.clone(),
             ended: false,
             _permit: permit,
+            held: Some(RemoteJobGuard::new()),
         })
     }
 }
@@ -177,6 +180,8 @@ struct KubernetesRunning {
     redact: Vec<(String, String)>,
     ended: bool,
     _permit: OwnedSemaphorePermit,
+    /// Released once the Job ended or its deletion was sent.
+    held: Option<RemoteJobGuard>,
 }
 
 /// Deletes the Job and, in the background, its pod.
@@ -194,12 +199,14 @@ impl Drop for KubernetesRunning {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(job = %self.name, "an interrupted job was left running: no runtime to delete it on");
             return;
         };
-        let (jobs, name) = (self.jobs.clone(), self.name.clone());
+        let (jobs, name, held) = (self.jobs.clone(), self.name.clone(), self.held.take());
         let delete = async move {
+            let _held = held;
             match tokio::time::timeout(CANCEL_LIMIT, delete(&jobs, &name)).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => tracing::debug!(job = %name, "deleted an interrupted job"),
                 Ok(Err(e)) => {
                     tracing::warn!(job = %name, error = %e, "could not delete an interrupted job")
                 }
@@ -207,12 +214,12 @@ impl Drop for KubernetesRunning {
             }
         };
         match runtime.runtime_flavor() {
-            // The scheduler drops its jobs on Ctrl-C and then exits: delete
-            // before returning (briefly blocking, like `scancel`), or the
-            // runtime may be gone before a spawned delete is sent.
+            // Delete before returning (briefly blocking, like `scancel`).
             tokio::runtime::RuntimeFlavor::MultiThread => {
                 tokio::task::block_in_place(|| runtime.block_on(delete));
             }
+            // The scheduler's own runtime: an interrupted run waits until
+            // this deletion is done (`remote_jobs_released`) before exiting.
             _ => {
                 runtime.spawn(delete);
             }

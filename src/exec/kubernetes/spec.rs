@@ -9,8 +9,11 @@ use super::super::Job;
 use crate::manifest::{Command, KubernetesSettings, RootVolume};
 
 /// Variables of cairn's own environment that never reach a pod: the image
-/// brings its own `PATH`, `HOME`, `LANG` and `TMPDIR`.
-const HOST_ONLY: &[&str] = &["PATH", "HOME", "LANG", "TMPDIR"];
+/// brings its own `PATH`, `HOME`, `LANG` and `TMPDIR`; the run marker is
+/// for this machine's processes (a resumed run kills those a dead run left;
+/// a pod, even on this machine, is its engine's to keep or stop), and the
+/// run token is on the Job's labels instead.
+const HOST_ONLY: &[&str] = &["PATH", "HOME", "LANG", "TMPDIR", super::super::RUN_MARKER];
 /// The variable names the scheduler gives an item's command.
 const ITEM_VARIABLE: &str = "CAIRN_ITEM";
 const ATTEMPT_VARIABLE: &str = "CAIRN_ATTEMPT";
@@ -163,7 +166,7 @@ pub fn job_spec(job: &Job, settings: &KubernetesSettings) -> Result<KubeJob, ser
     };
     let container = json!({
         "name": "job",
-        "image": settings.image,
+        "image": job.image.as_deref().unwrap_or(&settings.image),
         "command": command,
         "workingDir": job.cwd,
         "env": environment(job, settings),
@@ -244,6 +247,7 @@ mod tests {
     use crate::manifest::Toleration;
 
     const IMAGE: &str = "registry.example/oracle@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    const ITEM_IMAGE: &str = "registry.example/swesmith-07@sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
 
     fn item_job() -> Job {
         Job {
@@ -265,6 +269,8 @@ mod tests {
             log: PathBuf::from("/shared/project/cache/logs/7/oracle/x.2.log"),
             redact: vec![("API_TOKEN".to_owned(), "s3cr3t-value".to_owned())],
             secrets: vec!["API_TOKEN".to_owned()],
+            // The item's own image, pinned: it wins over the executor's.
+            image: Some(ITEM_IMAGE.to_owned()),
         }
     }
 
@@ -272,6 +278,7 @@ mod tests {
         KubernetesSettings {
             namespace: "curation".to_owned(),
             image: IMAGE.to_owned(),
+            require_digest: true,
             service_account: Some("oracle-runner".to_owned()),
             cpu: Some("2".to_owned()),
             memory: Some("4Gi".to_owned()),
@@ -307,6 +314,7 @@ mod tests {
             timeout: None,
             redact: Vec::new(),
             secrets: Vec::new(),
+            image: None,
             ..item_job()
         };
         let settings = KubernetesSettings {

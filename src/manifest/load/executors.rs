@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::super::model::{ExecutorSpec, SlurmSettings, Stage};
+use super::super::model::{ExecutorSpec, SlurmSettings, Stage, is_per_item};
 use super::super::raw::{Entry, Node};
 use super::{Checker, find};
 use crate::manifest::error::Problem;
@@ -204,6 +204,21 @@ impl Checker<'_> {
                         "here",
                     )
                     .help("built-in stages run inside cairn, on this machine; remove `executor`"),
+                );
+            } else if let Some(ExecutorSpec::Kubernetes(settings)) = executors.get(&executor.name)
+                && stage.foreach.is_none()
+                && is_per_item(&settings.image)
+            {
+                self.problems.push(
+                    Problem::new(
+                        format!(
+                            "stage `{}` is not per-item, but executor `{}` takes its image from `{{item.…}}`",
+                            stage.name, executor.name
+                        ),
+                        executor.span.clone(),
+                        "here",
+                    )
+                    .help("give the stage `foreach`, or run it on an executor with one image"),
                 );
             } else if !executors.contains_key(&executor.name) {
                 let help = self.did_you_mean(

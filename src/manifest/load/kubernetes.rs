@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::super::model::{KubernetesSettings, RootVolume, Toleration};
+use super::super::model::{KubernetesSettings, RootVolume, Toleration, is_per_item};
 use super::super::raw::{Entry, Node, NodeKind};
 use super::{Checker, find};
 use crate::manifest::error::Problem;
@@ -77,7 +77,20 @@ impl Checker<'_> {
             }
             Some(entry) => {
                 let image = self.string(&entry.value, "`image`")?;
-                if require_digest && !is_pinned(&image) {
+                let per_item = is_per_item(&image);
+                if per_item {
+                    // Each item's image is pinned (or refused) when the
+                    // item is fingerprinted.
+                } else if let Err(why) = crate::exec::ImageRef::parse(&image) {
+                    self.problems.push(
+                        Problem::new(
+                            format!("executor `{name}`: {why}"),
+                            entry.value.span.clone(),
+                            "here",
+                        )
+                        .help("write `HOST/REPO@sha256:<digest>`, or `{item.FIELD}` for each item's own image"),
+                    );
+                } else if require_digest && !is_pinned(&image) {
                     self.problems.push(
                         Problem::new(
                             format!("image `{image}` of executor `{name}` is not given by digest"),
@@ -125,6 +138,7 @@ impl Checker<'_> {
         let settings = KubernetesSettings {
             namespace: text(self, "namespace").unwrap_or_else(|| "default".to_owned()),
             image: image.clone().unwrap_or_default(),
+            require_digest,
             service_account: text(self, "service_account"),
             cpu: text(self, "cpu"),
             memory: text(self, "memory"),

@@ -1,0 +1,373 @@
+//! The real binary on `kind = "kubernetes"` executors, through the real
+//! kube client, against `scripts/kube-emulator` (the API server's Job and
+//! pod calls and watches over HTTP, each pod's command run as a process
+//! here) and, for tags, a real OCI registry. What a pod runs in enters the
+//! fingerprint by digest; Jobs are created once per attempt, adopted after
+//! `kill -9`, deleted on Ctrl-C and bounded by `max_jobs`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::kube::KubeEmulator;
+use common::registry::Registry;
+use common::{Project, Run};
+
+fn cairn(p: &Project, kube: &KubeEmulator, args: &[&str]) -> Run {
+    let output = p
+        .command(args)
+        .env("KUBECONFIG", &kube.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    Run { output }
+}
+
+fn poll(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn images_of(kube: &KubeEmulator) -> Vec<String> {
+    kube.jobs()
+        .iter()
+        .map(|j| j["image"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn plain_stage(image: &str, require_digest: bool) -> String {
+    format!(
+        r#"
+[pipeline]
+name = "images"
+
+[executors.k8s]
+kind = "kubernetes"
+image = "{image}"
+require_digest = {require_digest}
+host_path = true
+
+[stages.build]
+run = "echo built > out.txt"
+outputs = ["out.txt"]
+executor = "k8s"
+"#
+    )
+}
+
+#[test]
+fn a_tag_is_pinned_before_fingerprinting_and_a_moved_tag_reruns_the_stage() {
+    let registry = Registry::start();
+    let kube = KubeEmulator::start(None);
+    let repo = format!("127.0.0.1:{}/team/oracle", registry.port);
+    let first = registry.push("team/oracle", "v1", "first");
+    let p = Project::new();
+    p.file("cairn.toml", &plain_stage(&format!("{repo}:v1"), false));
+
+    cairn(&p, &kube, &["run"]).success();
+    // The pod ran the image the tag named, by digest.
+    assert_eq!(images_of(&kube), [format!("{repo}@{first}")]);
+    assert_eq!(p.read("out.txt"), "built\n");
+    let again = cairn(&p, &kube, &["run"]);
+    again.success();
+    assert!(again.stderr().contains("0 ran"), "{}", again.stderr());
+
+    // The tag moves: the stage is stale because of its image, and `why`
+    // names both digests.
+    let second = registry.push("team/oracle", "v1", "second");
+    assert_ne!(first, second);
+    let why = cairn(&p, &kube, &["why", "build"]);
+    let text = why.stdout();
+    assert!(text.contains("image"), "{text}");
+    assert!(text.contains(&first) && text.contains(&second), "{text}");
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(
+        images_of(&kube),
+        [format!("{repo}@{first}"), format!("{repo}@{second}")]
+    );
+
+    // Naming the first image by its digest is the first fingerprint: its
+    // result is reused, no Job is created.
+    p.file("cairn.toml", &plain_stage(&format!("{repo}@{first}"), true));
+    let pinned = cairn(&p, &kube, &["run"]);
+    pinned.success();
+    assert!(pinned.stderr().contains("0 ran"), "{}", pinned.stderr());
+    assert_eq!(kube.jobs().len(), 2);
+
+    // A tag that cannot be resolved is an error of the stage, naming the
+    // image; nothing is submitted.
+    p.file("cairn.toml", &plain_stage(&format!("{repo}:v1"), false));
+    drop(registry);
+    let down = cairn(&p, &kube, &["run"]);
+    assert_ne!(down.code(), 0);
+    assert!(
+        down.stderr()
+            .contains(&format!("cannot resolve image `{repo}:v1` to a digest")),
+        "{}",
+        down.stderr()
+    );
+    let status = cairn(&p, &kube, &["status"]);
+    assert_eq!(status.code(), 1);
+    assert!(
+        status.stdout().contains("cannot resolve image"),
+        "{}",
+        status.stdout()
+    );
+    assert_eq!(kube.jobs().len(), 2);
+}
+
+fn digest(n: u8) -> String {
+    format!("sha256:{}", format!("{n:02x}").repeat(32))
+}
+
+const PER_ITEM: &str = r#"
+[pipeline]
+name = "per-item-images"
+
+[executors.tasks]
+kind = "kubernetes"
+image = "{item.image}"
+host_path = true
+
+[stages.oracle]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.id} >> runs.txt; echo '{\"id\": \"{item.id}\"}' > results/{item.id}.json"
+item_result = "results/{item.id}.json"
+retry = { max = 1, on = ["infra"], backoff = "10ms" }
+executor = "tasks"
+outputs = { results = "oracle.jsonl" }
+"#;
+
+fn items(images: &[(&str, String)]) -> String {
+    images
+        .iter()
+        .map(|(id, image)| format!("{{\"id\": \"{id}\", \"image\": \"{image}\"}}\n"))
+        .collect()
+}
+
+#[test]
+fn each_item_runs_in_its_own_image_and_only_an_item_whose_image_changed_reruns() {
+    let image = |n: u8| format!("mirror.example/task-{n}@{}", digest(n));
+    let pullable = [image(1), image(2), image(4)];
+    let kube = KubeEmulator::start(Some(&pullable));
+    let p = Project::new();
+    p.file("cairn.toml", PER_ITEM);
+    p.file("results/.keep", "");
+    p.file(
+        "items.jsonl",
+        &items(&[("a", image(1)), ("b", image(2)), ("c", image(3))]),
+    );
+
+    // `c`'s image cannot be pulled: infrastructure, retried, never a verdict.
+    let first = cairn(&p, &kube, &["run"]);
+    assert_ne!(first.code(), 0, "{}", first.stderr());
+    let jobs = kube.jobs();
+    let image_of = |item: &str| -> Vec<String> {
+        jobs.iter()
+            .filter(|j| j["labels"]["cairn.dev/item"] == item)
+            .map(|j| j["image"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(image_of("a"), [image(1)]);
+    assert_eq!(image_of("b"), [image(2)]);
+    assert_eq!(image_of("c"), [image(3), image(3)], "tried twice");
+    let show = cairn(&p, &kube, &["show", "oracle/c", "--json"]);
+    let attempts: serde_json::Value = serde_json::from_str(&show.stdout()).unwrap();
+    assert!(
+        attempts
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["class"] == "infra"),
+        "{attempts}"
+    );
+    let mut ran = p.lines("runs.txt");
+    ran.sort();
+    assert_eq!(ran, ["a", "b"]);
+
+    // `b` moves to another image, `c` to one that exists: those two run,
+    // `a` is reused.
+    p.file(
+        "items.jsonl",
+        &items(&[("a", image(1)), ("b", image(4)), ("c", image(2))]),
+    );
+    cairn(&p, &kube, &["run"]).success();
+    let created: Vec<String> = kube.jobs()[4..]
+        .iter()
+        .map(|j| {
+            format!(
+                "{} {}",
+                j["labels"]["cairn.dev/item"].as_str().unwrap(),
+                j["image"].as_str().unwrap()
+            )
+        })
+        .collect();
+    let mut created = created;
+    created.sort();
+    assert_eq!(
+        created,
+        [format!("b {}", image(4)), format!("c {}", image(2))]
+    );
+
+    // An item's image given by tag is refused before anything runs.
+    p.file(
+        "items.jsonl",
+        &items(&[
+            ("a", image(1)),
+            ("d", "mirror.example/task-9:latest".to_owned()),
+        ]),
+    );
+    let tag = cairn(&p, &kube, &["run"]);
+    assert_ne!(tag.code(), 0);
+    assert!(
+        tag.stderr()
+            .contains("item `d`: image `mirror.example/task-9:latest` is not given by digest"),
+        "{}",
+        tag.stderr()
+    );
+    assert_eq!(kube.jobs().len(), 6);
+}
+
+const SLEEPERS: &str = r#"
+[pipeline]
+name = "sleepers"
+
+[executors.k8s]
+kind = "kubernetes"
+image = "mirror.example/sleeper@sha256:abababababababababababababababababababababababababababababababab"
+host_path = true
+max_jobs = MAX_JOBS
+
+[profiles.other-namespace]
+executors.k8s = { kind = "kubernetes", namespace = "batch", cpu = "2", image = "mirror.example/sleeper@sha256:abababababababababababababababababababababababababababababababab", host_path = true }
+
+[stages.work]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.id} >> runs/{item.id}; sleep {item.sleep}; echo '{\"id\": \"{item.id}\"}' > out/{item.id}.json"
+item_result = "out/{item.id}.json"
+executor = "k8s"
+outputs = { results = "state/work.jsonl" }
+"#;
+
+fn sleepers(n: usize, sleep: u32, max_jobs: usize) -> Project {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        &SLEEPERS.replace("MAX_JOBS", &max_jobs.to_string()),
+    );
+    let items: String = (0..n)
+        .map(|i| format!("{{\"id\": \"task-{i:02}\", \"sleep\": {sleep}}}\n"))
+        .collect();
+    p.file("items.jsonl", &items);
+    p.file("runs/.keep", "");
+    p.file("out/.keep", "");
+    p
+}
+
+#[test]
+fn jobs_in_flight_never_exceed_max_jobs_and_another_namespace_reruns_nothing() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(40, 0, 3);
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(kube.jobs().len(), 40);
+    let (max_active, active) = kube.active();
+    assert_eq!(active, 0);
+    assert!(max_active <= 3, "{max_active} Jobs at once, the bound is 3");
+    assert_eq!(p.lines("state/work.jsonl").len(), 40);
+
+    // Where in the cluster it runs (namespace, resources) is not what it
+    // computes: the same image is the same result.
+    let moved = cairn(&p, &kube, &["--profile", "other-namespace", "run"]);
+    moved.success();
+    assert!(moved.stderr().contains("0 ran"), "{}", moved.stderr());
+    assert_eq!(kube.jobs().len(), 40);
+}
+
+/// `cairn show STAGE/ITEM --json`: the item's attempts.
+fn attempts_of(p: &Project, kube: &KubeEmulator, item: &str) -> Vec<serde_json::Value> {
+    let show = cairn(p, kube, &["show", item, "--json"]);
+    show.success();
+    serde_json::from_str(&show.stdout()).unwrap()
+}
+
+fn spawn(p: &Project, kube: &KubeEmulator) -> std::process::Child {
+    p.command(&["run"])
+        .env("KUBECONFIG", &kube.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(6, 3, 256);
+    let mut child = spawn(&p, &kube);
+    poll("six Jobs", Duration::from_secs(30), || {
+        kube.jobs().len() == 6
+    });
+    poll("the attempts on record", Duration::from_secs(30), || {
+        (0..6).all(|i| {
+            attempts_of(&p, &kube, &format!("work/task-{i:02}"))
+                .first()
+                .is_some_and(|a| a["class"] == "running")
+        })
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    let before = attempts_of(&p, &kube, "work/task-00");
+    let handle = before[0]["handle"].as_str().unwrap().to_owned();
+    assert!(handle.starts_with("kubernetes:default/"), "{handle}");
+
+    let resumed = cairn(&p, &kube, &["run"]);
+    resumed.success();
+    // No Job was created twice, every command ran once.
+    assert_eq!(kube.jobs().len(), 6, "{}", resumed.stderr());
+    assert!(kube.deleted().is_empty());
+    for i in 0..6 {
+        assert_eq!(
+            p.lines(&format!("runs/task-{i:02}")).len(),
+            1,
+            "task-{i:02}"
+        );
+    }
+    assert_eq!(p.lines("state/work.jsonl").len(), 6);
+    let after = attempts_of(&p, &kube, "work/task-00");
+    let classes: Vec<&str> = after.iter().map(|a| a["class"].as_str().unwrap()).collect();
+    assert_eq!(classes, ["abandoned", "ok"], "{after:?}");
+    assert_eq!(after[1]["handle"], handle.as_str());
+}
+
+#[test]
+fn ctrl_c_deletes_the_runs_jobs() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(3, 300, 256);
+    let mut child = spawn(&p, &kube);
+    poll("three commands started", Duration::from_secs(30), || {
+        (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let mut deleted = kube.deleted();
+    deleted.sort();
+    let mut created: Vec<String> = kube
+        .jobs()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap().to_owned())
+        .collect();
+    created.sort();
+    assert_eq!(deleted, created);
+    assert_eq!(kube.active().1, 0);
+}
