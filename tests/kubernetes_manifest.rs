@@ -23,6 +23,18 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:5:9",
     ),
     (
+        "a malformed image",
+        "image = \"Mirror/Oracle:v1\"\nhost_path = true",
+        "executor `k8s`: `Mirror/Oracle:v1` is not an image reference",
+        "cairn.toml:5:9",
+    ),
+    (
+        "an item's image on a plain stage",
+        "image = \"{item.image}\"\nhost_path = true",
+        "stage `a` is not per-item, but executor `k8s` takes its image from `{item.…}`",
+        "cairn.toml:10:12",
+    ),
+    (
         "no image",
         "host_path = true",
         "kubernetes executor `k8s` has no `image`",

@@ -7,6 +7,7 @@
 
 pub mod catalog;
 mod error;
+mod image;
 pub mod interpolate;
 mod load;
 mod model;
@@ -15,6 +16,7 @@ pub mod settings;
 pub mod shell;
 
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
+pub use image::{ImageRef, PinnedImage};
 pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::super::ImageRef;
 use super::super::model::{KubernetesSettings, RootVolume, Toleration, is_per_item};
 use super::super::raw::{Entry, Node, NodeKind};
 use super::{Checker, find};
@@ -35,13 +36,6 @@ const DEFAULT_UNSCHEDULABLE: Duration = Duration::from_secs(300);
 const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 /// Unfinished Jobs at once on one executor, unless `max_jobs` says.
 const DEFAULT_MAX_JOBS: usize = 256;
-
-/// Whether `image` names its content: `REPO@sha256:<64 hex>`.
-pub fn is_pinned(image: &str) -> bool {
-    image.rsplit_once("@sha256:").is_some_and(|(repo, hex)| {
-        !repo.is_empty() && hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
-    })
-}
 
 impl Checker<'_> {
     pub(super) fn kubernetes_settings(
@@ -78,10 +72,11 @@ impl Checker<'_> {
             Some(entry) => {
                 let image = self.string(&entry.value, "`image`")?;
                 let per_item = is_per_item(&image);
+                let parsed = ImageRef::parse(&image);
                 if per_item {
                     // Each item's image is pinned (or refused) when the
                     // item is fingerprinted.
-                } else if let Err(why) = crate::exec::ImageRef::parse(&image) {
+                } else if let Err(why) = &parsed {
                     self.problems.push(
                         Problem::new(
                             format!("executor `{name}`: {why}"),
@@ -90,14 +85,14 @@ impl Checker<'_> {
                         )
                         .help("write `HOST/REPO@sha256:<digest>`, or `{item.FIELD}` for each item's own image"),
                     );
-                } else if require_digest && !is_pinned(&image) {
+                } else if require_digest && parsed.is_ok_and(|r| r.digest.is_none()) {
                     self.problems.push(
                         Problem::new(
                             format!("image `{image}` of executor `{name}` is not given by digest"),
                             entry.value.span.clone(),
                             "a tag can move",
                         )
-                        .help("write `REPO@sha256:<digest>` (skopeo inspect shows it), or set `require_digest = false` to run whatever the tag names when the pod starts"),
+                        .help("write `REPO@sha256:<digest>` (skopeo inspect shows it), or set `require_digest = false` to resolve the tag through its registry each time the stage is fingerprinted"),
                     );
                 }
                 Some(image)
