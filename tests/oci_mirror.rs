@@ -163,6 +163,15 @@ fn images_go_to_a_real_registry_over_http_and_the_quota_counts_its_tags() {
             .output()
             .unwrap();
         assert_eq!(sha256(&manifest.stdout), row["digest"].as_str().unwrap());
+        // What a pod pulls: the same manifest, by digest, at this registry.
+        assert_eq!(
+            row["reference"].as_str().unwrap(),
+            format!(
+                "127.0.0.1:{}/{repo}@{}",
+                registry.port,
+                row["digest"].as_str().unwrap()
+            )
+        );
     }
 
     // The quota is checked against what the registry really holds: a second

@@ -11,9 +11,11 @@ images) with its built-ins; see ../swesmith-curation.toml.
     materialize-one DIR ID REPO TEMPLATE FUNC DEFECT IMAGE
                                              the task directory of one planned task
     static-check TASK RESULT                 static checks of one task
-    accepted RESULTS OUT                     the `ok` items of a per-item stage
+    accepted RESULTS OUT [RECORDS]           the `ok` items of a per-item stage (their
+                                             records in RECORDS, by `id`)
     oracle TASK RESULT [--fault-rate F]      NOP must fail, gold must pass
-    canary-lists RECEIPT SMOKE FULL          fixed canary lists from the registered freeze
+    canary-lists RECEIPT SMOKE FULL VAL TRAIN MODELS [IMAGES]
+                                             fixed canary lists from the registered freeze
     canary MODEL TASK_ID RECEIPT RESULT      evaluate one fixture model on one task
     canary-report RESULTS OUT                pass@1 per model and sub-list
     check-context AGENT SERVER TRAINER       the context length agrees everywhere
@@ -255,8 +257,13 @@ def static_check(args):
 
 
 def accepted(args):
-    results, out = args
-    write_jsonl(out, [r["item"] for r in read_jsonl(results) if r["class"] == "ok"])
+    results, out = args[0], args[1]
+    ok = [r["item"] for r in read_jsonl(results) if r["class"] == "ok"]
+    if len(args) > 2:
+        # The full records of the accepted items, in their list's order.
+        ids = {item["id"] for item in ok}
+        ok = [record for record in read_jsonl(args[2]) if record["id"] in ids]
+    write_jsonl(out, ok)
 
 
 def run_tests(repo, test):
@@ -301,18 +308,24 @@ def registered(receipt_path):
 def canary_lists(args):
     receipt, smoke, full, n_val, n_train = args[0], args[1], args[2], int(args[3]), int(args[4])
     models = args[5].split(",")
+    # Each trial runs in its task's mirrored image when the mirror went to
+    # a registry (`reference`: pulled by digest); a layout has none.
+    images = {r["id"]: r["reference"] for r in read_jsonl(args[6]) if r.get("reference")} if len(args) > 6 else {}
     _, manifest = registered(receipt)
     by_hash = lambda ids: sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
     val_split = "val" if "val" in manifest["splits"] else sorted(manifest["splits"])[0]
     val = by_hash(manifest["splits"].get(val_split, []))[:n_val]
     train = by_hash(manifest["splits"].get("train", []))[:n_train]
     lists = [(f"validation{len(val)}", val), (f"train{len(train)}", train)]
-    items = [{"key": f"{m}:{t}", "model": m, "task": t, "list": name}
-             for m in models for name, tasks in lists for t in tasks]
-    write_jsonl(full, items)
+    def trial(model, task, name):
+        item = {"key": f"{model}:{task}", "model": model, "task": task, "list": name}
+        if task in images:
+            item["reference"] = images[task]
+        return item
+
+    write_jsonl(full, [trial(m, t, name) for m in models for name, tasks in lists for t in tasks])
     first = lists[0][1][:1] or lists[1][1][:1]
-    write_jsonl(smoke, [{"key": f"{m}:{t}", "model": m, "task": t, "list": "smoke"}
-                        for m in models for t in first])
+    write_jsonl(smoke, [trial(m, t, "smoke") for m in models for t in first])
 
 
 def canary(args):

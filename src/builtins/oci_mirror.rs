@@ -12,7 +12,8 @@
 //!    digest checked), then its manifest; a tag already holding another
 //!    manifest is refused.
 //! 4. The output lists, per record, the source, the target reference and the
-//!    manifest digest.
+//!    manifest digest, and for a registry target the reference a pod pulls
+//!    (`reference`: `HOST[:PORT]/REPO@sha256:…`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -201,12 +202,16 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         .iter()
         .map(|(id, image)| {
             let (repo, tag) = &wanted[image];
-            serde_json::json!({
+            let mut row = serde_json::json!({
                 "id": id,
                 "source": image,
                 "target": format!("{repo}:{tag}"),
                 "digest": digests[image],
-            })
+            });
+            if let Some(pull) = target.pull_reference(repo, &digests[image]) {
+                row["reference"] = pull.into();
+            }
+            row
         })
         .collect();
     out.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
@@ -264,6 +269,18 @@ impl Location {
         Err(fail(format!(
             "`{spec}` is not an OCI location: write `oci:PATH` or `http(s)://HOST[:PORT][/PREFIX]`"
         )))
+    }
+
+    /// What a container runtime pulls `repo` at `digest` by
+    /// (`HOST[:PORT]/REPO@sha256:…`); nothing pulls from a layout.
+    fn pull_reference(&self, repo: &str, digest: &str) -> Option<String> {
+        match self {
+            Location::Layout(_) => None,
+            Location::Registry(r) => {
+                let host = r.base.split_once("://").map_or(&*r.base, |(_, host)| host);
+                Some(format!("{host}/{repo}@{digest}"))
+            }
+        }
     }
 
     /// The full repository name for `name` (a registry adds its prefix).

@@ -23,8 +23,9 @@ pub struct Global {
     /// directory or the nearest parent that has one).
     #[arg(short = 'f', long = "file", global = true, value_name = "PATH")]
     pub file: Option<PathBuf>,
-    /// Apply the param overrides of `[profiles.NAME]`.
-    #[arg(long, global = true, value_name = "NAME")]
+    /// Apply `[profiles.NAME]` (its params and executors); `A,B` applies
+    /// both in turn, the later winning where they overlap.
+    #[arg(long, global = true, value_name = "NAME[,NAME…]")]
     pub profile: Option<String>,
     /// More log output (-v info, -vv debug); `RUST_LOG` also works.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

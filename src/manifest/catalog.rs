@@ -253,7 +253,7 @@ pub const BUILTINS: &[BuiltinSpec] = &[
     },
     BuiltinSpec {
         name: "oci-mirror",
-        version: 1,
+        version: 2,
         summary: "copy container images between OCI layouts and registries, under a per-shard tag quota",
         inputs: &[
             port(

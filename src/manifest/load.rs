@@ -181,14 +181,16 @@ impl<'s> Checker<'s> {
         let (name, root) = self.pipeline(entries, tree, manifest_dir);
         let mut params = self.params(entries);
         let resources = self.resources(entries);
-        let executors = self.executors(entries, profile);
+        // `--profile ci,cluster`: each applied in turn, a later one winning.
+        let selected: Vec<&str> = profile.map_or_else(Vec::new, |p| p.split(',').collect());
+        let executors = self.executors(entries, &selected);
         let profiles = self.profiles(entries, &params);
-        if let Some(wanted) = profile {
-            match profiles.get(wanted) {
+        for wanted in &selected {
+            match profiles.get(*wanted) {
                 Some(overrides) => params.extend(overrides.clone()),
                 None => {
                     return Err(LoadError::UnknownProfile {
-                        name: wanted.to_owned(),
+                        name: (*wanted).to_owned(),
                         known: profiles.keys().cloned().collect(),
                     });
                 }

@@ -33,12 +33,13 @@ const DEFAULT_POLL: Duration = Duration::from_secs(2);
 const DEFAULT_MAX_JOBS: usize = 256;
 
 impl Checker<'_> {
-    /// `[executors]`, with the selected profile's replacements applied.
-    /// Every profile's replacements are checked, selected or not.
+    /// `[executors]`, with the selected profiles' replacements applied in
+    /// their order. Every profile's replacements are checked, selected or
+    /// not.
     pub(super) fn executors(
         &mut self,
         entries: &[Entry],
-        profile: Option<&str>,
+        selected: &[&str],
     ) -> BTreeMap<String, ExecutorSpec> {
         let mut executors = BTreeMap::new();
         if let Some(entry) = find(entries, "executors")
@@ -53,7 +54,7 @@ impl Checker<'_> {
         let Some(profiles) = find(entries, "profiles").and_then(|e| e.value.as_table()) else {
             return executors;
         };
-        let mut replacements = BTreeMap::new();
+        let mut replacements = Vec::new();
         for body in profiles {
             let Some(table) = body
                 .value
@@ -87,13 +88,14 @@ impl Checker<'_> {
                     continue;
                 }
                 if let Some(spec) = self.executor_spec(&executor.key, &executor.value)
-                    && Some(body.key.as_str()) == profile
+                    && let Some(rank) = selected.iter().position(|p| *p == body.key)
                 {
-                    replacements.insert(executor.key.clone(), spec);
+                    replacements.push((rank, executor.key.clone(), spec));
                 }
             }
         }
-        executors.extend(replacements);
+        replacements.sort_by_key(|(rank, _, _)| *rank);
+        executors.extend(replacements.into_iter().map(|(_, name, spec)| (name, spec)));
         executors
     }
 
