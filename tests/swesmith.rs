@@ -266,3 +266,97 @@ fn a_gold_patch_that_needs_fuzz_to_apply_is_statically_rejected() {
     }
     assert_eq!(tried, 48);
 }
+
+/// Under `--profile ci,cluster` (its registry moved to a private one):
+/// the task images are mirrored to a real registry, and every oracle and
+/// canary trial runs as a Kubernetes Job (through `scripts/kube-emulator`)
+/// in its task's image, by the digest the mirror recorded, with the same
+/// verdicts as on this machine.
+#[test]
+fn on_the_cluster_profile_each_oracle_and_canary_trial_runs_in_its_tasks_mirrored_image() {
+    let registry = common::registry::Registry::start();
+    let kube = common::kube::KubeEmulator::start(None);
+    let p = shipped();
+    let manifest = p
+        .read("pipelines/swesmith-curation.toml")
+        .replace("127.0.0.1:5000", &format!("127.0.0.1:{}", registry.port));
+    p.file("pipelines/swesmith-curation.toml", &manifest);
+    let run = p
+        .command(&[
+            "-f",
+            "pipelines/swesmith-curation.toml",
+            "--profile",
+            "ci,cluster",
+            "run",
+        ])
+        .env("KUBECONFIG", &kube.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    common::Run { output: run }.success();
+
+    let mirrored = jsonl(&p, "state/swesmith-curation/images.jsonl");
+    let reference_of = |id: &str| -> String {
+        mirrored
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap_or_else(|| panic!("{id} was not mirrored"))["reference"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let jobs = kube.jobs();
+    let oracle: Vec<&serde_json::Value> = jobs
+        .iter()
+        .filter(|j| j["labels"]["cairn.dev/stage"] == "oracle")
+        .collect();
+    assert_eq!(oracle.len(), mirrored.len(), "one Job per mirrored task");
+    for job in &oracle {
+        let reference = reference_of(job["item"].as_str().unwrap());
+        assert_eq!(job["image"], reference.as_str());
+        // The registry serves that very manifest.
+        let (_, digest) = reference.rsplit_once('@').unwrap();
+        let repo = reference
+            .split_once('/')
+            .unwrap()
+            .1
+            .rsplit_once('@')
+            .unwrap()
+            .0;
+        assert!(
+            registry
+                .get(&format!("/v2/{repo}/tags/list"))
+                .contains("baseanchor-"),
+            "{repo}"
+        );
+        assert!(digest.starts_with("sha256:"), "{reference}");
+    }
+    let canary: Vec<&serde_json::Value> = jobs
+        .iter()
+        .filter(|j| j["labels"]["cairn.dev/stage"] == "canary")
+        .collect();
+    assert!(!canary.is_empty());
+    for job in &canary {
+        let task = job["item"].as_str().unwrap().split_once(':').unwrap().1;
+        assert_eq!(job["image"], reference_of(task).as_str());
+    }
+
+    // The verdicts are those of this machine: where a command runs does
+    // not change what it computes.
+    let local = shipped();
+    cairn(&local, &["run"]).success();
+    let verdicts = |p: &Project| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = jsonl(p, "state/swesmith-curation/oracle.jsonl")
+            .iter()
+            .map(|r| {
+                (
+                    r["key"].as_str().unwrap().to_owned(),
+                    r["class"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(verdicts(&p), verdicts(&local));
+}

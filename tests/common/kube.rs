@@ -63,7 +63,8 @@ impl KubeEmulator {
             .collect()
     }
 
-    /// Every Job created, in order: `{name, image, labels}`.
+    /// Every Job created, in order: `{name, image, item, labels}` (`item`:
+    /// the job's `CAIRN_ITEM`).
     pub fn jobs(&self) -> Vec<Value> {
         self.records("jobs.jsonl")
     }
