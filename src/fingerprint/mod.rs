@@ -14,6 +14,8 @@
 //! | `env:NAME`         | each declared variable's value (or its absence)     |
 //! | `input:PATH`       | the content digest of each input (file or tree)     |
 //! | `version`          | the manual cache-buster, if set                     |
+//! | `image`            | the digest of the image a stage's pods run in       |
+//! |                    | (added by the scheduler, which pins it)             |
 //! | (schema version)   | [`KEY_SCHEMA_VERSION`], inside the encoding         |
 //!
 //! Never hashed: mtimes, owners, inode numbers, absolute paths of the
