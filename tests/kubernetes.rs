@@ -27,6 +27,8 @@ enum Reply {
     Json(u16, Value),
     /// A watch: these events, then the stream stays open.
     Watch(Vec<Value>),
+    /// A watch whose events come from this stream, then stays open.
+    Stream(std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>>),
     Text(&'static str),
 }
 
@@ -41,6 +43,12 @@ impl Reply {
                     .map(|e| Ok(http_body::Frame::data(Bytes::from(format!("{e}\n")))))
                     .collect();
                 let stream = futures::stream::iter(lines).chain(futures::stream::pending());
+                (200, BodyExt::boxed(StreamBody::new(stream)))
+            }
+            Reply::Stream(events) => {
+                let stream = events
+                    .map(|e| Ok(http_body::Frame::data(Bytes::from(format!("{e}\n")))))
+                    .chain(futures::stream::pending());
                 (200, BodyExt::boxed(StreamBody::new(stream)))
             }
         };
@@ -430,5 +438,119 @@ async fn interrupted_wait_deletes_the_job() {
     assert!(
         delete.contains("\"propagationPolicy\":\"Background\""),
         "{delete}"
+    );
+}
+
+/// 10,000 jobs started at once on an executor with `max_jobs = 64`: the
+/// mock cluster, counting Jobs created and not yet complete, never sees
+/// more than 64, and does see 64 (the bound is what limits them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_jobs_never_exceed_max_jobs_in_flight() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const JOBS_TOTAL: usize = 10_000;
+    const BOUND: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let active = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let created = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let (service, mut handle) =
+        tower_test::mock::pair::<Request<kube::client::Body>, Response<Body>>();
+    let counters = (active.clone(), most.clone(), created.clone());
+    tokio::spawn(async move {
+        let (active, most, created) = counters;
+        let named = |name: &str| {
+            json!({ "apiVersion": "batch/v1", "kind": "Job",
+                    "metadata": { "name": name, "namespace": "default", "resourceVersion": "1" },
+                    "status": {} })
+        };
+        while let Some((request, reply)) = handle.next_request().await {
+            let (method, uri) = (request.method().clone(), request.uri().to_string());
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let response = if method == "POST" {
+                let object: Value = serde_json::from_slice(&body).unwrap();
+                let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let name = object["metadata"]["name"].as_str().unwrap();
+                assert!(
+                    created.lock().unwrap().insert(name.to_owned()),
+                    "{name} created twice"
+                );
+                Reply::Json(201, named(name))
+            } else if uri.contains("/jobs?") && uri.contains("watch=true") {
+                // The Job completes a moment after it is watched.
+                let name = uri
+                    .split("metadata.name%3D")
+                    .nth(1)
+                    .unwrap()
+                    .split('&')
+                    .next()
+                    .unwrap()
+                    .to_owned();
+                let active = active.clone();
+                Reply::Stream(Box::pin(futures::stream::once(async move {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    let mut done = named(&name);
+                    done["status"] =
+                        json!({ "conditions": [{ "type": "Complete", "status": "True" }] });
+                    event("MODIFIED", done)
+                })))
+            } else if uri.contains("/pods?") && uri.contains("watch=true") {
+                Reply::Watch(vec![])
+            } else if uri.starts_with(&format!("{PODS}?")) {
+                pods(vec![])
+            } else if method == "GET" && uri.starts_with(&format!("{JOBS}/")) {
+                let name = uri.rsplit('/').next().unwrap();
+                if created.lock().unwrap().contains(name) {
+                    // After its create: still running.
+                    Reply::Json(200, named(name))
+                } else {
+                    not_found()
+                }
+            } else {
+                panic!("unexpected request {method} {uri}")
+            };
+            reply.send_response(response.into_response());
+        }
+    });
+    let client = kube::Client::new(service, "default");
+    let executor = Arc::new(KubernetesExecutor::with_client(
+        KubernetesSettings {
+            max_jobs: BOUND,
+            ..settings()
+        },
+        client,
+    ));
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..JOBS_TOTAL {
+        let executor = executor.clone();
+        let job = Job {
+            name: format!("cairn-scale-{n:05}"),
+            ..job(dir.path())
+        };
+        tasks.spawn(async move { executor.run(&job).await });
+    }
+    let outcomes = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut outcomes = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            outcomes.push(joined.unwrap().unwrap());
+        }
+        outcomes
+    })
+    .await
+    .expect("10,000 jobs within two minutes");
+    assert_eq!(outcomes.len(), JOBS_TOTAL);
+    assert!(outcomes.iter().all(|o| *o == Outcome::Success));
+    assert_eq!(created.lock().unwrap().len(), JOBS_TOTAL);
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        most <= BOUND,
+        "{most} Jobs unfinished at once, the bound is {BOUND}"
+    );
+    assert_eq!(
+        most, BOUND,
+        "the bound was never reached: nothing ran side by side"
     );
 }
