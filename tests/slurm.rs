@@ -222,8 +222,7 @@ retry = { max = 2, on = ["infra"], backoff = "100ms" }
 outputs = { results = "state/work.jsonl" }
 "#;
 
-/// A project with `n` items, each sleeping `sleep` seconds, and an
-/// `sbatch` on PATH that counts its calls before handing them on.
+/// A project with `n` items, each sleeping `sleep` seconds.
 fn project(n: usize, sleep: u32) -> common::Project {
     let p = common::Project::new();
     p.file("cairn.toml", PIPELINE);
@@ -234,19 +233,21 @@ fn project(n: usize, sleep: u32) -> common::Project {
     for dir in ["runs", "started", "out"] {
         p.file(&format!("{dir}/.keep"), "");
     }
-    let counter = p.path("sbatch-calls");
-    p.file(
-        "shim/sbatch",
-        &format!(
-            "#!/bin/sh\necho call >> '{}'\nexec /usr/bin/sbatch \"$@\"\n",
-            counter.display()
-        ),
-    );
-    std::fs::set_permissions(
-        p.path("shim/sbatch"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    // `sbatch` and `squeue` on PATH count their calls before handing them on.
+    for (tool, log) in [("sbatch", "sbatch-calls"), ("squeue", "squeue-calls")] {
+        p.file(
+            &format!("shim/{tool}"),
+            &format!(
+                "#!/bin/sh\necho \"$*\" >> '{}'\nexec /usr/bin/{tool} \"$@\"\n",
+                p.path(log).display()
+            ),
+        );
+        std::fs::set_permissions(
+            p.path(&format!("shim/{tool}")),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+    }
     p
 }
 
@@ -337,6 +338,45 @@ async fn twenty_items_run_as_slurm_jobs_and_are_reused_item_by_item() {
     let local = p.cairn(&["run"]);
     local.success();
     assert!(local.stderr().contains("0 ran"), "{}", local.stderr());
+}
+
+/// Jobs are waited for with one `squeue` for all of them per interval, not
+/// one per job.
+#[tokio::test]
+async fn one_squeue_reads_the_state_of_every_waiting_job() {
+    let _node = cluster().await;
+    let p = project(24, 2);
+    run_on_slurm(&p, &["--profile", "slurm", "run"]).success();
+    assert_eq!(sbatch_calls(&p), 24);
+    let polls: Vec<String> = p
+        .lines("squeue-calls")
+        .into_iter()
+        .filter(|call| call.contains("--jobs"))
+        .collect();
+    let most_ids = polls
+        .iter()
+        .map(|call| {
+            call.split("--jobs ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .split(',')
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(
+        most_ids >= 8,
+        "no query read a whole wave of jobs: {polls:?}"
+    );
+    // Polling each job on its own made about ten queries a job here.
+    assert!(
+        polls.len() < 2 * 24,
+        "{} state queries for 24 jobs: {polls:?}",
+        polls.len()
+    );
 }
 
 #[tokio::test]

@@ -16,8 +16,9 @@
 //!   can be found (`orphans`), and the placement the stage asks for
 //!   (partition, account, time limit, cpus, memory, gres, extra arguments).
 //!
-//! Slurm has no watch API: a job's state is read with `squeue`, polled with
-//! a growing interval (from 100 ms to `poll`). How a job ended maps to an
+//! Slurm has no watch API: job states are read with `squeue`, one call for
+//! every job the executor is waiting for, at an interval growing from 100 ms
+//! to `poll` (back to 100 ms when a job joins). How a job ended maps to an
 //! [`Outcome`]: COMPLETED → success; FAILED → its exit code (which the
 //! stage's `classify` rules read); CANCELLED → cancelled; TIMEOUT →
 //! timed out; NODE_FAIL, PREEMPTED, BOOT_FAIL, OUT_OF_MEMORY and DEADLINE →
@@ -53,6 +54,50 @@ pub struct SlurmExecutor {
     settings: SlurmSettings,
     /// One permit per job queued or running (`max_jobs`).
     in_flight: std::sync::Arc<tokio::sync::Semaphore>,
+    poller: std::sync::Arc<Poller>,
+}
+
+/// What the last `squeue` said of a job being waited for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    /// Not polled yet.
+    Unknown,
+    State(JobState),
+    /// Slurm no longer knows the job.
+    Forgotten,
+    /// `squeue` failed: why.
+    Failed(String),
+}
+
+/// The jobs being waited for, by id: one `squeue` serves them all.
+#[derive(Debug, Default)]
+struct Poller {
+    waiting: std::sync::Mutex<PollerState>,
+}
+
+#[derive(Debug, Default)]
+struct PollerState {
+    jobs: std::collections::HashMap<String, tokio::sync::watch::Sender<Seen>>,
+    /// Whether the polling task runs.
+    polling: bool,
+    /// A job joined since the last poll: poll again soon.
+    joined: bool,
+}
+
+/// Job ids per `squeue` call, so a command line stays short.
+const IDS_PER_QUERY: usize = 512;
+
+/// Stops waiting for a job when its waiter ends or is dropped.
+struct Waiting<'a> {
+    poller: &'a Poller,
+    id: String,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = self.poller.waiting.lock().expect("not poisoned");
+        state.jobs.remove(&self.id);
+    }
 }
 
 impl SlurmExecutor {
@@ -63,6 +108,7 @@ impl SlurmExecutor {
         Self {
             settings,
             in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(permits)),
+            poller: std::sync::Arc::default(),
         }
     }
 
@@ -175,42 +221,107 @@ impl SlurmExecutor {
             }))
     }
 
-    /// The job's state, `None` once Slurm has forgotten it.
-    pub async fn state(&self, job: &SlurmJob) -> Result<Option<JobState>, ExecError> {
-        let text = squeue(&["--states=all", "--jobs", &job.id, "--format=%T|%R"]).await;
-        // squeue fails with "Invalid job id" once the job has aged out.
-        let text = match text {
-            Ok(text) => text,
-            Err(ExecError::Engine { detail, .. }) if detail.contains("Invalid job id") => {
-                return Ok(None);
-            }
-            Err(other) => return Err(other),
-        };
-        Ok(text.lines().find_map(|line| {
-            let (state, reason) = line.split_once('|')?;
-            Some(JobState {
-                state: state.trim().to_owned(),
-                reason: reason.trim().to_owned(),
-            })
-        }))
-    }
-
     /// The exit code of a finished job (`ExitCode=N:S` in `scontrol`).
     async fn exit_code(&self, job: &SlurmJob) -> Result<(i32, i32), ExecError> {
         let text = run_client("scontrol", &["show", "job", &job.id]).await?;
         Ok(parse_exit_code(&text).unwrap_or((-1, 0)))
     }
 
-    /// Waits until the job ends; how it ended.
+    /// Waits until the job ends; how it ended. Its state comes from the
+    /// executor's one polling task, which reads every waited-for job with
+    /// one `squeue` per interval.
     pub async fn wait_job(&self, job: &SlurmJob) -> Result<Outcome, ExecError> {
-        let mut interval = Duration::from_millis(100);
-        let ceiling = self.settings.poll.max(Duration::from_millis(100));
+        let (mut seen, _waiting) = self.watch(&job.id);
         loop {
-            let Some(state) = self.state(job).await? else {
-                return Ok(Outcome::Infra(InfraKind::Vanished));
+            let now = seen.borrow_and_update().clone();
+            match now {
+                Seen::Unknown => {}
+                Seen::Forgotten => return Ok(Outcome::Infra(InfraKind::Vanished)),
+                Seen::Failed(detail) => {
+                    return Err(ExecError::Engine {
+                        engine: "slurm",
+                        action: "query",
+                        detail,
+                    });
+                }
+                Seen::State(state) => {
+                    if let Some(outcome) = self.ended(job, &state).await? {
+                        return Ok(outcome);
+                    }
+                }
+            }
+            // The sender lives while this job is waited for.
+            let _ = seen.changed().await;
+        }
+    }
+
+    /// Registers `id` with the poller (starting it if it is not running).
+    fn watch(&self, id: &str) -> (tokio::sync::watch::Receiver<Seen>, Waiting<'_>) {
+        let mut state = self.poller.waiting.lock().expect("not poisoned");
+        let receiver = match state.jobs.get(id) {
+            Some(sender) => sender.subscribe(),
+            None => {
+                let (sender, receiver) = tokio::sync::watch::channel(Seen::Unknown);
+                state.jobs.insert(id.to_owned(), sender);
+                receiver
+            }
+        };
+        state.joined = true;
+        if !state.polling {
+            state.polling = true;
+            tokio::spawn(self.clone().poll_all());
+        }
+        let waiting = Waiting {
+            poller: &self.poller,
+            id: id.to_owned(),
+        };
+        (receiver, waiting)
+    }
+
+    /// Reads the state of every waited-for job, one `squeue` per interval,
+    /// until no job is waited for.
+    async fn poll_all(self) {
+        let floor = Duration::from_millis(100);
+        let ceiling = self.settings.poll.max(floor);
+        let mut interval = floor;
+        loop {
+            let ids: Vec<String> = {
+                let mut state = self.poller.waiting.lock().expect("not poisoned");
+                if state.jobs.is_empty() {
+                    state.polling = false;
+                    return;
+                }
+                if std::mem::take(&mut state.joined) {
+                    interval = floor;
+                }
+                state.jobs.keys().cloned().collect()
             };
-            if let Some(outcome) = self.ended(job, &state).await? {
-                return Ok(outcome);
+            let mut seen = std::collections::HashMap::new();
+            let mut failed = None;
+            for chunk in ids.chunks(IDS_PER_QUERY) {
+                match states(chunk).await {
+                    Ok(states) => seen.extend(states),
+                    Err(error) => failed = Some(error),
+                }
+            }
+            {
+                let state = self.poller.waiting.lock().expect("not poisoned");
+                for id in &ids {
+                    let Some(sender) = state.jobs.get(id) else {
+                        continue;
+                    };
+                    // Slurm could not be asked: every waiter fails with why.
+                    let now = match &failed {
+                        Some(ExecError::Engine { detail, .. }) => Seen::Failed(detail.clone()),
+                        Some(error) => Seen::Failed(error.to_string()),
+                        None => seen.remove(id).map_or(Seen::Forgotten, Seen::State),
+                    };
+                    sender.send_if_modified(|old| {
+                        let changed = *old != now;
+                        *old = now;
+                        changed
+                    });
+                }
             }
             tokio::time::sleep(interval).await;
             interval = (interval * 2).min(ceiling);
@@ -368,6 +479,34 @@ fn batch_script(command: &Command) -> String {
         }
     };
     format!("#!/bin/sh\n{exec}\n")
+}
+
+/// The states of the jobs `ids` that Slurm still knows, by id (one
+/// `squeue`; a job it has forgotten is absent).
+async fn states(ids: &[String]) -> Result<std::collections::HashMap<String, JobState>, ExecError> {
+    let list = ids.join(",");
+    let text = match squeue(&["--states=all", "--jobs", &list, "--format=%i|%T|%R"]).await {
+        Ok(text) => text,
+        // A list of one id that has aged out is an error; of several, not.
+        Err(ExecError::Engine { detail, .. }) if detail.contains("Invalid job id") => {
+            return Ok(std::collections::HashMap::new());
+        }
+        Err(other) => return Err(other),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, '|');
+            let (id, state, reason) = (fields.next()?, fields.next()?, fields.next()?);
+            Some((
+                id.trim().to_owned(),
+                JobState {
+                    state: state.trim().to_owned(),
+                    reason: reason.trim().to_owned(),
+                },
+            ))
+        })
+        .collect())
 }
 
 /// What Slurm's client commands need from cairn's own environment.
