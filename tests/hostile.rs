@@ -201,7 +201,10 @@ fn shipped_per_item_stages() -> String {
         .as_table_mut()
         .unwrap()
         .remove("needs");
-    stages["oracle"]["needs"] = toml::Value::Array(vec!["static-filter".into()]);
+    stages["oracle"].as_table_mut().unwrap().insert(
+        "needs".into(),
+        toml::Value::Array(vec!["static-filter".into()]),
+    );
     toml::to_string(&manifest).unwrap()
 }
 
@@ -247,7 +250,8 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
         smoke.push_str(&format!("{canary}\n"));
     }
     p.file(&format!("{state}/plan/main.jsonl"), &plan);
-    p.file(&format!("{state}/static-accepted.jsonl"), &plan);
+    // What the mirror would list: the oracle's items.
+    p.file(&format!("{state}/images.jsonl"), &plan);
     p.file(&format!("{state}/canary/smoke.jsonl"), &smoke);
 
     p.cairn(&["-f", "pipelines/swesmith-curation.toml", "run"])

@@ -370,4 +370,96 @@ fn ctrl_c_deletes_the_runs_jobs() {
     created.sort();
     assert_eq!(deleted, created);
     assert_eq!(kube.active().1, 0);
+    let attempts = attempts_of(&p, &kube, "work/task-00");
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0]["class"], "cancelled");
+}
+
+#[test]
+fn ctrl_c_with_detach_leaves_the_jobs_running_and_the_next_run_adopts_them() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(3, 3, 256);
+    let mut child = p
+        .command(&["run", "--detach"])
+        .env("KUBECONFIG", &kube.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    poll("three commands started", Duration::from_secs(30), || {
+        (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert!(kube.deleted().is_empty(), "{:?}", kube.deleted());
+    assert_eq!(kube.active().1, 3, "the Jobs still run");
+    let left = attempts_of(&p, &kube, "work/task-00");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0]["class"], "abandoned");
+
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(kube.jobs().len(), 3, "adopted, not created again");
+    for i in 0..3 {
+        assert_eq!(
+            p.lines(&format!("runs/task-{i:02}")).len(),
+            1,
+            "task-{i:02}"
+        );
+    }
+    let after = attempts_of(&p, &kube, "work/task-00");
+    let classes: Vec<&str> = after.iter().map(|a| a["class"].as_str().unwrap()).collect();
+    assert_eq!(classes, ["abandoned", "ok"]);
+    assert_eq!(after[1]["handle"], left[0]["handle"]);
+}
+
+#[test]
+fn jobs_a_dead_run_left_for_items_no_longer_wanted_are_cancelled() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(4, 300, 256);
+    let mut child = spawn(&p, &kube);
+    poll("the attempts on record", Duration::from_secs(30), || {
+        (0..4).all(|i| {
+            attempts_of(&p, &kube, &format!("work/task-{i:02}"))
+                .first()
+                .is_some_and(|a| a["class"] == "running")
+        })
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    let left: Vec<String> = kube
+        .jobs()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(left.len(), 4);
+
+    // Two items stay, as other work (a new fingerprint each); two are gone.
+    p.file(
+        "items.jsonl",
+        "{\"id\": \"task-00\", \"sleep\": 0}\n{\"id\": \"task-01\", \"sleep\": 0}\n",
+    );
+    cairn(&p, &kube, &["run"]).success();
+    let mut deleted = kube.deleted();
+    deleted.sort();
+    let mut expected = left.clone();
+    expected.sort();
+    assert_eq!(
+        deleted, expected,
+        "every job the dead run left was cancelled"
+    );
+    assert_eq!(kube.jobs().len(), 6, "two new Jobs");
+    assert_eq!(kube.active().1, 0);
+    let gone = attempts_of(&p, &kube, "work/task-03");
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0]["class"], "cancelled");
+    // Nothing is left to cancel: the next run cancels nothing again.
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(kube.deleted().len(), 4);
 }

@@ -225,6 +225,11 @@ pub struct RunArgs {
     /// Per-item stages run only items in this state.
     #[arg(long, value_enum)]
     pub only: Option<crate::schedule::Only>,
+    /// On Ctrl-C, leave the run's Slurm and Kubernetes jobs running instead
+    /// of cancelling them: the next run adopts those still wanted (this
+    /// machine's commands stop either way).
+    #[arg(long)]
+    pub detach: bool,
 }
 
 #[derive(Debug, Args)]

@@ -101,6 +101,9 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
 
     // One scheduler thread: it only waits on children and hands work out;
     // hashing and copying run on tokio's blocking pool.
+    if args.detach {
+        crate::exec::detach_remote_jobs();
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -128,6 +128,12 @@ impl Executor for LocalExecutor {
         true
     }
 
+    /// A dead run's processes (`pid:N`) were killed when this run began
+    /// (`kill_marked_processes`): nothing is left to cancel.
+    fn cancel_handle<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<bool, ExecError>> {
+        Box::pin(async move { Ok(handle.starts_with("pid:")) })
+    }
+
     fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
         Box::pin(async move { Ok(Box::new(self.spawn(job)?) as Box<dyn Running>) })
     }

@@ -233,6 +233,14 @@ pub trait Executor: Send + Sync {
         })
     }
 
+    /// Cancels the job named by `handle` (what [`Running::handle`] gave an
+    /// earlier process) if it is this engine's: true if it was. A job that
+    /// already ended is left alone.
+    fn cancel_handle<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<bool, ExecError>> {
+        let _ = handle;
+        Box::pin(async { Ok(false) })
+    }
+
     /// Starts the job (see [`Executor::start`]) and waits for it.
     fn run<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Outcome, ExecError>> {
         Box::pin(async move { self.start(job).await?.wait().await })
@@ -246,6 +254,20 @@ pub trait Running: Send {
 
     /// Waits until the job ends; its log is complete and redacted then.
     fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>>;
+}
+
+/// Set by `cairn run --detach`: an interrupted run leaves its remote jobs
+/// running (the next run adopts them) instead of cancelling them.
+static DETACHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, remote jobs dropped before they end are left running.
+pub fn detach_remote_jobs() {
+    DETACHED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether remote jobs dropped before they end are left running.
+pub fn remote_jobs_detached() -> bool {
+    DETACHED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Counts the remote jobs this process holds (started or adopted, not yet

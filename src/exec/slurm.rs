@@ -388,6 +388,26 @@ impl Executor for SlurmExecutor {
         })
     }
 
+    fn cancel_handle<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<bool, ExecError>> {
+        Box::pin(async move {
+            let Some(id) = handle.strip_prefix("slurm:") else {
+                return Ok(false);
+            };
+            let job = SlurmJob {
+                id: id.to_owned(),
+                name: String::new(),
+            };
+            match self.cancel_job(&job).await {
+                Ok(()) => Ok(true),
+                // Already gone from Slurm: nothing left to cancel.
+                Err(ExecError::Engine { detail, .. }) if detail.contains("Invalid job id") => {
+                    Ok(true)
+                }
+                Err(other) => Err(other),
+            }
+        })
+    }
+
     fn attach<'a>(
         &'a self,
         job: &'a Job,
@@ -436,7 +456,7 @@ struct SlurmRunning {
 
 impl Drop for SlurmRunning {
     fn drop(&mut self) {
-        if !self.ended {
+        if !self.ended && !super::remote_jobs_detached() {
             // Blocking, and brief: the scheduler is shutting down.
             let _ = std::process::Command::new("scancel")
                 .arg(&self.submitted.id)

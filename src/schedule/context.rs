@@ -142,6 +142,9 @@ pub struct Context<'m> {
     pub item_codes: HashMap<usize, Digest>,
     /// Whether a dirty stage's reason lists the components that changed.
     pub explain: bool,
+    /// Per-item stages: the handles of jobs a dead run left for items the
+    /// current plan no longer wants (to cancel), as of the last `key_of`.
+    pub orphans: HashMap<usize, Vec<String>>,
     /// Stages that run in one image: that image, pinned, as of the last
     /// `key_of` (per-item images are on each [`PlannedItem`]).
     pub images: HashMap<usize, PinnedImage>,
@@ -224,6 +227,7 @@ impl<'m> Context<'m> {
             item_plans: HashMap::new(),
             item_codes: HashMap::new(),
             explain: true,
+            orphans: HashMap::new(),
             images: HashMap::new(),
             resolver: ImageResolver::new(),
             listings: HashMap::new(),
@@ -389,6 +393,26 @@ impl<'m> Context<'m> {
                 outcome,
                 result,
             });
+        }
+        if let Some(ledger) = &self.ledger {
+            // A job is still wanted while its item is planned under the same
+            // fingerprint and has no final outcome: the run adopts it.
+            let wanted: std::collections::HashSet<(&str, Digest)> = planned
+                .iter()
+                .filter(|p| {
+                    !p.outcome
+                        .as_ref()
+                        .is_some_and(|(class, _)| class.is_final())
+                })
+                .map(|p| (p.item.key.as_str(), p.fingerprint))
+                .collect();
+            let orphans = ledger
+                .orphaned_jobs(&stage.name)?
+                .into_iter()
+                .filter(|(key, fingerprint, _)| !wanted.contains(&(key.as_str(), *fingerprint)))
+                .map(|(_, _, handle)| handle)
+                .collect();
+            self.orphans.insert(i, orphans);
         }
         Ok(planned)
     }

@@ -294,6 +294,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         batch.push(attempt);
                     }
                     self.item_attempts(&batch)?;
+                    // Those that did not are cancelled, or left running
+                    // for the next run to adopt (`--detach`).
+                    if let Some(ledger) = &self.ctx.ledger {
+                        ledger.close_running_attempts(self.run_id, crate::exec::remote_jobs_detached())?;
+                    }
                     self.summary.interrupted = true;
                     self.reporter.event(Event::Interrupted);
                     return Ok(());
@@ -343,6 +348,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             ) {
                 Ok(task) if stage.foreach.is_some() => {
                     let mut plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
+                    let orphans = self.ctx.orphans.remove(&i).unwrap_or_default();
                     if let Err(message) = self.forget_forced_items(i, &mut plan) {
                         self.fail(i, &message, None);
                         continue;
@@ -350,6 +356,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     task.with_items(
                         stage,
                         plan,
+                        orphans,
                         self.options.only,
                         self.options.limit,
                         &self.log_dir,
@@ -513,6 +520,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let log = self
             .log_dir
             .join(format!("{}.log", self.ctx.manifest.stages[i].name));
+        if let Ok(task) = &result
+            && !task.cancelled_orphans.is_empty()
+            && let Some(ledger) = &self.ctx.ledger
+        {
+            ledger.orphans_cancelled(&self.ctx.manifest.stages[i].name, &task.cancelled_orphans)?;
+        }
         let task = match result {
             // The run stopped before this stage got a job slot.
             Ok(task) if !task.started => {

@@ -37,6 +37,9 @@ pub struct TaskResult {
     /// The log that shows why it failed, when that is not the stage's own:
     /// a failing item's.
     pub failure_log: Option<PathBuf>,
+    /// Jobs a dead run left for items no longer wanted, cancelled now
+    /// (their handles).
+    pub cancelled_orphans: Vec<String>,
 }
 
 impl TaskResult {
@@ -49,6 +52,7 @@ impl TaskResult {
             partial: None,
             started_ms: now_ms(),
             failure_log: None,
+            cancelled_orphans: Vec::new(),
         }
     }
 }
@@ -84,6 +88,8 @@ struct Items {
     limit: Option<usize>,
     log_dir: PathBuf,
     run_id: i64,
+    /// Handles of jobs a dead run left for items this plan no longer wants.
+    orphans: Vec<String>,
 }
 
 /// A built-in stage's command (`cairn builtin …`) with the running cairn
@@ -223,12 +229,14 @@ impl StageTask {
         })
     }
 
-    /// Makes this the task of a per-item stage over `plan`.
+    /// Makes this the task of a per-item stage over `plan`; `orphans`: the
+    /// jobs a dead run left for items `plan` no longer wants.
     #[allow(clippy::too_many_arguments)]
     pub fn with_items(
         mut self,
         stage: &Stage,
         plan: Vec<PlannedItem>,
+        orphans: Vec<String>,
         only: Option<Only>,
         limit: Option<usize>,
         log_dir: &Path,
@@ -244,6 +252,7 @@ impl StageTask {
             limit,
             log_dir: log_dir.join(&stage.name),
             run_id,
+            orphans,
         });
         self
     }
@@ -299,6 +308,7 @@ impl StageTask {
             partial: None,
             started_ms,
             failure_log: None,
+            cancelled_orphans: Vec::new(),
         };
         task.failure = self.verdict(executor.as_ref(), outcome).await?;
         // The job slot and resources are free while the outputs are stored.
@@ -354,6 +364,7 @@ impl StageTask {
         let started_ms = now_ms();
         let started = Instant::now();
         let mut items = self.items.take().expect("a per-item task");
+        let cancelled_orphans = cancel_orphans(executor.as_ref(), &items.orphans).await;
         std::fs::create_dir_all(&items.log_dir).map_err(|source| ScheduleError::Io {
             path: items.log_dir.clone(),
             source,
@@ -392,7 +403,12 @@ impl StageTask {
                 .await
             {
                 Some(permits) => Some(permits),
-                None => return Ok(TaskResult::not_started()),
+                None => {
+                    return Ok(TaskResult {
+                        cancelled_orphans,
+                        ..TaskResult::not_started()
+                    });
+                }
             }
         };
         let stage_jobs = Arc::new(Semaphore::new(
@@ -460,6 +476,7 @@ impl StageTask {
             partial: None,
             started_ms,
             failure_log: None,
+            cancelled_orphans,
         };
         if stopped {
             task.failure = Some(format!(
@@ -549,6 +566,29 @@ impl StageTask {
         }
         Ok(None)
     }
+}
+
+/// Cancels the jobs `handles` (left by a dead run for items no longer
+/// wanted) on `executor`; the handles it cancelled. One it cannot is left
+/// on record, to be tried again by the next run.
+async fn cancel_orphans(executor: &dyn Executor, handles: &[String]) -> Vec<String> {
+    let mut cancelled = Vec::new();
+    for handle in handles {
+        match executor.cancel_handle(handle).await {
+            Ok(true) => {
+                tracing::info!(job = %handle, "cancelled a job a dead run left for an item no longer wanted");
+                cancelled.push(handle.clone());
+            }
+            Ok(false) => tracing::warn!(
+                job = %handle,
+                "a dead run left this job, for an item no longer wanted, on another engine than the stage's now: cancel it by hand"
+            ),
+            Err(error) => {
+                tracing::warn!(job = %handle, error = %error, "could not cancel a job a dead run left")
+            }
+        }
+    }
+    cancelled
 }
 
 /// Runs one item: its command and checks, classification and retries.

@@ -774,6 +774,70 @@ impl Ledger {
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
     }
 
+    /// Jobs that a dead (or detached) run left on their engine for `stage`,
+    /// that no later attempt adopted: `(item key, item fingerprint, job
+    /// handle)`, oldest first.
+    pub fn orphaned_jobs(&self, stage: &str) -> Result<Vec<(String, Digest, String)>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT a.key, a.fingerprint, a.handle FROM item_attempts a
+                  WHERE a.pipeline = ?1 AND a.stage = ?2 AND a.class = 'abandoned' AND a.handle IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM item_attempts b
+                                     WHERE b.pipeline = a.pipeline AND b.stage = a.stage AND b.key = a.key
+                                       AND b.id > a.id AND b.handle = a.handle)
+                  ORDER BY a.id",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![self.pipeline.name, stage], |row| {
+                let fingerprint: String = row.get(1)?;
+                Ok((
+                    row.get::<_, String>(0)?,
+                    fingerprint.parse().unwrap_or(Digest::of(b"")),
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// Records that the orphaned jobs `handles` of `stage` were cancelled.
+    pub fn orphans_cancelled(&self, stage: &str, handles: &[String]) -> Result<(), StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        for handle in handles {
+            tx.execute(
+                "UPDATE item_attempts SET class = 'cancelled'
+                  WHERE pipeline = ?1 AND stage = ?2 AND handle = ?3 AND class = 'abandoned'",
+                params![self.pipeline.name, stage, handle],
+            )
+            .map_err(|e| self.db(e))?;
+        }
+        tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// The attempts of run `run_id` that never ended, when the run stops
+    /// without them: `abandoned` if their jobs were left running
+    /// (`--detach`; the next run adopts or cancels them), else `cancelled`.
+    pub fn close_running_attempts(
+        &self,
+        run_id: i64,
+        left_running: bool,
+    ) -> Result<(), StoreError> {
+        let class = if left_running {
+            "abandoned"
+        } else {
+            "cancelled"
+        };
+        self.conn
+            .execute(
+                "UPDATE item_attempts SET class = ?1 WHERE pipeline = ?2 AND run_id = ?3 AND class = 'running'",
+                params![class, self.pipeline.name, run_id],
+            )
+            .map(drop)
+            .map_err(|e| self.db(e))
+    }
+
     /// Marks runs left `running` by a process that no longer holds the
     /// workspace lock (it was killed) as `killed`; returns their tokens.
     pub fn close_abandoned_runs(&self) -> Result<Vec<String>, StoreError> {

@@ -151,6 +151,19 @@ impl Executor for KubernetesExecutor {
         })
     }
 
+    fn cancel_handle<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<bool, ExecError>> {
+        Box::pin(async move {
+            let Some((namespace, name)) = handle
+                .strip_prefix("kubernetes:")
+                .and_then(|rest| rest.split_once('/'))
+            else {
+                return Ok(false);
+            };
+            let jobs: Api<KubeJob> = Api::namespaced(self.client().await?, namespace);
+            delete(&jobs, name).await.map(|()| true)
+        })
+    }
+
     fn attach<'a>(
         &'a self,
         job: &'a Job,
@@ -195,7 +208,7 @@ async fn delete(jobs: &Api<KubeJob>, name: &str) -> Result<(), ExecError> {
 
 impl Drop for KubernetesRunning {
     fn drop(&mut self) {
-        if self.ended {
+        if self.ended || super::super::remote_jobs_detached() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
