@@ -463,3 +463,57 @@ fn jobs_a_dead_run_left_for_items_no_longer_wanted_are_cancelled() {
     cairn(&p, &kube, &["run"]).success();
     assert_eq!(kube.deleted().len(), 4);
 }
+
+const PLAIN: &str = r#"
+[pipeline]
+name = "plain"
+
+[executors.k8s]
+kind = "kubernetes"
+image = "mirror.example/builder@sha256:abababababababababababababababababababababababababababababababab"
+host_path = true
+
+[stages.build]
+run = "echo started >> runs.txt; sleep 3; echo built > out.txt"
+outputs = ["out.txt"]
+executor = "k8s"
+"#;
+
+#[test]
+fn a_plain_stages_job_is_adopted_after_kill_9_and_forcing_it_submits_a_new_one() {
+    let kube = KubeEmulator::start(None);
+    let p = Project::new();
+    p.file("cairn.toml", PLAIN);
+    let mut child = spawn(&p, &kube);
+    poll("the command to start", Duration::from_secs(30), || {
+        p.exists("runs.txt")
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    assert_eq!(kube.active().1, 1, "the Job outlives cairn");
+
+    let resumed = cairn(&p, &kube, &["run"]);
+    resumed.success();
+    assert_eq!(
+        kube.jobs().len(),
+        1,
+        "adopted, not submitted again: {}",
+        resumed.stderr()
+    );
+    assert_eq!(p.lines("runs.txt").len(), 1, "the command ran once");
+    assert_eq!(p.read("out.txt"), "built\n");
+
+    // A forced re-run is a new attempt: a new Job, not the finished one.
+    cairn(&p, &kube, &["run", "--force", "build"]).success();
+    let names: Vec<String> = kube
+        .jobs()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert_ne!(names[0], names[1]);
+    assert_eq!(p.lines("runs.txt").len(), 2);
+}

@@ -414,10 +414,16 @@ impl Executor for SlurmExecutor {
     ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>> {
         Box::pin(async move {
             let permit = self.room().await?;
-            Ok(self
-                .find(&job.name)
+            let Some(found) = self.find(&job.name).await? else {
+                return Ok(None);
+            };
+            // A cancelled job (an interrupted run's) has nothing to give:
+            // submit the attempt again rather than adopt its cancellation.
+            let cancelled = states(std::slice::from_ref(&found.id))
                 .await?
-                .map(|found| self.running(found, job, permit)))
+                .get(&found.id)
+                .is_some_and(|s| s.state == "CANCELLED");
+            Ok((!cancelled).then(|| self.running(found, job, permit)))
         })
     }
 }

@@ -339,7 +339,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             });
             let task = match StageTask::prepare(
                 self.ctx,
-                stage,
+                i,
+                &key.fingerprint(),
                 &self.log_dir,
                 &self.token,
                 self.limits.clone(),

@@ -16,6 +16,7 @@ use super::item_outputs::ItemOutputs;
 use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
 use crate::exec::{Executor, Job, Outcome, RUN_MARKER, base_environment, redact_text};
+use crate::fingerprint::Digest;
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
 use crate::store::{
     INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms, remove_path,
@@ -147,15 +148,25 @@ fn job_prefix(ctx: &Context<'_>, stage: &Stage) -> String {
 impl StageTask {
     /// Builds the stage's job: the command, the project root, the
     /// environment.
+    #[allow(clippy::too_many_arguments)]
     pub fn prepare(
         ctx: &Context<'_>,
-        stage: &Stage,
+        i: usize,
+        fingerprint: &Digest,
         log_dir: &Path,
         run_token: &str,
         limits: Limits,
         holds: Holds,
         priority: u64,
     ) -> Result<Self, ScheduleError> {
+        let stage = &ctx.manifest.stages[i];
+        // The same fingerprint and attempt give the same job name in every
+        // run: a job an earlier cairn process submitted for this attempt
+        // (it was killed meanwhile) is adopted, not submitted again.
+        let attempt = match &ctx.ledger {
+            Some(ledger) => ledger.stage_attempts(&stage.name, fingerprint)? + 1,
+            None => 1,
+        };
         let outputs = stage
             .outputs
             .iter()
@@ -192,10 +203,13 @@ impl StageTask {
         }
         Ok(Self {
             job: Job {
-                // A stage's job is submitted afresh by each run (the
-                // token makes its name unique); items' jobs are named by
-                // their fingerprint and attempt, and adopted.
-                name: format!("{}-{run_token}", job_prefix(ctx, stage)),
+                // Items' jobs are named the same way, by the item's
+                // fingerprint and attempt.
+                name: format!(
+                    "{}-{}-{attempt}",
+                    job_prefix(ctx, stage),
+                    &fingerprint.hex()[..16]
+                ),
                 token: run_token.to_owned(),
                 stage: stage.name.clone(),
                 command: match &stage.uses {
@@ -210,13 +224,7 @@ impl StageTask {
                 secrets: stage.secrets.clone(),
                 // Pinned when the stage was fingerprinted (per-item images
                 // are set on each item's job).
-                image: ctx
-                    .manifest
-                    .stages
-                    .iter()
-                    .position(|s| s.name == stage.name)
-                    .and_then(|i| ctx.images.get(&i))
-                    .map(|pinned| pinned.reference.clone()),
+                image: ctx.images.get(&i).map(|pinned| pinned.reference.clone()),
             },
             checks: stage.checks.clone(),
             store: ctx.store.clone(),
