@@ -2,6 +2,14 @@
 //! `jobs` at a time, skipping what is validated and committing each result
 //! as soon as it is complete. It owns the run's state; tasks (`task.rs`)
 //! report back through channels, and reporters see [`Event`]s.
+//!
+//! The loop is here; deciding each stage as its turn comes is in
+//! [`evaluate`], recording what ran (results, failures, the lock file) in
+//! [`record`], and the signals that interrupt a run in [`interrupts`].
+
+mod evaluate;
+mod interrupts;
+mod record;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -23,6 +31,8 @@ use crate::store::{
     ItemAttempt, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord, ResultStatus,
     RunCounts, StoreError, now_ms,
 };
+use interrupts::Interrupts;
+use record::new_lock_file;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -382,123 +392,6 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
-    /// Makes the items `--force` named look never run, so that they run
-    /// again: all of a forced stage's, or the ones named `STAGE/ITEM`.
-    fn forget_forced_items(&self, i: usize, plan: &mut [PlannedItem]) -> Result<(), String> {
-        if !self.options.forced.contains(&i) {
-            return Ok(());
-        }
-        let named = self.options.forced_items.get(&i);
-        if let Some(missing) = named.and_then(|keys| {
-            keys.iter()
-                .find(|k| !plan.iter().any(|p| &p.item.key == *k))
-        }) {
-            return Err(format!(
-                "`--force {}/{missing}` names no item of the stage",
-                self.ctx.manifest.stages[i].name
-            ));
-        }
-        for planned in plan
-            .iter_mut()
-            .filter(|p| named.is_none_or(|keys| keys.contains(&p.item.key)))
-        {
-            planned.outcome = None;
-            planned.result = None;
-            planned.outputs = None;
-        }
-        Ok(())
-    }
-
-    /// The stage's key and why it must run, or `None` if it is fresh (its
-    /// outputs then match the store, restored if need be).
-    fn evaluate(&mut self, i: usize) -> Result<Option<(StageKey, DirtyReason)>, ScheduleError> {
-        let started = Instant::now();
-        let key = match self.ctx.key_of(i) {
-            Ok(key) => key,
-            Err(error) => {
-                self.fail(i, &super::with_causes(&error), None);
-                return Ok(None);
-            }
-        };
-        let name = &self.ctx.manifest.stages[i].name;
-        tracing::debug!(stage = %name, fingerprint = %key.fingerprint(), "evaluated");
-        if self.options.forced.contains(&i) {
-            return Ok(Some((key, DirtyReason::Forced)));
-        }
-        let record = match self.ctx.freshness(i, &key)? {
-            Freshness::Dirty(reason) => {
-                tracing::debug!(stage = %name, reason = %reason.summary(), "must run");
-                return Ok(Some((key, reason)));
-            }
-            Freshness::Fresh(record) => record.into_owned(),
-        };
-        let done = match self.bring_back(&record)? {
-            Err(reason) => return Ok(Some((key, reason))),
-            Ok(true) => {
-                self.summary.counts.restored += 1;
-                Done::Restored
-            }
-            Ok(false) => {
-                self.summary.counts.fresh += 1;
-                Done::Fresh
-            }
-        };
-        self.ctx.note_outputs(&record.outputs);
-        let name = &self.ctx.manifest.stages[i].name;
-        if self
-            .ctx
-            .latest_ok
-            .get(name)
-            .is_none_or(|newest| newest.id != record.id)
-        {
-            self.lock_changed = true;
-        }
-        self.used
-            .insert(i, (record.fingerprint, record.outputs.clone()));
-        self.reporter.event(Event::StageDone {
-            stage: &self.ctx.manifest.stages[i].name,
-            done,
-            elapsed: started.elapsed(),
-        });
-        self.complete(i);
-        Ok(None)
-    }
-
-    /// Makes the workspace copies of a fresh stage's outputs match the
-    /// store. `Ok(true)` if anything was restored; `Err(reason)` if a stored
-    /// object is damaged, so the result cannot be trusted and must be rebuilt.
-    fn bring_back(
-        &mut self,
-        record: &ResultRecord,
-    ) -> Result<Result<bool, DirtyReason>, ScheduleError> {
-        let mut restored = false;
-        for output in &record.outputs {
-            if self.ctx.workspace_matches(output) {
-                continue;
-            }
-            let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-            match self
-                .ctx
-                .store
-                .restore(output, &self.ctx.abs(&output.path), Some(ledger))
-            {
-                Ok(()) => restored = true,
-                Err(StoreError::Corrupt { path, detail }) => {
-                    tracing::warn!(
-                        "stored copy of `{}` is damaged ({}: {detail}); re-running",
-                        output.path,
-                        path.display()
-                    );
-                    return Ok(Err(DirtyReason::StoreIncomplete {
-                        output: output.name.clone(),
-                    }));
-                }
-                Err(other) => return Err(other.into()),
-            }
-        }
-        Ok(Ok(restored))
-    }
-
     /// A task's output digests are final: the stage is done for everything
     /// downstream (its result is recorded when its objects are durable).
     fn outputs_known(&mut self, i: usize, records: &[OutputRecord], elapsed: Duration) {
@@ -644,110 +537,6 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         });
     }
 
-    /// Records a successful result, with its inline objects, in one
-    /// transaction.
-    fn commit(
-        &mut self,
-        i: usize,
-        key: &StageKey,
-        published: Published,
-        started_ms: i64,
-        log: &std::path::Path,
-    ) -> Result<(), ScheduleError> {
-        let stage = &self.ctx.manifest.stages[i];
-        let Published { records, inline } = published;
-        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        let finished_ms = now_ms();
-        let command = stage.describe_run();
-        // Quiet stages leave no log file; record a path only if there is one.
-        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
-        let id = ledger.record(
-            &NewResult {
-                run_id: self.run_id,
-                stage: &stage.name,
-                key,
-                status: ResultStatus::Ok,
-                outputs: &records,
-                command: &command,
-                started_ms,
-                finished_ms,
-                exit_code: Some(0),
-                log_path: log_path.as_deref(),
-                error: None,
-            },
-            &inline,
-        )?;
-        let record = ResultRecord {
-            id,
-            run_id: self.run_id,
-            stage: stage.name.clone(),
-            fingerprint: key.fingerprint(),
-            status: ResultStatus::Ok,
-            outputs: records,
-            command,
-            started_ms,
-            finished_ms,
-            exit_code: Some(0),
-            log_path,
-            error: None,
-        };
-        let name = stage.name.clone();
-        tracing::info!(stage = %name, result = id, "recorded");
-        self.used
-            .insert(i, (record.fingerprint, record.outputs.clone()));
-        self.lock_changed = true;
-        self.ctx.note_outputs(&record.outputs);
-        self.ctx.latest_failure.remove(&name);
-        self.ctx.latest_ok.insert(name, record);
-        Ok(())
-    }
-
-    fn record_failure(
-        &self,
-        i: usize,
-        key: &StageKey,
-        exit_code: Option<i32>,
-        started_ms: i64,
-        log: &std::path::Path,
-        message: &str,
-    ) -> Result<(), ScheduleError> {
-        let stage = &self.ctx.manifest.stages[i];
-        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
-        ledger.record(
-            &NewResult {
-                run_id: self.run_id,
-                stage: &stage.name,
-                key,
-                status: ResultStatus::Failed,
-                outputs: &[],
-                command: &stage.describe_run(),
-                started_ms,
-                finished_ms: now_ms(),
-                exit_code,
-                log_path: log_path.as_deref(),
-                error: Some(message),
-            },
-            &[],
-        )?;
-        Ok(())
-    }
-
-    /// Closes the run as failed after an error ended it early, if the
-    /// ledger can still take that (a full disk may refuse even this; the
-    /// next run then closes it).
-    fn close_as_failed(&self) {
-        if let Some(ledger) = &self.ctx.ledger
-            && let Err(error) = ledger.finish_run(self.run_id, "failed", self.summary.counts)
-        {
-            tracing::warn!(
-                "could not record run {} as failed: {}",
-                self.run_id,
-                super::with_causes(&error)
-            );
-        }
-    }
-
     /// Settles the run (see [`Self::settle`]) and closes it (as failed if
     /// settling fails).
     fn end(mut self) -> Result<RunSummary, ScheduleError> {
@@ -832,54 +621,4 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
         Ok(())
     }
-}
-
-/// The signals that end a run in order: SIGINT (Ctrl-C), SIGTERM and SIGHUP.
-struct Interrupts {
-    signals: [tokio::signal::unix::Signal; 3],
-}
-
-impl Interrupts {
-    fn listen() -> Result<Self, ScheduleError> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let listen = |kind: SignalKind, name: &str| {
-            signal(kind).map_err(|e| ScheduleError::Task(format!("cannot listen for {name}: {e}")))
-        };
-        Ok(Self {
-            signals: [
-                listen(SignalKind::interrupt(), "SIGINT")?,
-                listen(SignalKind::terminate(), "SIGTERM")?,
-                listen(SignalKind::hangup(), "SIGHUP")?,
-            ],
-        })
-    }
-
-    /// Resolves when any of the signals arrives.
-    async fn recv(&mut self) {
-        let [int, term, hup] = &mut self.signals;
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-            _ = hup.recv() => {}
-        }
-    }
-}
-
-/// The lock file this run leaves.
-///
-/// For each stage: the result this run found valid or produced (`used`), or
-/// else its current one (the one the lock already names, else the newest).
-fn new_lock_file(
-    ctx: &Context<'_>,
-    used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
-) -> LockFile {
-    let mut lock = LockFile::new(&ctx.manifest.name);
-    for (i, stage) in ctx.manifest.stages.iter().enumerate() {
-        if let Some((fingerprint, outputs)) = used.get(&i) {
-            lock.insert(&stage.name, *fingerprint, outputs);
-        } else if let Some(record) = ctx.latest_ok.get(&stage.name) {
-            lock.insert(&stage.name, record.fingerprint, &record.outputs);
-        }
-    }
-    lock
 }

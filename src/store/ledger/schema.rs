@@ -14,7 +14,7 @@
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
 pub const LEDGER_SCHEMA_VERSION: i64 = 7;
@@ -121,11 +121,26 @@ CREATE TABLE IF NOT EXISTS pipelines (
 );
 ";
 
+/// One step of the schema's history: brings a ledger from the version
+/// before it to its own. Given the pipeline that opens the old ledger, and
+/// that pipeline's manifest.
+type Migration = fn(&Transaction<'_>, &str, &str) -> rusqlite::Result<()>;
+
+/// Every migration, in order, by the version it brings a ledger to. The
+/// last is [`LEDGER_SCHEMA_VERSION`].
+const MIGRATIONS: &[(i64, Migration)] = &[
+    (4, code_fingerprints),
+    (5, item_outputs),
+    (6, pipelines),
+    (7, attempts_when_they_start),
+];
+
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
-/// [`LEDGER_SCHEMA_VERSION`] in one transaction. History recorded before
-/// pipelines had names belongs to `pipeline` (with its `manifest`): the
-/// pipeline that opens the old ledger first. A root with one manifest (the
-/// only layout older versions kept apart) keeps all of its history.
+/// [`LEDGER_SCHEMA_VERSION`] in one transaction, each migration after
+/// `from` in order. History recorded before pipelines had names belongs to
+/// `pipeline` (with its `manifest`): the pipeline that opens the old ledger
+/// first. A root with one manifest (the only layout older versions kept
+/// apart) keeps all of its history.
 pub fn migrate(
     conn: &Connection,
     from: i64,
@@ -133,48 +148,75 @@ pub fn migrate(
     manifest: &str,
 ) -> rusqlite::Result<()> {
     let tx = conn.unchecked_transaction()?;
-    if from < 4 {
-        tx.execute_batch(
-            "ALTER TABLE items ADD COLUMN code TEXT;
-             ALTER TABLE item_attempts ADD COLUMN code TEXT;",
-        )?;
-    }
-    if from < 5 {
-        tx.execute_batch("ALTER TABLE items ADD COLUMN outputs TEXT;")?;
-    }
-    if from < 6 {
-        tx.execute_batch(
-            "ALTER TABLE runs ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
-             ALTER TABLE results ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
-             ALTER TABLE item_attempts ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
-             DROP INDEX IF EXISTS results_by_stage;
-             DROP INDEX IF EXISTS item_attempts_by_item;
-             ALTER TABLE heads RENAME TO heads_v5;
-             ALTER TABLE items RENAME TO items_v5;",
-        )?;
-        tx.execute_batch(SCHEMA)?;
-        for table in ["runs", "results", "item_attempts"] {
-            tx.execute(&format!("UPDATE {table} SET pipeline = ?1"), [pipeline])?;
+    for (version, migration) in MIGRATIONS {
+        if from < *version {
+            migration(&tx, pipeline, manifest)?;
         }
-        tx.execute(
-            "INSERT INTO heads (pipeline, stage, ok_id, attempt_id)
-             SELECT ?1, stage, ok_id, attempt_id FROM heads_v5",
-            [pipeline],
-        )?;
-        tx.execute(
-            "INSERT INTO items (pipeline, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs)
-             SELECT ?1, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs FROM items_v5",
-            [pipeline],
-        )?;
-        tx.execute_batch("DROP TABLE heads_v5; DROP TABLE items_v5;")?;
-        tx.execute(
-            "INSERT OR REPLACE INTO pipelines (name, manifest) VALUES (?1, ?2)",
-            params![pipeline, manifest],
-        )?;
-    }
-    if from < 7 {
-        tx.execute_batch("ALTER TABLE item_attempts ADD COLUMN handle TEXT;")?;
     }
     tx.execute_batch(&format!("PRAGMA user_version = {LEDGER_SCHEMA_VERSION}"))?;
     tx.commit()
+}
+
+/// 4: items and item attempts record the code fingerprint behind them.
+fn code_fingerprints(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE items ADD COLUMN code TEXT;
+         ALTER TABLE item_attempts ADD COLUMN code TEXT;",
+    )
+}
+
+/// 5: items record their outputs.
+fn item_outputs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch("ALTER TABLE items ADD COLUMN outputs TEXT;")
+}
+
+/// 6: everything belongs to a pipeline; the old history to `pipeline`.
+fn pipelines(tx: &Transaction<'_>, pipeline: &str, manifest: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE runs ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
+         ALTER TABLE results ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
+         ALTER TABLE item_attempts ADD COLUMN pipeline TEXT NOT NULL DEFAULT '';
+         DROP INDEX IF EXISTS results_by_stage;
+         DROP INDEX IF EXISTS item_attempts_by_item;
+         ALTER TABLE heads RENAME TO heads_v5;
+         ALTER TABLE items RENAME TO items_v5;",
+    )?;
+    tx.execute_batch(SCHEMA)?;
+    for table in ["runs", "results", "item_attempts"] {
+        tx.execute(&format!("UPDATE {table} SET pipeline = ?1"), [pipeline])?;
+    }
+    tx.execute(
+        "INSERT INTO heads (pipeline, stage, ok_id, attempt_id)
+         SELECT ?1, stage, ok_id, attempt_id FROM heads_v5",
+        [pipeline],
+    )?;
+    tx.execute(
+        "INSERT INTO items (pipeline, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs)
+         SELECT ?1, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs FROM items_v5",
+        [pipeline],
+    )?;
+    tx.execute_batch("DROP TABLE heads_v5; DROP TABLE items_v5;")?;
+    tx.execute(
+        "INSERT OR REPLACE INTO pipelines (name, manifest) VALUES (?1, ?2)",
+        params![pipeline, manifest],
+    )?;
+    Ok(())
+}
+
+/// 7: an item attempt is recorded when its job starts, with its handle.
+fn attempts_when_they_start(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch("ALTER TABLE item_attempts ADD COLUMN handle TEXT;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_migrations_are_in_order_and_end_at_the_schema_version() {
+        let versions: Vec<i64> = MIGRATIONS.iter().map(|(v, _)| *v).collect();
+        let mut expected: Vec<i64> = (OLDEST_MIGRATED + 1..=LEDGER_SCHEMA_VERSION).collect();
+        expected.dedup();
+        assert_eq!(versions, expected, "one migration per version, in order");
+    }
 }

@@ -1,0 +1,427 @@
+//! Per-item stages: `foreach`, `classify` rules, result checks, `retry`,
+//! and the item lists each stage reads (written by another stage or not).
+
+use super::*;
+
+impl Checker<'_> {
+    /// `foreach = { items, key }` and the per-item keys of a stage.
+    pub(super) fn foreach(
+        &mut self,
+        name: &str,
+        table: &[Entry],
+        span: &Span,
+    ) -> (Option<Foreach>, Option<(String, Span)>) {
+        let Some(entry) = find(table, "foreach") else {
+            for key in ITEM_ONLY_KEYS {
+                if let Some(e) = find(table, key) {
+                    self.problems.push(
+                        Problem::new(format!("`{key}` in stage `{name}`, which is not a per-item stage"), e.key_span.clone(), "needs `foreach`")
+                            .help("add `foreach = { items = \"path/to/items.jsonl\", key = \"id\" }`, or remove this key"),
+                    );
+                }
+            }
+            return (None, None);
+        };
+        let Some(spec) = self.expect_table(&entry.value, "`foreach`") else {
+            return (None, None);
+        };
+        self.unknown_keys(spec, FOREACH_KEYS, "`foreach`");
+        let items = match find(spec, "items") {
+            Some(e) => self
+                .string(&e.value, "`foreach.items`")
+                .map(|s| (s, e.value.span.clone())),
+            None => {
+                self.problems.push(
+                    Problem::new(format!("`foreach` of stage `{name}` has no `items`"), entry.key_span.clone(), "here")
+                        .help("name the item list: `items = \"path.jsonl\"` or `items = \"{STAGE.out.NAME}\"`"),
+                );
+                None
+            }
+        };
+        let key = match find(spec, "key") {
+            Some(e) => self.string(&e.value, "`foreach.key`"),
+            None => {
+                self.problems.push(
+                    Problem::new(
+                        format!("`foreach` of stage `{name}` has no `key`"),
+                        entry.key_span.clone(),
+                        "here",
+                    )
+                    .help("name the field that identifies an item, e.g. `key = \"task_id\"`"),
+                );
+                None
+            }
+        };
+        let item_inputs = match find(table, "item_inputs") {
+            Some(e) => self
+                .named_list(&e.value, "`item_inputs`")
+                .into_iter()
+                .map(|n| n.name)
+                .collect(),
+            None => Vec::new(),
+        };
+        let item_outputs = match find(table, "item_outputs") {
+            None => Vec::new(),
+            Some(e) => match e.value.as_table() {
+                Some(entries) => entries
+                    .iter()
+                    .filter_map(|entry| {
+                        let template = self.string(&entry.value, "an item output")?;
+                        let ok = !template.is_empty()
+                            && !template.contains('/')
+                            && template.contains("{item.");
+                        if !ok {
+                            self.problems.push(
+                                Problem::new(format!("item output `{template}` must be one path component naming the item"), entry.value.span.clone(), "here")
+                                    .help("each item writes one entry of the output directory, e.g. `item_outputs = { tasks = \"{item.id}\" }`"),
+                            );
+                            return None;
+                        }
+                        Some(ItemOutput {
+                            output: entry.key.clone(),
+                            template,
+                            span: entry.key_span.clone(),
+                        })
+                    })
+                    .collect(),
+                None => {
+                    self.type_error(&e.value, "`item_outputs`", "a table of OUTPUT = \"{item.FIELD}\"");
+                    Vec::new()
+                }
+            },
+        };
+        let classify = match find(table, "classify") {
+            None => Vec::new(),
+            Some(e) => match e.value.as_array() {
+                Some(rules) => rules
+                    .iter()
+                    .filter_map(|rule| self.classify_rule(rule))
+                    .collect(),
+                None => {
+                    self.type_error(
+                        &e.value,
+                        "`classify`",
+                        "an array of rules like `{ exit = 75, as = \"infra\" }`",
+                    );
+                    Vec::new()
+                }
+            },
+        };
+        let retry = find(table, "retry")
+            .map(|e| self.retry(&e.value))
+            .unwrap_or_default();
+        let allow_errors = find(table, "allow_errors")
+            .and_then(|e| self.count(&e.value, "`allow_errors`", 0))
+            .unwrap_or(0);
+        let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
+        let result =
+            find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
+        let foreach = key.map(|key| Foreach {
+            items: ProjectPath::new(String::new()),
+            items_span: items
+                .as_ref()
+                .map(|(_, s)| s.clone())
+                .unwrap_or(span.clone()),
+            key,
+            item_inputs,
+            item_outputs,
+            classify,
+            retry,
+            allow_errors,
+            jobs,
+            result,
+            result_checks: Vec::new(),
+        });
+        (foreach, items)
+    }
+
+    pub(super) fn classify_rule(&mut self, node: &Node) -> Option<ClassifyRule> {
+        let table = self.expect_table(node, "a `classify` rule")?;
+        self.unknown_keys(table, CLASSIFY_KEYS, "a `classify` rule");
+        let text = self.source.get(node.span.clone()).unwrap_or("").to_owned();
+        let exit = match find(table, "exit").map(|e| &e.value) {
+            None => Vec::new(),
+            Some(Node {
+                kind: NodeKind::Integer(code),
+                ..
+            }) => vec![*code as i32],
+            Some(other) => match other.as_array() {
+                Some(codes) => codes
+                    .iter()
+                    .filter_map(|c| match c.kind {
+                        NodeKind::Integer(code) => Some(code as i32),
+                        _ => {
+                            self.type_error(c, "an exit code", "an integer");
+                            None
+                        }
+                    })
+                    .collect(),
+                None => {
+                    self.type_error(other, "`exit`", "an exit code or a list of exit codes");
+                    return None;
+                }
+            },
+        };
+        let output = match find(table, "output") {
+            None => None,
+            Some(e) => {
+                let pattern = self.string(&e.value, "`output`")?;
+                match regex::Regex::new(&pattern) {
+                    Ok(re) => Some(re),
+                    Err(error) => {
+                        self.problems.push(
+                            Problem::new(
+                                format!("invalid regular expression `{pattern}`"),
+                                e.value.span.clone(),
+                                "here",
+                            )
+                            .help(
+                                error
+                                    .to_string()
+                                    .lines()
+                                    .last()
+                                    .unwrap_or("")
+                                    .trim()
+                                    .to_owned(),
+                            ),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        let result = if find(table, "result").is_some() {
+            let condition: Vec<Entry> = table
+                .iter()
+                .filter(|e| RESULT_CHECK_KEYS.contains(&e.key.as_str()))
+                .cloned()
+                .collect();
+            Some(self.result_check(&condition, node)?)
+        } else {
+            None
+        };
+        if exit.is_empty() && output.is_none() && result.is_none() {
+            self.problems.push(
+                Problem::new("a `classify` rule with nothing to match", node.span.clone(), "this rule")
+                    .help("give `exit = CODE`, `output = \"regex\"` (matched against stdout and stderr) and/or `result = \"/json/pointer\"` with `equals`"),
+            );
+            return None;
+        }
+        let class = match find(table, "as") {
+            Some(e) => {
+                let name = self.string(&e.value, "`as`")?;
+                if name.is_empty()
+                    || !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                {
+                    self.problems.push(
+                        Problem::new(format!("invalid class `{name}`"), e.value.span.clone(), "here")
+                            .help("use `ok`, `infra`, `error`, or a verdict name of letters, digits, `-` and `_`"),
+                    );
+                    return None;
+                }
+                ItemClass::parse(&name)
+            }
+            None => {
+                self.problems.push(
+                    Problem::new("a `classify` rule without `as`", node.span.clone(), "this rule")
+                        .help("say what it means: `as = \"infra\"`, `as = \"ok\"`, or a verdict such as `as = \"rejected\"`"),
+                );
+                return None;
+            }
+        };
+        Some(ClassifyRule {
+            exit,
+            output,
+            result,
+            class,
+            text,
+        })
+    }
+
+    /// `{ result = "/pointer", equals = V | min = N | exists = B }`.
+    pub(super) fn result_check(&mut self, table: &[Entry], node: &Node) -> Option<ResultCheck> {
+        let text = self.source.get(node.span.clone()).unwrap_or("").to_owned();
+        let pointer_entry = find(table, "result")?;
+        let pointer = self.string(&pointer_entry.value, "`result`")?;
+        if !pointer.is_empty() && !pointer.starts_with('/') {
+            self.problems.push(
+                Problem::new(
+                    format!("`{pointer}` is not a JSON pointer"),
+                    pointer_entry.value.span.clone(),
+                    "here",
+                )
+                .help(format!("JSON pointers start with `/`: `/{pointer}`")),
+            );
+            return None;
+        }
+        let expect = match (
+            find(table, "equals"),
+            find(table, "min"),
+            find(table, "exists"),
+        ) {
+            (Some(e), None, None) => Expect::Equals(param_value(&e.value)),
+            (None, Some(e), None) => match e.value.kind {
+                NodeKind::Integer(n) => Expect::Min(n as f64),
+                NodeKind::Float(f) => Expect::Min(f),
+                _ => {
+                    self.type_error(&e.value, "`min`", "a number");
+                    return None;
+                }
+            },
+            (None, None, Some(e)) => match e.value.kind {
+                NodeKind::Boolean(b) => Expect::Exists(b),
+                _ => {
+                    self.type_error(&e.value, "`exists`", "true or false");
+                    return None;
+                }
+            },
+            _ => {
+                self.problems.push(
+                    Problem::new("a result condition needs exactly one of `equals`, `min`, `exists`", node.span.clone(), "this condition")
+                        .help("e.g. `{ result = \"/turns\", min = 1 }` or `{ result = \"/status\", equals = \"pass\" }`"),
+                );
+                return None;
+            }
+        };
+        Some(ResultCheck {
+            pointer,
+            expect,
+            text,
+        })
+    }
+
+    pub(super) fn retry(&mut self, node: &Node) -> Retry {
+        let mut retry = Retry::default();
+        let Some(table) = self.expect_table(node, "`retry`") else {
+            return retry;
+        };
+        self.unknown_keys(table, RETRY_KEYS, "`retry`");
+        if let Some(e) = find(table, "max") {
+            retry.max = self.count(&e.value, "`retry.max`", 0).unwrap_or(0) as u32;
+        }
+        if let Some(e) = find(table, "on") {
+            retry.on = self
+                .named_list(&e.value, "`retry.on`")
+                .into_iter()
+                .filter_map(|n| match n.name.as_str() {
+                    "infra" => Some(ItemClass::Infra),
+                    "error" => Some(ItemClass::Error),
+                    other => {
+                        self.problems.push(
+                            Problem::new(
+                                format!("cannot retry on `{other}`"),
+                                n.span.clone(),
+                                "here",
+                            )
+                            .help(
+                                "only `infra` and `error` are retried; ok and verdicts are final",
+                            ),
+                        );
+                        None
+                    }
+                })
+                .collect();
+        }
+        if let Some(e) = find(table, "backoff") {
+            retry.backoff = self.timeout(&e.value).unwrap_or_default();
+        }
+        retry
+    }
+
+    /// Resolves each per-item stage's `items`: a path, or
+    /// `{STAGE.out.NAME}` naming another stage's output.
+    pub(super) fn resolve_items(
+        &mut self,
+        stages: &mut [Stage],
+        refs: Vec<Option<(String, Span)>>,
+        root: &Path,
+    ) {
+        let writers = OutputIndex::new(stages);
+        for (i, reference) in refs.into_iter().enumerate() {
+            let Some((text, span)) = reference else {
+                continue;
+            };
+            let resolved = match text
+                .strip_prefix('{')
+                .and_then(|t| t.strip_suffix('}'))
+                .and_then(|t| t.split_once(".out."))
+            {
+                Some((stage, output)) => {
+                    match stages
+                        .iter()
+                        .find(|s| s.name == stage)
+                        .and_then(|s| s.outputs.iter().find(|o| o.name == output))
+                    {
+                        Some(decl) => Some(decl.path.clone()),
+                        None => {
+                            self.problems.push(
+                                Problem::new(format!("`{text}` names no output"), span.clone(), "here")
+                                    .help(format!("stage `{stage}` must exist and declare an output named `{output}`")),
+                            );
+                            None
+                        }
+                    }
+                }
+                None => match normalise(root, &text, false) {
+                    Ok(path) => Some(path),
+                    Err((message, help)) => {
+                        self.problems
+                            .push(Problem::new(message, span.clone(), "this path").help(help));
+                        None
+                    }
+                },
+            };
+            if let Some(path) = &resolved {
+                let produced = writers.producer_of(path).is_some();
+                if !produced && !path.resolve(root).exists() {
+                    self.problems.push(
+                        Problem::new(
+                            format!("item list `{path}` does not exist and no stage produces it"),
+                            span.clone(),
+                            "missing",
+                        )
+                        .help(
+                            "point `items` at a JSON array or JSONL file, or at `{STAGE.out.NAME}`",
+                        ),
+                    );
+                }
+            }
+            let stage = &mut stages[i];
+            if let (Some(path), Some(foreach)) = (resolved, stage.foreach.as_mut()) {
+                foreach.items = path;
+                foreach.items_span = span;
+            }
+            if let Some(foreach) = &stage.foreach {
+                for item_output in &foreach.item_outputs {
+                    if !stage.outputs.iter().any(|o| o.name == item_output.output) {
+                        self.problems.push(
+                            Problem::new(
+                                format!("item output `{}` names no output of stage `{}`", item_output.output, stage.name),
+                                item_output.span.clone(),
+                                "not in `outputs`",
+                            )
+                            .help("declare the directory the items write into: `outputs = { results = \"…\", tasks = \"state/tasks\" }`"),
+                        );
+                    }
+                }
+                let merged = stage
+                    .outputs
+                    .iter()
+                    .filter(|o| !foreach.item_outputs.iter().any(|i| i.output == o.name))
+                    .count();
+                if merged != 1 {
+                    self.problems.push(
+                        Problem::new(
+                            format!("per-item stage `{}` must declare exactly one output besides its item outputs", stage.name),
+                            stage.span.clone(),
+                            "this stage",
+                        )
+                        .help("cairn writes the merged item results there, e.g. `outputs = { results = \"state/oracle/results.jsonl\" }`"),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The pipeline as a whole: `[pipeline]` (name and root), `[params]`,
+//! `[profiles]` and `[resources]`.
+
+use super::*;
+
+impl Checker<'_> {
+    /// `[resources]`: named capacities (positive integers).
+    pub(super) fn resources(&mut self, entries: &[Entry]) -> BTreeMap<String, Resource> {
+        let mut resources = BTreeMap::new();
+        let Some(entry) = find(entries, "resources") else {
+            return resources;
+        };
+        let Some(table) = self.expect_table(&entry.value, "`resources`") else {
+            return resources;
+        };
+        for resource in table {
+            let capacity = |node: &Node| match node.kind {
+                NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => Some(n as u32),
+                _ => None,
+            };
+            let (count, per_stage) = match &resource.value.kind {
+                NodeKind::Table(spec) => {
+                    self.unknown_keys(
+                        spec,
+                        &["capacity", "hold"],
+                        &format!("resource `{}`", resource.key),
+                    );
+                    let per_stage = match find(spec, "hold").map(|e| (&e.value, e.value.as_str())) {
+                        None | Some((_, Some("command"))) => false,
+                        Some((_, Some("stage"))) => true,
+                        Some((node, _)) => {
+                            self.problems.push(
+                                Problem::new("`hold` must be \"command\" or \"stage\"", node.span.clone(), "here")
+                                    .help("\"command\": each command (each item) holds a unit; \"stage\": a per-item stage holds one unit while all its items run"),
+                            );
+                            false
+                        }
+                    };
+                    (
+                        find(spec, "capacity").and_then(|e| capacity(&e.value)),
+                        per_stage,
+                    )
+                }
+                _ => (capacity(&resource.value), false),
+            };
+            match count {
+                Some(capacity) => {
+                    resources.insert(resource.key.clone(), Resource { capacity, per_stage });
+                }
+                None => self.problems.push(
+                    Problem::new(
+                        format!("resource `{}` needs a capacity of at least 1", resource.key),
+                        resource.value.span.clone(),
+                        "not a positive integer",
+                    )
+                    .help("write how many holders may use it at once, e.g. `cluster-window = 1` or `cluster-window = { capacity = 1, hold = \"stage\" }`"),
+                ),
+            }
+        }
+        resources
+    }
+
+    pub(super) fn check_resource_names(
+        &mut self,
+        stages: &[Stage],
+        resources: &BTreeMap<String, Resource>,
+    ) {
+        for stage in stages {
+            for held in &stage.resources {
+                if !resources.contains_key(&held.name) {
+                    let help = self.did_you_mean(
+                        &held.name,
+                        resources.keys().map(String::as_str),
+                        &format!("declare it under `[resources]`, e.g. `{} = 1`", held.name),
+                    );
+                    self.problems.push(
+                        Problem::new(
+                            format!(
+                                "stage `{}` holds undeclared resource `{}`",
+                                stage.name, held.name
+                            ),
+                            held.span.clone(),
+                            "not in `[resources]`",
+                        )
+                        .help(help),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn pipeline(
+        &mut self,
+        entries: &[Entry],
+        tree: &Node,
+        manifest_dir: &Path,
+    ) -> (Option<String>, Option<PathBuf>) {
+        let Some(pipeline) = find(entries, "pipeline") else {
+            self.problems.push(
+                Problem::new(
+                    "missing `[pipeline]` table",
+                    tree.span.start..tree.span.start,
+                    "expected here",
+                )
+                .help("start the manifest with `[pipeline]` and `name = \"…\"`"),
+            );
+            return (None, manifest_dir.canonicalize().ok());
+        };
+        let Some(table) = self.expect_table(&pipeline.value, "`pipeline`") else {
+            return (None, manifest_dir.canonicalize().ok());
+        };
+        self.unknown_keys(table, PIPELINE_KEYS, "`[pipeline]`");
+        let name = match find(table, "name") {
+            Some(entry) => self.string(&entry.value, "`pipeline.name`"),
+            None => {
+                self.problems.push(
+                    Problem::new(
+                        "`[pipeline]` has no `name`",
+                        pipeline.key_span.clone(),
+                        "in this table",
+                    )
+                    .help("add `name = \"my-pipeline\"`"),
+                );
+                None
+            }
+        };
+        let root = match find(table, "root") {
+            None => manifest_dir.canonicalize().ok(),
+            Some(entry) => self
+                .string(&entry.value, "`pipeline.root`")
+                .and_then(|raw| {
+                    let joined = manifest_dir.join(&raw);
+                    match joined.canonicalize() {
+                        Ok(root) if root.is_dir() => Some(root),
+                        _ => {
+                            self.problems.push(
+                                Problem::new(
+                                    format!("pipeline root `{raw}` is not a directory"),
+                                    entry.value.span.clone(),
+                                    "resolved against the manifest's directory",
+                                )
+                                .help("create the directory, or point `root` at an existing one"),
+                            );
+                            None
+                        }
+                    }
+                }),
+        };
+        if root.is_none() && find(table, "root").is_none() {
+            self.problems.push(Problem::new(
+                format!(
+                    "the manifest's directory `{}` cannot be resolved",
+                    manifest_dir.display()
+                ),
+                pipeline.key_span.clone(),
+                "here",
+            ));
+        }
+        (name, root)
+    }
+
+    pub(super) fn params(&mut self, entries: &[Entry]) -> BTreeMap<String, serde_json::Value> {
+        let mut params = BTreeMap::new();
+        if let Some(entry) = find(entries, "params")
+            && let Some(table) = self.expect_table(&entry.value, "`params`")
+        {
+            for param in table {
+                params.insert(param.key.clone(), param_value(&param.value));
+            }
+        }
+        params
+    }
+
+    pub(super) fn profiles(
+        &mut self,
+        entries: &[Entry],
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> BTreeMap<String, BTreeMap<String, serde_json::Value>> {
+        let mut profiles = BTreeMap::new();
+        let Some(entry) = find(entries, "profiles") else {
+            return profiles;
+        };
+        let Some(table) = self.expect_table(&entry.value, "`profiles`") else {
+            return profiles;
+        };
+        for profile in table {
+            let Some(body) =
+                self.expect_table(&profile.value, &format!("profile `{}`", profile.key))
+            else {
+                continue;
+            };
+            self.unknown_keys(body, PROFILE_KEYS, &format!("`[profiles.{}]`", profile.key));
+            let mut overrides = BTreeMap::new();
+            if let Some(p) = find(body, "params")
+                && let Some(table) = self.expect_table(&p.value, "profile params")
+            {
+                for param in table {
+                    if !params.contains_key(&param.key) {
+                        self.problems.push(
+                            Problem::new(
+                                format!(
+                                    "profile `{}` overrides undefined param `{}`",
+                                    profile.key, param.key
+                                ),
+                                param.key_span.clone(),
+                                "not in `[params]`",
+                            )
+                            .help(self.did_you_mean(
+                                &param.key,
+                                params.keys().map(String::as_str),
+                                "declare it in `[params]` first",
+                            )),
+                        );
+                    } else {
+                        overrides.insert(param.key.clone(), param_value(&param.value));
+                    }
+                }
+            }
+            profiles.insert(profile.key.clone(), overrides);
+        }
+        profiles
+    }
+}

@@ -1,0 +1,131 @@
+//! Deciding a stage as its turn comes: its key, fresh or why not, and a
+//! fresh stage's outputs brought back from the store when the workspace
+//! lost or changed them.
+
+use super::*;
+
+impl Dispatcher<'_, '_> {
+    /// Makes the items `--force` named look never run, so that they run
+    /// again: all of a forced stage's, or the ones named `STAGE/ITEM`.
+    pub(super) fn forget_forced_items(
+        &self,
+        i: usize,
+        plan: &mut [PlannedItem],
+    ) -> Result<(), String> {
+        if !self.options.forced.contains(&i) {
+            return Ok(());
+        }
+        let named = self.options.forced_items.get(&i);
+        if let Some(missing) = named.and_then(|keys| {
+            keys.iter()
+                .find(|k| !plan.iter().any(|p| &p.item.key == *k))
+        }) {
+            return Err(format!(
+                "`--force {}/{missing}` names no item of the stage",
+                self.ctx.manifest.stages[i].name
+            ));
+        }
+        for planned in plan
+            .iter_mut()
+            .filter(|p| named.is_none_or(|keys| keys.contains(&p.item.key)))
+        {
+            planned.outcome = None;
+            planned.result = None;
+            planned.outputs = None;
+        }
+        Ok(())
+    }
+
+    /// The stage's key and why it must run, or `None` if it is fresh (its
+    /// outputs then match the store, restored if need be).
+    pub(super) fn evaluate(
+        &mut self,
+        i: usize,
+    ) -> Result<Option<(StageKey, DirtyReason)>, ScheduleError> {
+        let started = Instant::now();
+        let key = match self.ctx.key_of(i) {
+            Ok(key) => key,
+            Err(error) => {
+                self.fail(i, &super::super::with_causes(&error), None);
+                return Ok(None);
+            }
+        };
+        let name = &self.ctx.manifest.stages[i].name;
+        tracing::debug!(stage = %name, fingerprint = %key.fingerprint(), "evaluated");
+        if self.options.forced.contains(&i) {
+            return Ok(Some((key, DirtyReason::Forced)));
+        }
+        let record = match self.ctx.freshness(i, &key)? {
+            Freshness::Dirty(reason) => {
+                tracing::debug!(stage = %name, reason = %reason.summary(), "must run");
+                return Ok(Some((key, reason)));
+            }
+            Freshness::Fresh(record) => record.into_owned(),
+        };
+        let done = match self.bring_back(&record)? {
+            Err(reason) => return Ok(Some((key, reason))),
+            Ok(true) => {
+                self.summary.counts.restored += 1;
+                Done::Restored
+            }
+            Ok(false) => {
+                self.summary.counts.fresh += 1;
+                Done::Fresh
+            }
+        };
+        self.ctx.note_outputs(&record.outputs);
+        let name = &self.ctx.manifest.stages[i].name;
+        if self
+            .ctx
+            .latest_ok
+            .get(name)
+            .is_none_or(|newest| newest.id != record.id)
+        {
+            self.lock_changed = true;
+        }
+        self.used
+            .insert(i, (record.fingerprint, record.outputs.clone()));
+        self.reporter.event(Event::StageDone {
+            stage: &self.ctx.manifest.stages[i].name,
+            done,
+            elapsed: started.elapsed(),
+        });
+        self.complete(i);
+        Ok(None)
+    }
+
+    /// Makes the workspace copies of a fresh stage's outputs match the
+    /// store. `Ok(true)` if anything was restored; `Err(reason)` if a stored
+    /// object is damaged, so the result cannot be trusted and must be rebuilt.
+    pub(super) fn bring_back(
+        &mut self,
+        record: &ResultRecord,
+    ) -> Result<Result<bool, DirtyReason>, ScheduleError> {
+        let mut restored = false;
+        for output in &record.outputs {
+            if self.ctx.workspace_matches(output) {
+                continue;
+            }
+            let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+            match self
+                .ctx
+                .store
+                .restore(output, &self.ctx.abs(&output.path), Some(ledger))
+            {
+                Ok(()) => restored = true,
+                Err(StoreError::Corrupt { path, detail }) => {
+                    tracing::warn!(
+                        "stored copy of `{}` is damaged ({}: {detail}); re-running",
+                        output.path,
+                        path.display()
+                    );
+                    return Ok(Err(DirtyReason::StoreIncomplete {
+                        output: output.name.clone(),
+                    }));
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Ok(Ok(restored))
+    }
+}

@@ -1,0 +1,129 @@
+//! Recording what ran: a result into the ledger (after its objects are
+//! stored), a failure, and the lock file the run leaves.
+
+use super::*;
+
+impl Dispatcher<'_, '_> {
+    /// Records a successful result, with its inline objects, in one
+    /// transaction.
+    pub(super) fn commit(
+        &mut self,
+        i: usize,
+        key: &StageKey,
+        published: Published,
+        started_ms: i64,
+        log: &std::path::Path,
+    ) -> Result<(), ScheduleError> {
+        let stage = &self.ctx.manifest.stages[i];
+        let Published { records, inline } = published;
+        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        let finished_ms = now_ms();
+        let command = stage.describe_run();
+        // Quiet stages leave no log file; record a path only if there is one.
+        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
+        let id = ledger.record(
+            &NewResult {
+                run_id: self.run_id,
+                stage: &stage.name,
+                key,
+                status: ResultStatus::Ok,
+                outputs: &records,
+                command: &command,
+                started_ms,
+                finished_ms,
+                exit_code: Some(0),
+                log_path: log_path.as_deref(),
+                error: None,
+            },
+            &inline,
+        )?;
+        let record = ResultRecord {
+            id,
+            run_id: self.run_id,
+            stage: stage.name.clone(),
+            fingerprint: key.fingerprint(),
+            status: ResultStatus::Ok,
+            outputs: records,
+            command,
+            started_ms,
+            finished_ms,
+            exit_code: Some(0),
+            log_path,
+            error: None,
+        };
+        let name = stage.name.clone();
+        tracing::info!(stage = %name, result = id, "recorded");
+        self.used
+            .insert(i, (record.fingerprint, record.outputs.clone()));
+        self.lock_changed = true;
+        self.ctx.note_outputs(&record.outputs);
+        self.ctx.latest_failure.remove(&name);
+        self.ctx.latest_ok.insert(name, record);
+        Ok(())
+    }
+
+    pub(super) fn record_failure(
+        &self,
+        i: usize,
+        key: &StageKey,
+        exit_code: Option<i32>,
+        started_ms: i64,
+        log: &std::path::Path,
+        message: &str,
+    ) -> Result<(), ScheduleError> {
+        let stage = &self.ctx.manifest.stages[i];
+        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
+        ledger.record(
+            &NewResult {
+                run_id: self.run_id,
+                stage: &stage.name,
+                key,
+                status: ResultStatus::Failed,
+                outputs: &[],
+                command: &stage.describe_run(),
+                started_ms,
+                finished_ms: now_ms(),
+                exit_code,
+                log_path: log_path.as_deref(),
+                error: Some(message),
+            },
+            &[],
+        )?;
+        Ok(())
+    }
+
+    /// Closes the run as failed after an error ended it early, if the
+    /// ledger can still take that (a full disk may refuse even this; the
+    /// next run then closes it).
+    pub(super) fn close_as_failed(&self) {
+        if let Some(ledger) = &self.ctx.ledger
+            && let Err(error) = ledger.finish_run(self.run_id, "failed", self.summary.counts)
+        {
+            tracing::warn!(
+                "could not record run {} as failed: {}",
+                self.run_id,
+                super::super::with_causes(&error)
+            );
+        }
+    }
+}
+
+/// The lock file this run leaves.
+///
+/// For each stage: the result this run found valid or produced (`used`), or
+/// else its current one (the one the lock already names, else the newest).
+pub(super) fn new_lock_file(
+    ctx: &Context<'_>,
+    used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
+) -> LockFile {
+    let mut lock = LockFile::new(&ctx.manifest.name);
+    for (i, stage) in ctx.manifest.stages.iter().enumerate() {
+        if let Some((fingerprint, outputs)) = used.get(&i) {
+            lock.insert(&stage.name, *fingerprint, outputs);
+        } else if let Some(record) = ctx.latest_ok.get(&stage.name) {
+            lock.insert(&stage.name, record.fingerprint, &record.outputs);
+        }
+    }
+    lock
+}

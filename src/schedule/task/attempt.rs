@@ -1,0 +1,304 @@
+//! One item's attempts: its job started (or adopted) and put on record,
+//! waited for, its checks and result read, classified, retried.
+
+use super::*;
+
+/// Runs one item: its command and checks, classification and retries.
+pub(super) struct ItemRunner {
+    pub(super) executor: Arc<dyn Executor>,
+    /// `cairn-STAGE-WORKSPACE`, see [`job_prefix`].
+    pub(super) job_prefix: String,
+    pub(super) job: Job,
+    pub(super) checks: Vec<Command>,
+    pub(super) spec: Foreach,
+    pub(super) limits: Limits,
+    pub(super) holds: Vec<usize>,
+    pub(super) priority: u64,
+    pub(super) log_dir: PathBuf,
+    pub(super) stage: String,
+    pub(super) run_id: i64,
+    pub(super) attempts: UnboundedSender<ItemAttempt>,
+    pub(super) outputs: ItemOutputs,
+    pub(super) store: ObjectStore,
+}
+
+impl ItemRunner {
+    /// The item's final outcome in this run and its attempt count; `None`
+    /// if the run stopped first.
+    pub(super) async fn run(
+        &self,
+        planned: &PlannedItem,
+    ) -> Result<Option<ItemEnd>, ScheduleError> {
+        let item = &planned.item;
+        let filled = fill_command(&self.job.command, &item.value).and_then(|command| {
+            Ok((
+                command,
+                self.checks
+                    .iter()
+                    .map(|c| fill_command(c, &item.value))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ))
+        });
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let Some(permits) = self
+                .limits
+                .acquire_for(self.executor.as_ref(), self.priority, &self.holds)
+                .await
+            else {
+                return Ok(None);
+            };
+            let started_ms = now_ms();
+            let log = self
+                .log_dir
+                .join(format!("{}.{attempt}.log", file_name(&item.key)));
+            self.outputs.clear(item)?;
+            let mut handle = None;
+            let (class, rule, exit_code, result) = match &filled {
+                Err(message) => (ItemClass::Error, Some(message.clone()), None, None),
+                Ok((command, checks)) => {
+                    let previous = planned.outcome.as_ref().map_or(0, |(_, n)| *n);
+                    let mut job = Job {
+                        // The same item, fingerprint and attempt number give
+                        // the same name: a job an earlier cairn process
+                        // submitted for this attempt is adopted, not
+                        // submitted again.
+                        name: format!(
+                            "{}-{}-{}",
+                            self.job_prefix,
+                            &planned.fingerprint.hex()[..16],
+                            previous + attempt
+                        ),
+                        command: command.clone(),
+                        log: log.clone(),
+                        image: planned.image.clone().or_else(|| self.job.image.clone()),
+                        ..self.job.clone()
+                    };
+                    job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
+                    job.env
+                        .push((ATTEMPT_MARKER.to_owned(), (previous + attempt).to_string()));
+                    let running = self.executor.start(&job).await?;
+                    handle = Some(running.handle());
+                    // On record before it ends: a cairn that dies now
+                    // leaves the job's handle behind.
+                    let _ = self.attempts.send(ItemAttempt {
+                        class: RUNNING.to_owned(),
+                        handle: handle.clone(),
+                        ..self.attempt_record(planned, attempt, started_ms)
+                    });
+                    let outcome = running.wait().await?;
+                    let mut failed_check = None;
+                    if outcome == Outcome::Success {
+                        for (n, check) in checks.iter().enumerate() {
+                            let check_job = Job {
+                                name: format!("{}-check{}", job.name, n + 1),
+                                command: check.clone(),
+                                ..job.clone()
+                            };
+                            let check_outcome = self.executor.run(&check_job).await?;
+                            if check_outcome != Outcome::Success {
+                                failed_check = Some(format!(
+                                    "check `{}` {}",
+                                    check.display(),
+                                    check_outcome.describe()
+                                ));
+                                break;
+                            }
+                        }
+                    }
+                    let (result, result_problem) = self.read_result(&item.value);
+                    let (class, rule) = match failed_check {
+                        // A command that claims success but fails its
+                        // check is an error, never an ok.
+                        Some(check) => (ItemClass::Error, Some(check)),
+                        None => match classify(&self.spec.classify, outcome, &log, result.as_ref())
+                        {
+                            (ItemClass::Ok, rule) => {
+                                match (result_problem, self.failed_result_check(result.as_ref())) {
+                                    (Some(problem), _) => (ItemClass::Error, Some(problem)),
+                                    (None, Some(check)) => (ItemClass::Error, Some(check)),
+                                    (None, None) => (ItemClass::Ok, rule),
+                                }
+                            }
+                            other => other,
+                        },
+                    };
+                    (class, rule, outcome.exit_code(), result)
+                }
+            };
+            drop(permits);
+            let (class, rule, outputs) = if self.outputs.is_empty() {
+                (class, rule, None)
+            } else if class.is_final() {
+                match self.outputs.store(item, &class, &self.store).await? {
+                    Ok(records) => (class, rule, Some(records)),
+                    Err(message) => {
+                        self.outputs.clear(item)?;
+                        (ItemClass::Error, Some(message), None)
+                    }
+                }
+            } else {
+                // A failed attempt leaves nothing behind.
+                self.outputs.clear(item)?;
+                (class, rule, None)
+            };
+            let why_failed = rule
+                .clone()
+                .or_else(|| exit_code.map(|code| format!("exit status {code}")));
+            let _ = self.attempts.send(ItemAttempt {
+                finished_ms: now_ms(),
+                exit_code,
+                class: class.name().to_owned(),
+                rule,
+                log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
+                result: result.as_ref().map(|r| r.to_string()),
+                outputs,
+                handle,
+                ..self.attempt_record(planned, attempt, started_ms)
+            });
+            let retry = &self.spec.retry;
+            if retry.on.contains(&class) && attempt <= retry.max {
+                let backoff = retry.backoff.saturating_mul(1 << (attempt - 1).min(16));
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+            let attempts = planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt;
+            return Ok(Some(ItemEnd {
+                class,
+                attempts,
+                result,
+                why: why_failed,
+                log: log.exists().then_some(log),
+            }));
+        }
+    }
+}
+
+/// An item at the end of a run.
+pub(super) struct ItemEnd {
+    pub(super) class: ItemClass,
+    pub(super) attempts: u32,
+    pub(super) result: Option<serde_json::Value>,
+    /// Why its last attempt failed (the rule, check or exit status).
+    pub(super) why: Option<String>,
+    /// Its last attempt's log, if the attempt printed anything.
+    pub(super) log: Option<PathBuf>,
+}
+
+impl ItemRunner {
+    /// The record of an attempt that started at `started_ms`, before
+    /// anything is known of how it ends.
+    fn attempt_record(&self, planned: &PlannedItem, attempt: u32, started_ms: i64) -> ItemAttempt {
+        ItemAttempt {
+            run_id: self.run_id,
+            stage: self.stage.clone(),
+            key: planned.item.key.clone(),
+            fingerprint: planned.fingerprint,
+            attempt,
+            started_ms,
+            finished_ms: started_ms,
+            exit_code: None,
+            class: RUNNING.to_owned(),
+            rule: None,
+            log_path: None,
+            result: None,
+            code: Some(planned.code),
+            outputs: None,
+            handle: None,
+        }
+    }
+
+    /// The item's JSON result, if the stage declares one: `(result,
+    /// problem)`, where the problem says why it is missing or unreadable.
+    fn read_result(&self, item: &serde_json::Value) -> (Option<serde_json::Value>, Option<String>) {
+        let Some(template) = &self.spec.result else {
+            return (None, None);
+        };
+        let path = match fill(template, item) {
+            Ok(path) => path,
+            Err(message) => return (None, Some(message)),
+        };
+        if leaves_root(&path) {
+            return (
+                None,
+                Some(format!(
+                    "item result `{path}` lies outside the project root"
+                )),
+            );
+        }
+        match crate::fingerprint::read_regular(&self.job.cwd.join(&path)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                (None, Some(format!("item result `{path}` was not written")))
+            }
+            Err(e) => (
+                None,
+                Some(format!("item result `{path}` cannot be read: {e}")),
+            ),
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                // A secret the command wrote into its result is redacted
+                // as in its log: the result reaches the ledger and the
+                // merged output.
+                Ok(mut value) => {
+                    redact_json(&mut value, &self.job.redact);
+                    (Some(value), None)
+                }
+                Err(error) => (
+                    None,
+                    Some(format!("item result `{path}` is not JSON: {error}")),
+                ),
+            },
+        }
+    }
+
+    /// The first result check that fails, described.
+    fn failed_result_check(&self, result: Option<&serde_json::Value>) -> Option<String> {
+        self.spec
+            .result_checks
+            .iter()
+            .find(|check| !result.is_some_and(|r| check.holds(r)))
+            .map(|check| format!("result check `{}` failed", check.text))
+    }
+}
+
+/// Whether a relative path written by filling a template (`..` from an
+/// item field, or an absolute path) leads outside the project root.
+fn leaves_root(path: &str) -> bool {
+    let mut depth = 0usize;
+    for component in Path::new(path).components() {
+        match component {
+            std::path::Component::Normal(_) => depth += 1,
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir if depth > 0 => depth -= 1,
+            _ => return true,
+        }
+    }
+    false
+}
+
+/// Redacts every secret value in the strings (keys included) of `value`.
+fn redact_json(value: &mut serde_json::Value, secrets: &[(String, String)]) {
+    if secrets.is_empty() {
+        return;
+    }
+    match value {
+        serde_json::Value::String(text) => {
+            if let Some(redacted) = redact_text(text, secrets) {
+                *text = redacted;
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                redact_json(item, secrets);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            let entries = std::mem::take(map);
+            for (key, mut item) in entries {
+                redact_json(&mut item, secrets);
+                map.insert(redact_text(&key, secrets).unwrap_or(key), item);
+            }
+        }
+        _ => {}
+    }
+}

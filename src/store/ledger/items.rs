@@ -1,0 +1,299 @@
+//! The `items` and `item_attempts` tables: each item's newest outcome per
+//! fingerprint, and every attempt, recorded when its job starts.
+
+use super::*;
+
+impl Ledger {
+    /// The newest outcome of every item of `stage`: (key, fingerprint) →
+    /// (class, attempts).
+    pub fn item_outcomes(&self, stage: &str) -> Result<ItemOutcomes, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT key, fingerprint, class, attempts, result, outputs FROM items WHERE pipeline = ?2 AND stage = ?1",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage, self.pipeline.name], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, u32>(3)?,
+                    row.get::<_, Option<String>>(4)?,
+                    row.get::<_, Option<String>>(5)?,
+                ))
+            })
+            .map_err(|e| self.db(e))?;
+        let mut outcomes = HashMap::new();
+        for row in rows {
+            let (key, fingerprint, class, attempts, result, outputs) =
+                row.map_err(|e| self.db(e))?;
+            let outputs = outputs.and_then(|text| serde_json::from_str(&text).ok());
+            if let Ok(fingerprint) = fingerprint.parse() {
+                outcomes.insert((key, fingerprint), (class, attempts, result, outputs));
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Every output recorded with an outcome of an item of `stage` (under
+    /// any fingerprint): what `gc` must keep for items to be restorable.
+    pub fn item_outputs(&self, stage: &str) -> Result<Vec<OutputRecord>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT outputs FROM items WHERE pipeline = ?2 AND stage = ?1 AND outputs IS NOT NULL")
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage, self.pipeline.name], |row| {
+                row.get::<_, String>(0)
+            })
+            .map_err(|e| self.db(e))?;
+        let mut records = Vec::new();
+        for row in rows {
+            let text = row.map_err(|e| self.db(e))?;
+            if let Ok(mut parsed) = serde_json::from_str::<Vec<OutputRecord>>(&text) {
+                records.append(&mut parsed);
+            }
+        }
+        Ok(records)
+    }
+
+    /// Every output recorded with an outcome of any item of any stage.
+    pub fn all_item_outputs(&self) -> Result<Vec<OutputRecord>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT outputs FROM items WHERE pipeline = ?1 AND outputs IS NOT NULL")
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![self.pipeline.name], |row| row.get::<_, String>(0))
+            .map_err(|e| self.db(e))?;
+        let mut records = Vec::new();
+        for row in rows {
+            let text = row.map_err(|e| self.db(e))?;
+            if let Ok(mut parsed) = serde_json::from_str::<Vec<OutputRecord>>(&text) {
+                records.append(&mut parsed);
+            }
+        }
+        Ok(records)
+    }
+
+    /// Records attempts of items and their outcomes, in one transaction.
+    pub fn record_item_attempts(&self, attempts: &[ItemAttempt]) -> Result<(), StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO item_attempts (run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code, pipeline, handle)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                )
+                .map_err(|e| self.db(e))?;
+            let mut upsert = tx
+                .prepare_cached(
+                    "INSERT INTO items (pipeline, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs) VALUES (?10, ?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT(pipeline, stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8, outputs = ?9",
+                )
+                .map_err(|e| self.db(e))?;
+            let mut started = tx
+                .prepare_cached(
+                    "DELETE FROM item_attempts WHERE pipeline = ?1 AND run_id = ?2 AND stage = ?3 AND key = ?4 AND fingerprint = ?5 AND attempt = ?6 AND class = 'running'",
+                )
+                .map_err(|e| self.db(e))?;
+            for attempt in attempts {
+                let fingerprint = attempt.fingerprint.to_string();
+                let code = attempt.code.map(|c| c.to_string());
+                // An attempt that ends replaces its record of having started.
+                started
+                    .execute(params![
+                        self.pipeline.name,
+                        attempt.run_id,
+                        attempt.stage,
+                        attempt.key,
+                        fingerprint,
+                        attempt.attempt,
+                    ])
+                    .map_err(|e| self.db(e))?;
+                let outputs = attempt
+                    .outputs
+                    .as_ref()
+                    .map(|o| serde_json::to_string(o).expect("records serialise"));
+                insert
+                    .execute(params![
+                        attempt.run_id,
+                        attempt.stage,
+                        attempt.key,
+                        fingerprint,
+                        attempt.attempt,
+                        attempt.started_ms,
+                        attempt.finished_ms,
+                        attempt.exit_code,
+                        attempt.class,
+                        attempt.rule,
+                        attempt.log_path,
+                        code,
+                        self.pipeline.name,
+                        attempt.handle,
+                    ])
+                    .map_err(|e| self.db(e))?;
+                if attempt.class == RUNNING {
+                    continue;
+                }
+                upsert
+                    .execute(params![
+                        attempt.stage,
+                        attempt.key,
+                        fingerprint,
+                        attempt.class,
+                        attempt.run_id,
+                        attempt.finished_ms,
+                        attempt.result,
+                        code,
+                        outputs,
+                        self.pipeline.name,
+                    ])
+                    .map_err(|e| self.db(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// Every attempt of one item, oldest first.
+    pub fn item_attempts(&self, stage: &str, key: &str) -> Result<Vec<ItemAttempt>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare(
+                "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code, handle
+                 FROM item_attempts WHERE pipeline = ?3 AND stage = ?1 AND key = ?2 ORDER BY id",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage, key, self.pipeline.name], |row| {
+                let fingerprint: String = row.get(3)?;
+                Ok(ItemAttempt {
+                    run_id: row.get(0)?,
+                    stage: row.get(1)?,
+                    key: row.get(2)?,
+                    fingerprint: fingerprint.parse().unwrap_or(Digest::of(b"")),
+                    attempt: row.get(4)?,
+                    started_ms: row.get(5)?,
+                    finished_ms: row.get(6)?,
+                    exit_code: row.get(7)?,
+                    class: row.get(8)?,
+                    rule: row.get(9)?,
+                    log_path: row.get(10)?,
+                    result: None,
+                    code: row
+                        .get::<_, Option<String>>(11)?
+                        .and_then(|c| c.parse().ok()),
+                    outputs: None,
+                    handle: row.get(12)?,
+                })
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// The newest outcome of each item of `stage` under each fingerprint,
+    /// optionally only those produced by stage code whose fingerprint
+    /// starts with `code` (`blake3:` may be left out); by key.
+    pub fn item_records(
+        &self,
+        stage: &str,
+        code: Option<&str>,
+    ) -> Result<Vec<ItemRecord>, StoreError> {
+        let pattern = code.map(|c| {
+            let c = c.trim();
+            let c = if c.starts_with("blake3:") {
+                c.to_owned()
+            } else {
+                format!("blake3:{c}")
+            };
+            format!("{}%", c.replace(['%', '_'], ""))
+        });
+        let mut statement = self
+            .conn
+            .prepare(
+                "SELECT key, fingerprint, code, class, attempts, run_id, finished_ms FROM items
+                 WHERE pipeline = ?3 AND stage = ?1 AND (?2 IS NULL OR code LIKE ?2) ORDER BY key, finished_ms",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage, pattern, self.pipeline.name], |row| {
+                Ok(ItemRecord {
+                    key: row.get(0)?,
+                    fingerprint: row.get(1)?,
+                    code: row.get(2)?,
+                    class: row.get(3)?,
+                    attempts: row.get(4)?,
+                    run_id: row.get(5)?,
+                    finished_ms: row.get(6)?,
+                })
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// Jobs that a dead (or detached) run left on their engine for `stage`,
+    /// that no later attempt adopted: `(item key, item fingerprint, job
+    /// handle)`, oldest first.
+    pub fn orphaned_jobs(&self, stage: &str) -> Result<Vec<(String, Digest, String)>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT a.key, a.fingerprint, a.handle FROM item_attempts a
+                  WHERE a.pipeline = ?1 AND a.stage = ?2 AND a.class = 'abandoned' AND a.handle IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM item_attempts b
+                                     WHERE b.pipeline = a.pipeline AND b.stage = a.stage AND b.key = a.key
+                                       AND b.id > a.id AND b.handle = a.handle)
+                  ORDER BY a.id",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![self.pipeline.name, stage], |row| {
+                let fingerprint: String = row.get(1)?;
+                Ok((
+                    row.get::<_, String>(0)?,
+                    fingerprint.parse().unwrap_or(Digest::of(b"")),
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// Records that the orphaned jobs `handles` of `stage` were cancelled.
+    pub fn orphans_cancelled(&self, stage: &str, handles: &[String]) -> Result<(), StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        for handle in handles {
+            tx.execute(
+                "UPDATE item_attempts SET class = 'cancelled'
+                  WHERE pipeline = ?1 AND stage = ?2 AND handle = ?3 AND class = 'abandoned'",
+                params![self.pipeline.name, stage, handle],
+            )
+            .map_err(|e| self.db(e))?;
+        }
+        tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// The attempts of run `run_id` that never ended, when the run stops
+    /// without them: `abandoned` if their jobs were left running
+    /// (`--detach`; the next run adopts or cancels them), else `cancelled`.
+    pub fn close_running_attempts(
+        &self,
+        run_id: i64,
+        left_running: bool,
+    ) -> Result<(), StoreError> {
+        let class = if left_running {
+            "abandoned"
+        } else {
+            "cancelled"
+        };
+        self.conn
+            .execute(
+                "UPDATE item_attempts SET class = ?1 WHERE pipeline = ?2 AND run_id = ?3 AND class = 'running'",
+                params![class, self.pipeline.name, run_id],
+            )
+            .map(drop)
+            .map_err(|e| self.db(e))
+    }
+}
