@@ -165,3 +165,40 @@ fn an_unreachable_cluster_fails_the_stage_that_runs_on_it_not_the_load() {
     );
     assert!(!p.exists("out.txt"));
 }
+
+#[test]
+fn a_window_across_a_cluster_names_an_executor_and_is_one_stage_at_a_time() {
+    let cases = [
+        (
+            "window = { capacity = 1, hold = \"stage\", across = \"k8z\" }",
+            "resource `window` is held across undeclared executor `k8z`",
+            "did you mean `k8s`?",
+        ),
+        (
+            "window = { capacity = 2, hold = \"stage\", across = \"k8s\" }",
+            "resource `window` is held `across` a cluster, but not by one stage at a time",
+            "`capacity = 1` and `hold = \"stage\"`",
+        ),
+        (
+            "window = { capacity = 1, across = \"k8s\" }",
+            "resource `window` is held `across` a cluster, but not by one stage at a time",
+            "`capacity = 1` and `hold = \"stage\"`",
+        ),
+    ];
+    for (resource, message, help) in cases {
+        let p = Project::new();
+        p.file(
+            "cairn.toml",
+            &format!(
+                "[pipeline]\nname = \"x\"\n[executors.k8s]\nkind = \"kubernetes\"\nimage = \"m/o@{DIGEST}\"\nhost_path = true\n[resources]\n{resource}\n[stages.a]\nrun = \"true\"\n"
+            ),
+        );
+        let run = p.cairn(&["status"]);
+        run.code_is(2);
+        let stderr = run.stderr();
+        assert!(
+            stderr.contains(message) && stderr.contains(help) && stderr.contains("cairn.toml:8:"),
+            "{resource}: {stderr}"
+        );
+    }
+}

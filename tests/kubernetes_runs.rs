@@ -517,3 +517,103 @@ fn a_plain_stages_job_is_adopted_after_kill_9_and_forcing_it_submits_a_new_one()
     assert_ne!(names[0], names[1]);
     assert_eq!(p.lines("runs.txt").len(), 2);
 }
+
+const WINDOWED: &str = r#"
+[pipeline]
+name = "windowed"
+
+[executors.k8s]
+kind = "kubernetes"
+image = "mirror.example/w@sha256:abababababababababababababababababababababababababababababababab"
+host_path = true
+
+[resources]
+window = { capacity = 1, hold = "stage" ACROSS }
+
+[stages.work]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo $(date +%s.%N) {item.id} >> LOG; sleep 1; echo $(date +%s.%N) {item.id} >> LOG; echo '{\"id\": \"{item.id}\"}' > out/{item.id}.json"
+item_result = "out/{item.id}.json"
+executor = "k8s"
+resources = ["window"]
+outputs = { results = "state/work.jsonl" }
+"#;
+
+/// Two projects (two cairn processes, as on two machines) run a stage that
+/// holds `window` at once; the spans of time each project's commands ran
+/// in, from the shared log.
+fn two_runs_holding_a_window(across: bool) -> Vec<(f64, f64)> {
+    let kube = KubeEmulator::start(None);
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("window.log");
+    let projects: Vec<Project> = ["p", "q"]
+        .iter()
+        .map(|name| {
+            let p = Project::new();
+            let manifest = WINDOWED
+                .replace("ACROSS", if across { ", across = \"k8s\"" } else { "" })
+                .replace("LOG", &log.display().to_string());
+            p.file("cairn.toml", &manifest);
+            let items: String = (0..3)
+                .map(|i| format!("{{\"id\": \"{name}-{i}\"}}\n"))
+                .collect();
+            p.file("items.jsonl", &items);
+            p.file("out/.keep", "");
+            p
+        })
+        .collect();
+    let children: Vec<std::process::Child> = projects
+        .iter()
+        .map(|p| {
+            p.command(&["run"])
+                .env("KUBECONFIG", &kube.kubeconfig)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let lines = std::fs::read_to_string(&log).unwrap();
+    ["p-", "q-"]
+        .iter()
+        .map(|prefix| {
+            let times: Vec<f64> = lines
+                .lines()
+                .filter(|l| l.split(' ').nth(1).is_some_and(|id| id.starts_with(prefix)))
+                .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(times.len(), 6, "{lines}");
+            let first = times.iter().copied().fold(f64::MAX, f64::min);
+            let last = times.iter().copied().fold(f64::MIN, f64::max);
+            (first, last)
+        })
+        .collect()
+}
+
+fn overlap(spans: &[(f64, f64)]) -> bool {
+    spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1
+}
+
+#[test]
+fn a_window_across_the_cluster_is_held_by_one_run_at_a_time() {
+    let spans = two_runs_holding_a_window(true);
+    assert!(
+        !overlap(&spans),
+        "two runs held the window at once: {spans:?}"
+    );
+    // Control: held within each process only, the two runs overlap.
+    let spans = two_runs_holding_a_window(false);
+    assert!(
+        overlap(&spans),
+        "the runs did not run side by side: {spans:?}"
+    );
+}

@@ -241,10 +241,29 @@ pub trait Executor: Send + Sync {
         Box::pin(async { Ok(false) })
     }
 
+    /// Takes the window `window` for `holder` (the run's token) across every
+    /// process and machine that uses this engine, waiting while another
+    /// holds it; `None` if this engine has no such windows (the window is
+    /// then this process's alone).
+    fn hold_window<'a>(
+        &'a self,
+        window: &'a str,
+        holder: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldWindow>>, ExecError>> {
+        let _ = (window, holder);
+        Box::pin(async { Ok(None) })
+    }
+
     /// Starts the job (see [`Executor::start`]) and waits for it.
     fn run<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Outcome, ExecError>> {
         Box::pin(async move { self.start(job).await?.wait().await })
     }
+}
+
+/// A window held across machines ([`Executor::hold_window`]). Dropped
+/// without `release`, it lapses on its own after a while.
+pub trait HeldWindow: Send {
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), ExecError>>;
 }
 
 /// A job an executor started or adopted.

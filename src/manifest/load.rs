@@ -132,6 +132,7 @@ pub fn load_str(path: &Path, source: String, profile: Option<&str>) -> Result<Ma
     let mut checker = Checker {
         source: &source,
         problems: Vec::new(),
+        acrosses: Vec::new(),
     };
     let manifest = checker.manifest(path, &tree, profile)?;
     let mut problems = std::mem::take(&mut checker.problems);
@@ -156,6 +157,9 @@ pub fn load_str(path: &Path, source: String, profile: Option<&str>) -> Result<Ma
 struct Checker<'s> {
     source: &'s str,
     problems: Vec<Problem>,
+    /// `across = "EXECUTOR"` of each resource (resource, executor, where),
+    /// checked once the executors are known.
+    acrosses: Vec<(String, String, Span)>,
 }
 
 /// A stage before interpolation.
@@ -238,6 +242,7 @@ impl<'s> Checker<'s> {
         }
         self.check_resource_names(&stages, &resources);
         self.check_executor_names(&stages, &executors);
+        self.check_acrosses(&executors);
 
         let (Some(name), Some(root)) = (name, root) else {
             return Ok(None);

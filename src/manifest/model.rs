@@ -150,12 +150,16 @@ pub struct Toleration {
 }
 
 /// A named capacity (`[resources]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resource {
     pub capacity: u32,
     /// Held by a per-item stage as a whole while it runs (its items run
     /// concurrently inside), instead of by each item's command.
     pub per_stage: bool,
+    /// `across = "EXECUTOR"`: also held across every cairn process that
+    /// uses that executor's cluster, where its engine can (a Kubernetes
+    /// Lease); elsewhere within this process only.
+    pub across: Option<String>,
 }
 
 #[derive(Debug, Clone)]

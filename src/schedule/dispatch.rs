@@ -207,9 +207,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     let Some(index) = names.iter().position(|n| **n == held.name) else {
                         continue;
                     };
-                    let per_stage = ctx.manifest.resources[&held.name].per_stage;
-                    if per_stage && stage.foreach.is_some() {
+                    let resource = &ctx.manifest.resources[&held.name];
+                    if resource.per_stage && stage.foreach.is_some() {
                         holds.per_stage.push(index);
+                        if let Some(executor) = &resource.across {
+                            holds.across.push((held.name.clone(), executor.clone()));
+                        }
                     } else {
                         holds.per_command.push(index);
                     }
@@ -364,7 +367,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         self.fail(i, &message, None);
                         continue;
                     }
-                    task.with_items(
+                    let windows = self.holds[i]
+                        .across
+                        .iter()
+                        .filter_map(|(resource, executor)| {
+                            Some((resource.clone(), executors.named(executor)?))
+                        })
+                        .collect();
+                    task.with_windows(windows).with_items(
                         stage,
                         plan,
                         orphans,

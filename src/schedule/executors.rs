@@ -11,6 +11,8 @@ use crate::manifest::{ExecutorSpec, Manifest};
 pub struct Executors {
     /// Per stage index.
     by_stage: Vec<Arc<dyn Executor>>,
+    /// By `[executors]` name.
+    named: BTreeMap<String, Arc<dyn Executor>>,
 }
 
 impl Executors {
@@ -43,7 +45,16 @@ impl Executors {
                     .unwrap_or_else(|| local.clone())
             })
             .collect();
-        Self { by_stage }
+        let named = named
+            .into_iter()
+            .map(|(name, executor)| (name.to_owned(), executor))
+            .collect();
+        Self { by_stage, named }
+    }
+
+    /// The `[executors]` entry `name` (load checked every name it is given).
+    pub fn named(&self, name: &str) -> Option<Arc<dyn Executor>> {
+        self.named.get(name).cloned()
     }
 
     pub fn of_stage(&self, stage: usize) -> Arc<dyn Executor> {

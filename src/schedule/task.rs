@@ -123,6 +123,9 @@ pub struct Holds {
     pub per_command: Vec<usize>,
     /// Held once by a per-item stage for as long as its items run.
     pub per_stage: Vec<usize>,
+    /// Of those, the ones also held across a cluster: (resource, the
+    /// executor whose cluster holds it).
+    pub across: Vec<(String, String)>,
 }
 
 /// A declared output: (name, path as written, absolute path).
@@ -142,6 +145,9 @@ pub struct StageTask {
     /// Set for a per-item stage.
     items: Option<Items>,
     job_prefix: String,
+    /// Windows held across a cluster while its items run: (resource, the
+    /// executor whose cluster holds it).
+    windows: Vec<(String, Arc<dyn Executor>)>,
 }
 
 /// The start of every job name of `stage`: `cairn-STAGE-WORKSPACE`, where
@@ -244,7 +250,14 @@ impl StageTask {
             priority,
             items: None,
             job_prefix: job_prefix(ctx, stage),
+            windows: Vec::new(),
         })
+    }
+
+    /// Holds `windows` across their clusters while the items run.
+    pub fn with_windows(mut self, windows: Vec<(String, Arc<dyn Executor>)>) -> Self {
+        self.windows = windows;
+        self
     }
 
     /// Makes this the task of a per-item stage over `plan`; `orphans`: the

@@ -15,7 +15,8 @@ use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 use super::spec::{job_spec, kubernetes_name};
 use super::status::{JobState, PodSignal, ended_pod_outcome, job_state, pod_signal};
 use crate::exec::{
-    BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, RemoteJobGuard, Running, redact_log,
+    BoxFuture, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, RemoteJobGuard, Running,
+    redact_log,
 };
 use crate::manifest::KubernetesSettings;
 
@@ -148,6 +149,19 @@ impl Executor for KubernetesExecutor {
                 Err(e) => return Err(engine_error("submit", e)),
             }
             Ok(self.running(job, jobs, pods, permit))
+        })
+    }
+
+    fn hold_window<'a>(
+        &'a self,
+        window: &'a str,
+        holder: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldWindow>>, ExecError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            super::lease::hold(client, &self.settings.namespace, window, holder)
+                .await
+                .map(Some)
         })
     }
 

@@ -30,8 +30,13 @@
 //! redacted. A Job dropped before it ended (the run was interrupted) is
 //! deleted with background propagation; a cairn process killed outright
 //! leaves it running, and the next run adopts it by name.
+//!
+//! A `[resources]` window with `across` naming a Kubernetes executor is held
+//! through a Lease in its namespace ([`lease`]), so two cairn processes on
+//! two machines never hold it at once.
 
 mod client;
+mod lease;
 mod spec;
 mod status;
 

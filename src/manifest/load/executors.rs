@@ -187,6 +187,30 @@ impl Checker<'_> {
         }
     }
 
+    /// Every resource's `across` names a declared executor.
+    pub(super) fn check_acrosses(&mut self, executors: &BTreeMap<String, ExecutorSpec>) {
+        for (resource, executor, span) in std::mem::take(&mut self.acrosses) {
+            if executors.contains_key(&executor) {
+                continue;
+            }
+            let help = self.did_you_mean(
+                &executor,
+                executors.keys().map(String::as_str),
+                "name the `[executors]` entry whose cluster the window spans",
+            );
+            self.problems.push(
+                Problem::new(
+                    format!(
+                        "resource `{resource}` is held across undeclared executor `{executor}`"
+                    ),
+                    span,
+                    "not in `[executors]`",
+                )
+                .help(help),
+            );
+        }
+    }
+
     /// Every `executor = "NAME"` names a declared executor, and no built-in
     /// stage names one (built-ins run inside cairn, on this machine).
     pub(super) fn check_executor_names(

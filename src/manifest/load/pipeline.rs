@@ -18,13 +18,17 @@ impl Checker<'_> {
                 NodeKind::Integer(n) if n >= 1 && n <= u32::MAX as i64 => Some(n as u32),
                 _ => None,
             };
-            let (count, per_stage) = match &resource.value.kind {
+            let (count, per_stage, across) = match &resource.value.kind {
                 NodeKind::Table(spec) => {
                     self.unknown_keys(
                         spec,
-                        &["capacity", "hold"],
+                        &["capacity", "hold", "across"],
                         &format!("resource `{}`", resource.key),
                     );
+                    let across = find(spec, "across").and_then(|e| {
+                        let name = self.string(&e.value, "`across`")?;
+                        Some((name, e.value.span.clone()))
+                    });
                     let per_stage = match find(spec, "hold").map(|e| (&e.value, e.value.as_str())) {
                         None | Some((_, Some("command"))) => false,
                         Some((_, Some("stage"))) => true,
@@ -36,16 +40,37 @@ impl Checker<'_> {
                             false
                         }
                     };
-                    (
-                        find(spec, "capacity").and_then(|e| capacity(&e.value)),
-                        per_stage,
-                    )
+                    let count = find(spec, "capacity").and_then(|e| capacity(&e.value));
+                    if let Some((_, span)) = &across
+                        && (count != Some(1) || !per_stage)
+                    {
+                        self.problems.push(
+                            Problem::new(
+                                format!("resource `{}` is held `across` a cluster, but not by one stage at a time", resource.key),
+                                span.clone(),
+                                "here",
+                            )
+                            .help("a window shared across machines has `capacity = 1` and `hold = \"stage\"`"),
+                        );
+                    }
+                    (count, per_stage, across)
                 }
-                _ => (capacity(&resource.value), false),
+                _ => (capacity(&resource.value), false, None),
             };
+            if let Some((executor, span)) = &across {
+                self.acrosses
+                    .push((resource.key.clone(), executor.clone(), span.clone()));
+            }
             match count {
                 Some(capacity) => {
-                    resources.insert(resource.key.clone(), Resource { capacity, per_stage });
+                    resources.insert(
+                        resource.key.clone(),
+                        Resource {
+                            capacity,
+                            per_stage,
+                            across: across.map(|(executor, _)| executor),
+                        },
+                    );
                 }
                 None => self.problems.push(
                     Problem::new(

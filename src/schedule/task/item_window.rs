@@ -45,7 +45,7 @@ impl StageTask {
 
         // Resources held per stage: taken once, for as long as the items
         // run; the items themselves only need job slots.
-        let _window = if todo.is_empty() || self.holds.per_stage.is_empty() {
+        let window_permits = if todo.is_empty() || self.holds.per_stage.is_empty() {
             None
         } else {
             match self
@@ -62,6 +62,16 @@ impl StageTask {
                 }
             }
         };
+        // ...and, for a window `across` a cluster, held there too: two runs
+        // on two machines never hold it at once.
+        let mut held_across = Vec::new();
+        if window_permits.is_some() {
+            for (resource, executor) in &self.windows {
+                if let Some(held) = executor.hold_window(resource, &self.job.token).await? {
+                    held_across.push(held);
+                }
+            }
+        }
         let stage_jobs = Arc::new(Semaphore::new(
             items.spec.jobs.unwrap_or(Semaphore::MAX_PERMITS),
         ));
@@ -115,6 +125,12 @@ impl StageTask {
             }
             if !stopped {
                 spawn_next(&mut running, &items.plan);
+            }
+        }
+
+        for held in held_across {
+            if let Err(error) = held.release().await {
+                tracing::warn!(error = %error, "could not release a window; it lapses on its own");
             }
         }
 
