@@ -2,11 +2,12 @@
 //!
 //! Layers, each depending only on those before it:
 //! `manifest` → `graph` → `fingerprint` → `store` → `release` → `builtins` →
-//! `exec` → `schedule` → `cli`. `records` (JSON record files) and
-//! `canonical_json` stand apart.
+//! `exec` → `schedule` → `cli`. `records` (JSON record files),
+//! `canonical_json` and `causes` (errors on one line) stand apart.
 
 pub mod builtins;
 pub mod canonical_json;
+pub mod causes;
 pub mod cli;
 pub mod exec;
 pub mod fingerprint;

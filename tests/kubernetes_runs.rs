@@ -617,3 +617,85 @@ fn a_window_across_the_cluster_is_held_by_one_run_at_a_time() {
         "the runs did not run side by side: {spans:?}"
     );
 }
+
+#[test]
+fn a_job_that_finished_while_cairn_was_dead_is_collected_with_what_it_wrote() {
+    let kube = KubeEmulator::start(None);
+    let p = Project::new();
+    p.file("cairn.toml", PLAIN);
+    let mut child = spawn(&p, &kube);
+    poll("the command to start", Duration::from_secs(30), || {
+        p.exists("runs.txt")
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    // The Job ends, and writes its output, while no cairn runs.
+    poll("the Job to finish", Duration::from_secs(30), || {
+        kube.active().1 == 0
+    });
+    assert_eq!(p.read("out.txt"), "built\n");
+
+    let resumed = cairn(&p, &kube, &["run"]);
+    resumed.success();
+    assert_eq!(kube.jobs().len(), 1, "{}", resumed.stderr());
+    assert_eq!(p.lines("runs.txt").len(), 1, "the command ran once");
+    assert_eq!(p.read("out.txt"), "built\n");
+}
+
+#[test]
+fn forcing_an_item_submits_a_new_job_instead_of_adopting_its_finished_one() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(2, 0, 256);
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(kube.jobs().len(), 2);
+    cairn(&p, &kube, &["run", "--force", "work/task-01"]).success();
+    let names: Vec<String> = kube
+        .jobs()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(
+        names[2].ends_with("-2"),
+        "the forced attempt is attempt 2: {names:?}"
+    );
+    assert_eq!(p.lines("runs/task-01").len(), 2, "the command ran again");
+    assert_eq!(p.lines("runs/task-00").len(), 1);
+}
+
+#[test]
+fn after_ctrl_c_the_next_attempt_has_a_name_of_its_own() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(1, 300, 256);
+    let mut child = spawn(&p, &kube);
+    poll("the command to start", Duration::from_secs(30), || {
+        p.exists("runs/task-00")
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    p.file("items.jsonl", "{\"id\": \"task-00\", \"sleep\": 300}\n");
+    let mut again = spawn(&p, &kube);
+    poll("a second Job", Duration::from_secs(30), || {
+        kube.jobs().len() == 2
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(again.id() as i32, libc::SIGINT);
+    }
+    again.wait().unwrap();
+    let names: Vec<String> = kube
+        .jobs()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_ne!(
+        names[0], names[1],
+        "the cancelled attempt's name was reused"
+    );
+}

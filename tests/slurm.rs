@@ -216,7 +216,7 @@ poll = "300ms"
 [stages.work]
 executor = "cluster"
 foreach = { items = "items.jsonl", key = "id" }
-run = "echo {item.id} >> runs/{item.id}; touch started/{item.id}; sleep {item.sleep}; echo '{item.id} done' > out/{item.id}"
+run = "echo {item.id} >> runs/{item.id}; echo working on {item.id}; touch started/{item.id}; sleep {item.sleep}; echo '{item.id} done' > out/{item.id}"
 classify = [{ exit = 3, as = "rejected" }]
 retry = { max = 2, on = ["infra"], backoff = "100ms" }
 outputs = { results = "state/work.jsonl" }
@@ -431,6 +431,13 @@ async fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
     let classes: Vec<&str> = after.iter().map(|a| a["class"].as_str().unwrap()).collect();
     assert_eq!(classes, ["abandoned", "ok"], "{after:?}");
     assert_eq!(after[1]["handle"], job.as_str());
+    // The adopted job wrote to the killed run's log; its output reaches the
+    // attempt's own log, which `classify` reads.
+    let log = after[1]["log_path"]
+        .as_str()
+        .expect("the adopted attempt has a log");
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(text.contains("working on task-00"), "{log}: {text:?}");
 }
 
 /// `cairn show STAGE/ITEM --json`: the item's attempts.

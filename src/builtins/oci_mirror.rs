@@ -71,18 +71,6 @@ fn fail(message: impl Into<String>) -> BuiltinError {
     BuiltinError::Failed(message.into())
 }
 
-/// An error and its causes on one line (reqwest's own message is terse).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     let settings: Settings = invocation.settings()?;
     if settings.shards == 0 {
@@ -536,9 +524,13 @@ impl Registry {
         request: reqwest::blocking::RequestBuilder,
         what: &str,
     ) -> Result<reqwest::blocking::Response, BuiltinError> {
-        request
-            .send()
-            .map_err(|e| fail(format!("{what}: {} (registry {})", chain(&e), self.base)))
+        request.send().map_err(|e| {
+            fail(format!(
+                "{what}: {} (registry {})",
+                crate::causes::with_causes(&e),
+                self.base
+            ))
+        })
     }
 
     fn unexpected(&self, response: reqwest::blocking::Response, what: &str) -> BuiltinError {

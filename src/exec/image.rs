@@ -43,9 +43,11 @@ fn client() -> Result<&'static reqwest::blocking::Client, String> {
         .map_err(Clone::clone)
 }
 
-/// Runs blocking network work on a thread of its own: reqwest's blocking
-/// client refuses to run on a thread inside a tokio runtime, and the
-/// scheduler's worker is not blocked meanwhile (`block_in_place`).
+/// Runs blocking network work on a thread of its own (reqwest's blocking
+/// client refuses to run on a thread inside a tokio runtime). The caller
+/// waits: on a multi-threaded runtime its worker is handed on
+/// (`block_in_place`); on the scheduler's one thread, everything waits for
+/// the registry (at most [`REQUEST_TIMEOUT`], once per tag and run).
 fn blocking<T: Send>(work: impl FnOnce() -> T + Send) -> T {
     let on_thread = || {
         std::thread::scope(|scope| {
@@ -114,7 +116,7 @@ fn resolve(reference: &ImageRef) -> Result<PinnedImage, String> {
         .head(&url)
         .header("Accept", ACCEPT)
         .send()
-        .map_err(|e| format!("{url}: {}", error_chain(&e)))?;
+        .map_err(|e| format!("{url}: {}", crate::causes::with_causes(&e)))?;
     match response.status().as_u16() {
         200 => {}
         404 => return Err(format!("the registry has no tag `{tag}` ({url})")),
@@ -136,18 +138,6 @@ fn resolve(reference: &ImageRef) -> Result<PinnedImage, String> {
             "the registry sent a digest that is not sha256: `{digest}` ({url})"
         )),
     }
-}
-
-/// An error and its causes on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

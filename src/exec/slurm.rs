@@ -22,9 +22,10 @@
 //! [`Outcome`]: COMPLETED → success; FAILED → its exit code (which the
 //! stage's `classify` rules read); CANCELLED → cancelled; TIMEOUT →
 //! timed out; NODE_FAIL, PREEMPTED, BOOT_FAIL, OUT_OF_MEMORY and DEADLINE →
-//! an infrastructure failure, never a verdict. Dropping a running job does
-//! not cancel it (it outlives cairn, and a later run adopts it); `cancel`
-//! does, with `scancel`.
+//! an infrastructure failure, never a verdict. A job dropped before it
+//! ended (an interrupted run) is cancelled with `scancel`, unless the run
+//! was started with `--detach`; a cairn process killed outright leaves it
+//! running, and a later run adopts it by name.
 
 use std::time::Duration;
 
@@ -84,6 +85,10 @@ struct PollerState {
     joined: bool,
 }
 
+/// How many `squeue` calls in a row may fail before the jobs waited for
+/// fail with the error.
+const QUERY_TRIES: u32 = 3;
+
 /// Job ids per `squeue` call, so a command line stays short.
 const IDS_PER_QUERY: usize = 512;
 
@@ -94,9 +99,16 @@ struct Waiting<'a> {
 }
 
 impl Drop for Waiting<'_> {
+    /// The job is no longer polled once its last waiter is gone.
     fn drop(&mut self) {
         let mut state = self.poller.waiting.lock().expect("not poisoned");
-        state.jobs.remove(&self.id);
+        if state
+            .jobs
+            .get(&self.id)
+            .is_some_and(|sender| sender.receiver_count() <= 1)
+        {
+            state.jobs.remove(&self.id);
+        }
     }
 }
 
@@ -222,6 +234,15 @@ impl SlurmExecutor {
     }
 
     /// The exit code of a finished job (`ExitCode=N:S` in `scontrol`).
+    /// Where the job writes its stdout (`StdOut=` in `scontrol`).
+    async fn stdout_path(&self, job: &SlurmJob) -> Result<Option<std::path::PathBuf>, ExecError> {
+        let text = run_client("scontrol", &["show", "job", &job.id]).await?;
+        Ok(text
+            .split_whitespace()
+            .find_map(|field| field.strip_prefix("StdOut="))
+            .map(std::path::PathBuf::from))
+    }
+
     async fn exit_code(&self, job: &SlurmJob) -> Result<(i32, i32), ExecError> {
         let text = run_client("scontrol", &["show", "job", &job.id]).await?;
         Ok(parse_exit_code(&text).unwrap_or((-1, 0)))
@@ -284,6 +305,9 @@ impl SlurmExecutor {
         let floor = Duration::from_millis(100);
         let ceiling = self.settings.poll.max(floor);
         let mut interval = floor;
+        // A slurmctld busy for a moment fails a query or two: only a
+        // failure that lasts fails the jobs waited for.
+        let mut failures = 0u32;
         loop {
             let ids: Vec<String> = {
                 let mut state = self.poller.waiting.lock().expect("not poisoned");
@@ -304,7 +328,12 @@ impl SlurmExecutor {
                     Err(error) => failed = Some(error),
                 }
             }
+            failures = if failed.is_some() { failures + 1 } else { 0 };
+            if let Some(error) = &failed
+                && failures < QUERY_TRIES
             {
+                tracing::warn!(error = %error, "squeue failed; asking again");
+            } else {
                 let state = self.poller.waiting.lock().expect("not poisoned");
                 for id in &ids {
                     let Some(sender) = state.jobs.get(id) else {
@@ -384,7 +413,7 @@ impl Executor for SlurmExecutor {
         Box::pin(async move {
             let permit = self.room().await?;
             let submitted = self.submit_job(job).await?;
-            Ok(self.running(submitted, job, permit))
+            Ok(self.running(submitted, job, None, permit))
         })
     }
 
@@ -423,7 +452,11 @@ impl Executor for SlurmExecutor {
                 .await?
                 .get(&found.id)
                 .is_some_and(|s| s.state == "CANCELLED");
-            Ok((!cancelled).then(|| self.running(found, job, permit)))
+            if cancelled {
+                return Ok(None);
+            }
+            let written_to = self.stdout_path(&found).await?;
+            Ok(Some(self.running(found, job, written_to, permit)))
         })
     }
 }
@@ -433,11 +466,13 @@ impl SlurmExecutor {
         &self,
         submitted: SlurmJob,
         job: &Job,
+        written_to: Option<std::path::PathBuf>,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Box<dyn Running> {
         Box::new(SlurmRunning {
             slurm: self.clone(),
             submitted,
+            written_to: written_to.filter(|path| *path != job.log),
             log: job.log.clone(),
             redact: job.redact.clone(),
             ended: false,
@@ -452,6 +487,9 @@ impl SlurmExecutor {
 /// next run to adopt.
 struct SlurmRunning {
     slurm: SlurmExecutor,
+    /// An adopted job's own log, when an earlier run named another one
+    /// (`--output` is fixed at submission): copied into this attempt's log.
+    written_to: Option<std::path::PathBuf>,
     submitted: SlurmJob,
     log: std::path::PathBuf,
     redact: Vec<(String, String)>,
@@ -485,10 +523,25 @@ impl Running for SlurmRunning {
             let outcome = this.slurm.wait_job(&this.submitted).await?;
             this.ended = true;
             let this = this;
-            redact_log(&this.log, &this.redact).map_err(|source| ExecError::Log {
-                path: this.log.clone(),
+            let log_error = |path: &std::path::Path, source| ExecError::Log {
+                path: path.to_owned(),
                 source,
-            })?;
+            };
+            if let Some(earlier) = &this.written_to {
+                // The earlier run's log is redacted where it lies, then
+                // appended to this attempt's, which `classify` reads.
+                redact_log(earlier, &this.redact).map_err(|e| log_error(earlier, e))?;
+                if let Ok(text) = std::fs::read(earlier) {
+                    use std::io::Write as _;
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&this.log)
+                        .and_then(|mut file| file.write_all(&text))
+                        .map_err(|e| log_error(&this.log, e))?;
+                }
+            }
+            redact_log(&this.log, &this.redact).map_err(|e| log_error(&this.log, e))?;
             Ok(outcome)
         })
     }

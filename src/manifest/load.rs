@@ -192,7 +192,8 @@ impl<'s> Checker<'s> {
         let mut params = self.params(entries);
         let resources = self.resources(entries);
         // `--profile ci,cluster`: each applied in turn, a later one winning.
-        let selected: Vec<&str> = profile.map_or_else(Vec::new, |p| p.split(',').collect());
+        let selected: Vec<&str> =
+            profile.map_or_else(Vec::new, |p| p.split(',').map(str::trim).collect());
         let executors = self.executors(entries, &selected);
         let profiles = self.profiles(entries, &params);
         for wanted in &selected {

@@ -327,9 +327,12 @@ impl<'m> Context<'m> {
             stage: stage.name.clone(),
             message,
         })?;
-        let outcomes = match &self.ledger {
-            Some(ledger) => ledger.item_outcomes(&stage.name)?,
-            None => HashMap::new(),
+        let (outcomes, cancelled) = match &self.ledger {
+            Some(ledger) => (
+                ledger.item_outcomes(&stage.name)?,
+                ledger.cancelled_attempts(&stage.name)?,
+            ),
+            None => (HashMap::new(), HashMap::new()),
         };
         let image = manifest
             .image_of(stage)
@@ -384,9 +387,15 @@ impl<'m> Context<'m> {
             let result = recorded
                 .and_then(|(_, _, result, _)| result.as_deref())
                 .and_then(|text| serde_json::from_str(text).ok());
+            let attempts_before = outcome.as_ref().map_or(0, |(_, n)| *n)
+                + cancelled
+                    .get(&(item.key.clone(), fingerprint))
+                    .copied()
+                    .unwrap_or(0);
             planned.push(PlannedItem {
                 item,
                 fingerprint,
+                attempts_before,
                 image: image.map(|pinned| pinned.reference),
                 code: *template,
                 outputs,

@@ -101,7 +101,13 @@ pub async fn run(
     reporter: &mut dyn Reporter,
 ) -> Result<RunSummary, ScheduleError> {
     let mut dispatcher = Dispatcher::begin(ctx, options, reporter)?;
-    match dispatcher.drive().await {
+    let driven = dispatcher.drive().await;
+    // A run that ended early (an error) dropped its tasks: their remote
+    // jobs are being cancelled on this runtime; let that finish.
+    if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {
+        tracing::warn!("some remote jobs could not be cancelled in time");
+    }
+    match driven {
         Ok(()) => dispatcher.end(),
         Err(error) => {
             dispatcher.close_as_failed();
@@ -208,11 +214,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         continue;
                     };
                     let resource = &ctx.manifest.resources[&held.name];
+                    if let Some(executor) = &resource.across {
+                        holds.across.push((held.name.clone(), executor.clone()));
+                    }
                     if resource.per_stage && stage.foreach.is_some() {
                         holds.per_stage.push(index);
-                        if let Some(executor) = &resource.across {
-                            holds.across.push((held.name.clone(), executor.clone()));
-                        }
                     } else {
                         holds.per_command.push(index);
                     }
@@ -298,7 +304,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     // The items' tasks are dropped after their stages'
                     // (each cancels its remote job as it goes): wait for
                     // them while the runtime still runs.
-                    if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {
+                    let released = crate::exec::remote_jobs_released(CANCEL_WAIT).await;
+                    if !released {
                         tracing::warn!("some remote jobs could not be cancelled in time");
                     }
                     // Items that finished before the interrupt are kept.
@@ -308,9 +315,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     }
                     self.item_attempts(&batch)?;
                     // Those that did not are cancelled, or left running
-                    // for the next run to adopt (`--detach`).
+                    // for the next run to adopt or cancel (`--detach`, or
+                    // a cancellation not confirmed in time).
                     if let Some(ledger) = &self.ctx.ledger {
-                        ledger.close_running_attempts(self.run_id, crate::exec::remote_jobs_detached())?;
+                        let left_running = crate::exec::remote_jobs_detached() || !released;
+                        ledger.close_running_attempts(self.run_id, left_running)?;
                     }
                     self.summary.interrupted = true;
                     self.reporter.event(Event::Interrupted);
@@ -350,6 +359,18 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 stage: &stage.name,
                 reason: &reason,
             });
+            // Windows held across a cluster, in one order everywhere (two
+            // runs taking two windows in opposite orders would wait for each
+            // other forever).
+            let mut windows: Vec<(String, std::sync::Arc<dyn crate::exec::Executor>)> = self.holds
+                [i]
+                .across
+                .iter()
+                .filter_map(|(resource, executor)| {
+                    Some((resource.clone(), executors.named(executor)?))
+                })
+                .collect();
+            windows.sort_by(|a, b| a.0.cmp(&b.0));
             let task = match StageTask::prepare(
                 self.ctx,
                 i,
@@ -362,19 +383,24 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             ) {
                 Ok(task) if stage.foreach.is_some() => {
                     let mut plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
-                    let orphans = self.ctx.orphans.remove(&i).unwrap_or_default();
+                    // Each orphan is cancelled on its own engine, which a
+                    // profile switch may have made another than the stage's.
+                    let orphans = self
+                        .ctx
+                        .orphans
+                        .remove(&i)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|handle| {
+                            let engine = executors.for_handle(&handle);
+                            (handle, engine)
+                        })
+                        .collect();
                     if let Err(message) = self.forget_forced_items(i, &mut plan) {
                         self.fail(i, &message, None);
                         continue;
                     }
-                    let windows = self.holds[i]
-                        .across
-                        .iter()
-                        .filter_map(|(resource, executor)| {
-                            Some((resource.clone(), executors.named(executor)?))
-                        })
-                        .collect();
-                    task.with_windows(windows).with_items(
+                    task.with_items(
                         stage,
                         plan,
                         orphans,
@@ -389,7 +415,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     self.fail(i, &super::with_causes(&error), None);
                     continue;
                 }
-            };
+            }
+            .with_windows(windows);
             self.slots[i] = Slot::Running;
             let links = TaskLinks {
                 stage: i,
@@ -562,6 +589,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             "failed"
         };
         if let Some(ledger) = &self.ctx.ledger {
+            // Attempts of tasks dropped when a failure stopped the run (not
+            // an interrupt, which closed its own): their jobs may still run,
+            // for the next run to adopt or cancel.
+            ledger.close_running_attempts(self.run_id, true)?;
             ledger.finish_run(self.run_id, status, self.summary.counts)?;
         }
         Ok(self.summary)

@@ -52,6 +52,18 @@ impl Executors {
         Self { by_stage, named }
     }
 
+    /// An executor of the engine a job handle names (`slurm:ID` → a Slurm
+    /// executor, `kubernetes:NS/NAME` → a Kubernetes one, `pid:N` → this
+    /// machine): what can cancel a job an earlier run left.
+    pub fn for_handle(&self, handle: &str) -> Option<Arc<dyn Executor>> {
+        let kind = handle.split(':').next()?;
+        self.by_stage
+            .iter()
+            .chain(self.named.values())
+            .find(|executor| executor.kind() == kind)
+            .cloned()
+    }
+
     /// The `[executors]` entry `name` (load checked every name it is given).
     pub fn named(&self, name: &str) -> Option<Arc<dyn Executor>> {
         self.named.get(name).cloned()

@@ -32,6 +32,11 @@ pub struct PlannedItem {
     pub code: Digest,
     /// The newest outcome under this fingerprint, and how many attempts.
     pub outcome: Option<(ItemClass, u32)>,
+    /// Attempts under this fingerprint that ended (those with an outcome
+    /// and those cancelled); the next is this + 1. Unlike `outcome`, kept
+    /// when `--force` forgets the outcome, so a forced attempt gets a name
+    /// of its own.
+    pub attempts_before: u32,
     /// The JSON result recorded with that outcome (`item_result`).
     pub result: Option<serde_json::Value>,
     /// What the item wrote (`item_outputs`), as recorded with that outcome.
@@ -294,6 +299,7 @@ mod tests {
             },
             fingerprint: Digest::of(key.as_bytes()),
             image: None,
+            attempts_before: 1,
             code: Digest::of(b"code"),
             outcome: Some((ItemClass::Ok, 1)),
             result: None,

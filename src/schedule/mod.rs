@@ -28,19 +28,7 @@ use std::path::PathBuf;
 /// An error followed by its causes, on one line: for messages that outlive
 /// the error (a failed stage's record, a status line), where the cause (the
 /// file that is a FIFO, the disk that is full) is the useful part.
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
+pub use crate::causes::with_causes;
 
 use crate::exec::ExecError;
 use crate::store::StoreError;

@@ -23,7 +23,7 @@ use super::context::Context;
 use super::item_outputs::ItemOutputs;
 use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
-use crate::exec::{Executor, Job, Outcome, RUN_MARKER, base_environment, redact_text};
+use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environment, redact_text};
 use crate::fingerprint::Digest;
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
 use crate::store::{
@@ -99,8 +99,9 @@ struct Items {
     limit: Option<usize>,
     log_dir: PathBuf,
     run_id: i64,
-    /// Handles of jobs a dead run left for items this plan no longer wants.
-    orphans: Vec<String>,
+    /// Jobs a dead run left for items this plan no longer wants: each
+    /// handle, and an executor of its engine (if this run has one).
+    orphans: Vec<(String, Option<Arc<dyn Executor>>)>,
 }
 
 /// A built-in stage's command (`cairn builtin …`) with the running cairn
@@ -126,6 +127,31 @@ pub struct Holds {
     /// Of those, the ones also held across a cluster: (resource, the
     /// executor whose cluster holds it).
     pub across: Vec<(String, String)>,
+}
+
+/// The job named `job.name` if its engine has it (an earlier process
+/// submitted it: adopted, and what it wrote is kept), else `job` submitted
+/// once `before_submit` (clearing the outputs it will write) has run.
+async fn start_job(
+    executor: &dyn Executor,
+    job: &Job,
+    before_submit: impl FnOnce() -> Result<(), ScheduleError>,
+) -> Result<Box<dyn crate::exec::Running>, ScheduleError> {
+    if let Some(adopted) = executor.attach(job).await? {
+        tracing::info!(job = %job.name, handle = %adopted.handle(), "adopted a job already submitted");
+        return Ok(adopted);
+    }
+    before_submit()?;
+    Ok(executor.submit(job).await?)
+}
+
+/// Gives the windows back; one that cannot be is left to lapse on its own.
+async fn release_windows(held: Vec<Box<dyn HeldWindow>>) {
+    for window in held {
+        if let Err(error) = window.release().await {
+            tracing::warn!(error = %error, "could not release a window; it lapses on its own");
+        }
+    }
 }
 
 /// A declared output: (name, path as written, absolute path).
@@ -254,10 +280,23 @@ impl StageTask {
         })
     }
 
-    /// Holds `windows` across their clusters while the items run.
+    /// Holds `windows` across their clusters while the command (or the
+    /// items) run, taken in the order given.
     pub fn with_windows(mut self, windows: Vec<(String, Arc<dyn Executor>)>) -> Self {
         self.windows = windows;
         self
+    }
+
+    /// Takes every window across its cluster (waiting while another run
+    /// holds one).
+    async fn hold_windows(&self) -> Result<Vec<Box<dyn HeldWindow>>, ScheduleError> {
+        let mut held = Vec::new();
+        for (resource, executor) in &self.windows {
+            if let Some(window) = executor.hold_window(resource, &self.job.token).await? {
+                held.push(window);
+            }
+        }
+        Ok(held)
     }
 
     /// Makes this the task of a per-item stage over `plan`; `orphans`: the
@@ -267,7 +306,7 @@ impl StageTask {
         mut self,
         stage: &Stage,
         plan: Vec<PlannedItem>,
-        orphans: Vec<String>,
+        orphans: Vec<(String, Option<Arc<dyn Executor>>)>,
         only: Option<Only>,
         limit: Option<usize>,
         log_dir: &Path,
@@ -327,10 +366,12 @@ impl StageTask {
         else {
             return Ok(TaskResult::not_started());
         };
-        self.clear_outputs()?;
+        let held = self.hold_windows().await?;
         let started_ms = now_ms();
         let started = Instant::now();
-        let outcome = executor.run(&self.job).await?;
+        let running = start_job(executor.as_ref(), &self.job, || self.clear_outputs()).await?;
+        let outcome = running.wait().await?;
+        release_windows(held).await;
         let mut task = TaskResult {
             started: true,
             outcome,

@@ -83,8 +83,7 @@ pub struct NewResult<'a> {
     pub error: Option<&'a str>,
 }
 
-/// (item key, item fingerprint) → (class, attempts, JSON result).
-/// (key, fingerprint) → (class, attempts, result, outputs).
+/// (item key, item fingerprint) → (class, attempts, JSON result, outputs).
 pub type ItemOutcomes =
     HashMap<(String, Digest), (String, u32, Option<String>, Option<Vec<OutputRecord>>)>;
 

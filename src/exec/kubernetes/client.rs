@@ -42,7 +42,7 @@ impl std::fmt::Debug for KubernetesExecutor {
     }
 }
 
-fn engine_error(action: &'static str, error: impl std::fmt::Display) -> ExecError {
+pub(super) fn engine_error(action: &'static str, error: impl std::fmt::Display) -> ExecError {
     ExecError::Engine {
         engine: "kubernetes",
         action,
@@ -106,12 +106,14 @@ impl KubernetesExecutor {
     fn running(
         &self,
         job: &Job,
+        uid: Option<String>,
         jobs: Api<KubeJob>,
         pods: Api<Pod>,
         permit: OwnedSemaphorePermit,
     ) -> Box<dyn Running> {
         Box::new(KubernetesRunning {
             name: kubernetes_name(&job.name),
+            uid,
             jobs,
             pods,
             settings: self.settings.clone(),
@@ -139,16 +141,20 @@ impl Executor for KubernetesExecutor {
                 action: "describe",
                 detail: format!("the Job for `{}` is not valid: {e}", job.name),
             })?;
-            match jobs.create(&PostParams::default(), &object).await {
-                Ok(_) => {}
+            let created = match jobs.create(&PostParams::default(), &object).await {
+                Ok(created) => Some(created),
                 // The same name is the same attempt: an earlier cairn
                 // process created it; wait for that one.
                 Err(kube::Error::Api(status)) if status.is_already_exists() => {
                     tracing::info!(job = %job.name, "adopted a job that already exists");
+                    jobs.get_opt(&kubernetes_name(&job.name))
+                        .await
+                        .map_err(|e| engine_error("find", e))?
                 }
                 Err(e) => return Err(engine_error("submit", e)),
-            }
-            Ok(self.running(job, jobs, pods, permit))
+            };
+            let uid = created.and_then(|j| j.metadata.uid);
+            Ok(self.running(job, uid, jobs, pods, permit))
         })
     }
 
@@ -189,7 +195,7 @@ impl Executor for KubernetesExecutor {
                 .get_opt(&kubernetes_name(&job.name))
                 .await
                 .map_err(|e| engine_error("find", e))?;
-            Ok(found.map(|_| self.running(job, jobs, pods, permit)))
+            Ok(found.map(|found| self.running(job, found.metadata.uid, jobs, pods, permit)))
         })
     }
 }
@@ -199,6 +205,9 @@ impl Executor for KubernetesExecutor {
 /// running, for the next run to adopt.
 struct KubernetesRunning {
     name: String,
+    /// The Job's uid, which its pods carry (`controller-uid`): a Job of the
+    /// same name created earlier may still have pods terminating.
+    uid: Option<String>,
     jobs: Api<KubeJob>,
     pods: Api<Pod>,
     settings: Arc<KubernetesSettings>,
@@ -274,7 +283,10 @@ impl Running for KubernetesRunning {
 
 impl KubernetesRunning {
     fn pod_selector(&self) -> String {
-        format!("job-name={}", self.name)
+        match &self.uid {
+            Some(uid) => format!("controller-uid={uid}"),
+            None => format!("job-name={}", self.name),
+        }
     }
 
     /// Watches the Job and its pod until the Job ends (or the pod says it

@@ -3,21 +3,24 @@
 //! Kubernetes' own controllers elect a leader.
 //!
 //! A run takes the window when the Lease has no holder, is its own, or has
-//! not been renewed for its `leaseDurationSeconds`; the write carries the
-//! resourceVersion it read, so of two runs taking it at once the API server
-//! lets one win (409 for the other). The holder renews it every third of
+//! not changed for its `leaseDurationSeconds` as this machine's clock
+//! measures (as client-go's leader election does: another machine's clock
+//! is never compared with ours); the write carries the resourceVersion it
+//! read, so of two runs taking it at once the API server lets one win (409
+//! for the other). The holder renews it every third of
 //! its duration and clears the holder when done; a holder killed outright
 //! keeps the window until the Lease expires ([`LEASE_SECONDS`]). A run
 //! waiting for the window looks again every [`LOOK_AGAIN`]: it must also
 //! notice a holder that silently stopped renewing, which no event announces.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
+use super::client::engine_error;
 use super::spec::kubernetes_name;
 use crate::exec::{BoxFuture, ExecError, HeldWindow};
 
@@ -25,14 +28,6 @@ use crate::exec::{BoxFuture, ExecError, HeldWindow};
 pub const LEASE_SECONDS: u64 = 60;
 /// How often a run waiting for a window looks at its Lease again.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
-
-fn lease_error(action: &'static str, error: impl std::fmt::Display) -> ExecError {
-    ExecError::Engine {
-        engine: "kubernetes",
-        action,
-        detail: error.to_string(),
-    }
-}
 
 /// `time` as Kubernetes writes a MicroTime.
 fn micro_time(time: SystemTime) -> String {
@@ -64,27 +59,57 @@ fn lease_object(
             "leaseTransitions": transitions,
         },
     }))
-    .map_err(|e| lease_error("describe", e))
+    .map_err(|e| engine_error("describe", e))
 }
 
-/// Who holds `lease` now: `None` if nobody does (no holder, or it expired).
-fn current_holder(lease: &Lease, now: SystemTime) -> Option<String> {
-    let value = serde_json::to_value(lease).unwrap_or(Value::Null);
-    let spec = &value["spec"];
-    let holder = spec["holderIdentity"].as_str().filter(|h| !h.is_empty())?;
-    let duration = spec["leaseDurationSeconds"]
-        .as_u64()
+/// Who the Lease says holds it (nobody if empty).
+fn holder_of(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()?
+        .holder_identity
+        .as_deref()
+        .filter(|h| !h.is_empty())
+}
+
+fn duration_of(lease: &Lease) -> Duration {
+    let seconds = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|s| u64::try_from(s).ok())
         .unwrap_or(LEASE_SECONDS);
-    let renewed = spec["renewTime"]
-        .as_str()
-        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())?;
-    (renewed + Duration::from_secs(duration) > now).then(|| holder.to_owned())
+    Duration::from_secs(seconds)
 }
 
 fn transitions(lease: &Lease) -> i64 {
-    serde_json::to_value(lease).unwrap_or(Value::Null)["spec"]["leaseTransitions"]
-        .as_i64()
-        .unwrap_or(0)
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .map_or(0, i64::from)
+}
+
+/// How long a Lease has stood unchanged, by this machine's clock: its
+/// resourceVersion when first seen, and when.
+#[derive(Default)]
+struct Observed(Option<(String, Instant)>);
+
+impl Observed {
+    /// Notes `lease` as seen now; whether its holder has let it lapse (it
+    /// has not changed for its whole duration).
+    fn lapsed(&mut self, lease: &Lease, now: Instant) -> bool {
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        match &self.0 {
+            Some((seen, since)) if *seen == version => {
+                now.duration_since(*since) >= duration_of(lease)
+            }
+            _ => {
+                self.0 = Some((version, now));
+                false
+            }
+        }
+    }
 }
 
 /// Takes the window `window` for `holder`, waiting while another holds it.
@@ -97,19 +122,21 @@ pub async fn hold(
     let leases: Api<Lease> = Api::namespaced(client, namespace);
     let name = kubernetes_name(&format!("cairn-window-{window}"));
     let mut waiting_for: Option<String> = None;
+    let mut observed = Observed::default();
     loop {
         let now = SystemTime::now();
         let taken = match leases
             .get_opt(&name)
             .await
-            .map_err(|e| lease_error("read the window", e))?
+            .map_err(|e| engine_error("read the window", e))?
         {
             None => {
                 let lease = lease_object(&name, None, holder, now, 0)?;
                 leases.create(&PostParams::default(), &lease).await
             }
-            Some(current) => match current_holder(&current, now) {
-                Some(other) if other != holder => {
+            Some(current) => match holder_of(&current) {
+                Some(other) if other != holder && !observed.lapsed(&current, Instant::now()) => {
+                    let other = other.to_owned();
                     if waiting_for.as_deref() != Some(other.as_str()) {
                         tracing::info!(window, holder = %other, "waiting for a window another run holds");
                         waiting_for = Some(other);
@@ -142,37 +169,45 @@ pub async fn hold(
             }
             // Another run wrote it between our read and our write.
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(e) => return Err(lease_error("take the window", e)),
+            Err(e) => return Err(engine_error("take the window", e)),
         }
     }
 }
 
-/// Renews the Lease every third of its duration while it is held.
+/// Renews the Lease every third of its duration while it is held: while
+/// it names this run, even if a renewal came late (the resourceVersion
+/// guards against another run having taken it meanwhile).
 async fn renew(leases: Api<Lease>, name: String, holder: String) {
     loop {
         tokio::time::sleep(Duration::from_secs(LEASE_SECONDS / 3)).await;
-        let renewed = async {
-            let mut current = leases.get(&name).await?;
-            let now = SystemTime::now();
-            if current_holder(&current, now).as_deref() != Some(holder.as_str()) {
-                return Ok::<bool, kube::Error>(false);
-            }
-            if let Some(spec) = current.spec.as_mut() {
-                spec.renew_time = serde_json::from_value(json!(micro_time(now))).ok();
-            }
-            leases
-                .replace(&name, &PostParams::default(), &current)
-                .await
-                .map(|_| true)
-        };
-        match renewed.await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(window = %name, "the window's Lease was taken over: another run may now share it");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(window = %name, error = %e, "could not renew the window's Lease")
+        loop {
+            let renewed = async {
+                let mut current = leases.get(&name).await?;
+                if holder_of(&current) != Some(holder.as_str()) {
+                    return Ok::<bool, kube::Error>(false);
+                }
+                if let Some(spec) = current.spec.as_mut() {
+                    spec.renew_time =
+                        serde_json::from_value(json!(micro_time(SystemTime::now()))).ok();
+                }
+                leases
+                    .replace(&name, &PostParams::default(), &current)
+                    .await
+                    .map(|_| true)
+            };
+            match renewed.await {
+                Ok(true) => break,
+                Ok(false) => {
+                    tracing::warn!(window = %name, "the window's Lease was taken over: another run may now share it");
+                    return;
+                }
+                // Written meanwhile (by this run's own release, or a
+                // taker): read it again.
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(e) => {
+                    tracing::warn!(window = %name, error = %e, "could not renew the window's Lease");
+                    break;
+                }
             }
         }
     }
@@ -197,26 +232,28 @@ impl HeldWindow for LeaseHeld {
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), ExecError>> {
         Box::pin(async move {
             self.renewal.abort();
-            let mut current = self
-                .leases
-                .get(&self.name)
-                .await
-                .map_err(|e| lease_error("release the window", e))?;
-            if current_holder(&current, SystemTime::now()).as_deref() != Some(self.holder.as_str())
-            {
-                return Ok(());
-            }
-            if let Some(spec) = current.spec.as_mut() {
-                spec.holder_identity = None;
-            }
-            match self
-                .leases
-                .replace(&self.name, &PostParams::default(), &current)
-                .await
-            {
-                // Someone took an expired Lease meanwhile: it is theirs.
-                Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
-                Err(e) => Err(lease_error("release the window", e)),
+            loop {
+                let mut current = self
+                    .leases
+                    .get(&self.name)
+                    .await
+                    .map_err(|e| engine_error("release the window", e))?;
+                if holder_of(&current) != Some(self.holder.as_str()) {
+                    return Ok(());
+                }
+                if let Some(spec) = current.spec.as_mut() {
+                    spec.holder_identity = None;
+                }
+                match self
+                    .leases
+                    .replace(&self.name, &PostParams::default(), &current)
+                    .await
+                {
+                    Ok(_) => return Ok(()),
+                    // Written meanwhile: look again.
+                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                    Err(e) => return Err(engine_error("release the window", e)),
+                }
             }
         })
     }
@@ -226,17 +263,33 @@ impl HeldWindow for LeaseHeld {
 mod tests {
     use super::*;
 
+    fn lease(version: &str, holder: Option<&str>) -> Lease {
+        let mut lease = lease_object(
+            "cairn-window-w",
+            Some(version.to_owned()),
+            "x",
+            SystemTime::now(),
+            0,
+        )
+        .unwrap();
+        lease.spec.as_mut().unwrap().holder_identity = holder.map(str::to_owned);
+        lease
+    }
+
     #[test]
-    fn a_lease_is_held_until_it_expires_or_is_cleared() {
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let held = lease_object("cairn-window-w", None, "run-a", start, 0).unwrap();
-        assert_eq!(current_holder(&held, start).as_deref(), Some("run-a"));
-        let later = start + Duration::from_secs(LEASE_SECONDS - 1);
-        assert_eq!(current_holder(&held, later).as_deref(), Some("run-a"));
-        let expired = start + Duration::from_secs(LEASE_SECONDS + 1);
-        assert_eq!(current_holder(&held, expired), None);
-        let mut cleared = held.clone();
-        cleared.spec.as_mut().unwrap().holder_identity = None;
-        assert_eq!(current_holder(&cleared, start), None);
+    fn a_lease_lapses_only_after_standing_unchanged_for_its_duration_here() {
+        let start = Instant::now();
+        let duration = Duration::from_secs(LEASE_SECONDS);
+        let held = lease("7", Some("run-a"));
+        let mut observed = Observed::default();
+        assert!(!observed.lapsed(&held, start), "first seen");
+        assert!(!observed.lapsed(&held, start + duration - Duration::from_secs(1)));
+        // Renewed meanwhile (a new version): the clock starts again.
+        let renewed = lease("8", Some("run-a"));
+        assert!(!observed.lapsed(&renewed, start + duration));
+        assert!(observed.lapsed(&renewed, start + 2 * duration));
+        assert_eq!(holder_of(&renewed), Some("run-a"));
+        assert_eq!(holder_of(&lease("9", None)), None);
+        assert_eq!(holder_of(&lease("9", Some(""))), None);
     }
 }

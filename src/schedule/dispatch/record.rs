@@ -97,8 +97,12 @@ impl Dispatcher<'_, '_> {
     /// ledger can still take that (a full disk may refuse even this; the
     /// next run then closes it).
     pub(super) fn close_as_failed(&self) {
+        // Jobs whose tasks were dropped may still run: the next run adopts
+        // or cancels them.
         if let Some(ledger) = &self.ctx.ledger
-            && let Err(error) = ledger.finish_run(self.run_id, "failed", self.summary.counts)
+            && let Err(error) = ledger
+                .close_running_attempts(self.run_id, true)
+                .and_then(|()| ledger.finish_run(self.run_id, "failed", self.summary.counts))
         {
             tracing::warn!(
                 "could not record run {} as failed: {}",

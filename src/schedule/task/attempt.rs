@@ -53,12 +53,14 @@ impl ItemRunner {
             let log = self
                 .log_dir
                 .join(format!("{}.{attempt}.log", file_name(&item.key)));
-            self.outputs.clear(item)?;
             let mut handle = None;
             let (class, rule, exit_code, result) = match &filled {
-                Err(message) => (ItemClass::Error, Some(message.clone()), None, None),
+                Err(message) => {
+                    self.outputs.clear(item)?;
+                    (ItemClass::Error, Some(message.clone()), None, None)
+                }
                 Ok((command, checks)) => {
-                    let previous = planned.outcome.as_ref().map_or(0, |(_, n)| *n);
+                    let previous = planned.attempts_before;
                     let mut job = Job {
                         // The same item, fingerprint and attempt number give
                         // the same name: a job an earlier cairn process
@@ -78,7 +80,9 @@ impl ItemRunner {
                     job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
                     job.env
                         .push((ATTEMPT_MARKER.to_owned(), (previous + attempt).to_string()));
-                    let running = self.executor.start(&job).await?;
+                    let running =
+                        start_job(self.executor.as_ref(), &job, || self.outputs.clear(item))
+                            .await?;
                     handle = Some(running.handle());
                     // On record before it ends: a cairn that dies now
                     // leaves the job's handle behind.

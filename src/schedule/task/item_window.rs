@@ -15,7 +15,7 @@ impl StageTask {
         let started_ms = now_ms();
         let started = Instant::now();
         let mut items = self.items.take().expect("a per-item task");
-        let cancelled_orphans = cancel_orphans(executor.as_ref(), &items.orphans).await;
+        let cancelled_orphans = cancel_orphans(&items.orphans).await;
         std::fs::create_dir_all(&items.log_dir).map_err(|source| ScheduleError::Io {
             path: items.log_dir.clone(),
             source,
@@ -64,14 +64,11 @@ impl StageTask {
         };
         // ...and, for a window `across` a cluster, held there too: two runs
         // on two machines never hold it at once.
-        let mut held_across = Vec::new();
-        if window_permits.is_some() {
-            for (resource, executor) in &self.windows {
-                if let Some(held) = executor.hold_window(resource, &self.job.token).await? {
-                    held_across.push(held);
-                }
-            }
-        }
+        let held_across = if window_permits.is_some() {
+            self.hold_windows().await?
+        } else {
+            Vec::new()
+        };
         let stage_jobs = Arc::new(Semaphore::new(
             items.spec.jobs.unwrap_or(Semaphore::MAX_PERMITS),
         ));
@@ -128,11 +125,7 @@ impl StageTask {
             }
         }
 
-        for held in held_across {
-            if let Err(error) = held.release().await {
-                tracing::warn!(error = %error, "could not release a window; it lapses on its own");
-            }
-        }
+        release_windows(held_across).await;
 
         let counts = ItemCounts::of(&items.plan);
         let mut task = TaskResult {
@@ -202,21 +195,25 @@ impl StageTask {
     }
 }
 
-/// Cancels the jobs `handles` (left by a dead run for items no longer
-/// wanted) on `executor`; the handles it cancelled. One it cannot is left
-/// on record, to be tried again by the next run.
-async fn cancel_orphans(executor: &dyn Executor, handles: &[String]) -> Vec<String> {
+/// Cancels the jobs `orphans` (left by a dead run for items no longer
+/// wanted), each on its own engine; the handles it cancelled. One it cannot
+/// cancel is left on record, to be tried again by the next run.
+pub(super) async fn cancel_orphans(orphans: &[(String, Option<Arc<dyn Executor>>)]) -> Vec<String> {
     let mut cancelled = Vec::new();
-    for handle in handles {
-        match executor.cancel_handle(handle).await {
+    for (handle, engine) in orphans {
+        let Some(engine) = engine else {
+            tracing::warn!(
+                job = %handle,
+                "a dead run left this job, for an item no longer wanted, on an engine this run does not use: cancel it by hand"
+            );
+            continue;
+        };
+        match engine.cancel_handle(handle).await {
             Ok(true) => {
                 tracing::info!(job = %handle, "cancelled a job a dead run left for an item no longer wanted");
                 cancelled.push(handle.clone());
             }
-            Ok(false) => tracing::warn!(
-                job = %handle,
-                "a dead run left this job, for an item no longer wanted, on another engine than the stage's now: cancel it by hand"
-            ),
+            Ok(false) => tracing::warn!(job = %handle, "no engine of this run knows this job"),
             Err(error) => {
                 tracing::warn!(job = %handle, error = %error, "could not cancel a job a dead run left")
             }

@@ -261,6 +261,36 @@ impl Ledger {
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
     }
 
+    /// How many attempts of each item of `stage` were cancelled, by (key,
+    /// fingerprint): they ended without an outcome, and the next attempt
+    /// must have a name of its own.
+    pub fn cancelled_attempts(
+        &self,
+        stage: &str,
+    ) -> Result<HashMap<(String, Digest), u32>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT key, fingerprint, COUNT(*) FROM item_attempts
+                  WHERE pipeline = ?1 AND stage = ?2 AND class = 'cancelled'
+                  GROUP BY key, fingerprint",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![self.pipeline.name, stage], |row| {
+                let fingerprint: String = row.get(1)?;
+                Ok((
+                    (
+                        row.get::<_, String>(0)?,
+                        fingerprint.parse().unwrap_or(Digest::of(b"")),
+                    ),
+                    row.get::<_, u32>(2)?,
+                ))
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
     /// Records that the orphaned jobs `handles` of `stage` were cancelled.
     pub fn orphans_cancelled(&self, stage: &str, handles: &[String]) -> Result<(), StoreError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
