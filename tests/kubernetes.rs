@@ -554,3 +554,59 @@ async fn ten_thousand_jobs_never_exceed_max_jobs_in_flight() {
         "the bound was never reached: nothing ran side by side"
     );
 }
+
+/// The requests of 30 lookups through an executor with `qps = 10`, as the
+/// mock API server sees them: when each arrived (on tokio's paused clock,
+/// so the figures are the limiter's, not this machine's speed).
+async fn arrivals(qps: Option<u32>) -> Vec<Duration> {
+    use tower::Layer as _;
+    let (service, mut handle) =
+        tower_test::mock::pair::<Request<kube::client::Body>, Response<Body>>();
+    let start = tokio::time::Instant::now();
+    let (seen, mut times) = unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((_request, reply)) = handle.next_request().await {
+            let _ = seen.send(start.elapsed());
+            reply.send_response(not_found().into_response());
+        }
+    });
+    let client = match qps {
+        Some(qps) => kube::Client::new(cairn::exec::qps_limit(qps).layer(service), "default"),
+        None => kube::Client::new(service, "default"),
+    };
+    let executor = KubernetesExecutor::with_client(settings(), client);
+    let dir = tempfile::tempdir().unwrap();
+    for n in 0..30 {
+        let job = Job {
+            name: format!("cairn-qps-{n:02}"),
+            ..job(dir.path())
+        };
+        assert!(executor.attach(&job).await.unwrap().is_none());
+    }
+    let mut arrived = Vec::new();
+    while let Ok(at) = times.try_recv() {
+        arrived.push(at);
+    }
+    arrived
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_qps_limit_spaces_the_requests_out() {
+    let limited = arrivals(Some(10)).await;
+    assert_eq!(limited.len(), 30);
+    // At most 10 in any one second of the limiter's windows, so 30 span
+    // at least two seconds.
+    let mut per_second = std::collections::BTreeMap::new();
+    for at in &limited {
+        *per_second.entry(at.as_secs()).or_insert(0) += 1;
+    }
+    assert!(per_second.values().all(|n| *n <= 10), "{per_second:?}");
+    assert!(
+        *limited.last().unwrap() >= Duration::from_secs(2),
+        "{limited:?}"
+    );
+    // Control: without a limit, all 30 go at once.
+    let free = arrivals(None).await;
+    assert_eq!(free.len(), 30);
+    assert!(*free.last().unwrap() < Duration::from_secs(1), "{free:?}");
+}

@@ -65,6 +65,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:7:8",
     ),
     (
+        "qps of zero",
+        "image = \"mirror/oracle@sha256:abababababababababababababababababababababababababababababababab\"\nhost_path = true\nqps = 0",
+        "`qps` must be an integer of at least 1",
+        "cairn.toml:7:7",
+    ),
+    (
         "bad unschedulable timeout",
         "image = \"mirror/oracle@sha256:abababababababababababababababababababababababababababababababab\"\nhost_path = true\nunschedulable_timeout = \"soon\"",
         "invalid timeout `soon`",

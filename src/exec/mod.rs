@@ -7,7 +7,7 @@ mod local;
 mod slurm;
 
 pub use image::{ImageRef, ImageResolver, PinnedImage};
-pub use kubernetes::{KubernetesExecutor, job_spec, kubernetes_name, label_value};
+pub use kubernetes::{KubernetesExecutor, job_spec, kubernetes_name, label_value, qps_limit};
 pub use local::LocalExecutor;
 pub use slurm::{JobState, SlurmExecutor, SlurmJob};
 

@@ -125,6 +125,9 @@ pub struct KubernetesSettings {
     pub ttl: Duration,
     /// At most this many of its Jobs exist unfinished at once.
     pub max_jobs: usize,
+    /// At most this many API requests a second from this executor (a
+    /// watch counts once, when it starts); `None`: no client-side limit.
+    pub qps: Option<u32>,
 }
 
 /// How the project root is mounted into a pod (at the same path).

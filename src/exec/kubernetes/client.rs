@@ -26,6 +26,12 @@ const WATCH_SECONDS: u32 = 290;
 /// How long an interrupted run waits for one Job's deletion.
 const CANCEL_LIMIT: Duration = Duration::from_secs(10);
 
+/// At most `qps` requests a second (a watch counts once, when it starts):
+/// the layer an executor with `qps` puts over its connection.
+pub fn qps_limit(qps: u32) -> tower::limit::RateLimitLayer {
+    tower::limit::RateLimitLayer::new(u64::from(qps.max(1)), Duration::from_secs(1))
+}
+
 #[derive(Clone)]
 pub struct KubernetesExecutor {
     settings: Arc<KubernetesSettings>,
@@ -71,15 +77,22 @@ impl KubernetesExecutor {
     }
 
     async fn client(&self) -> Result<Client, ExecError> {
+        let unreachable = |e: &dyn std::fmt::Display| {
+            engine_error(
+                "reach the cluster to start",
+                format!(
+                    "no usable kubeconfig (KUBECONFIG, ~/.kube/config) or in-cluster configuration: {e}"
+                ),
+            )
+        };
         self.client
             .get_or_try_init(|| async {
-                Client::try_default().await.map_err(|e| {
-                    engine_error(
-                        "reach the cluster to start",
-                        format!(
-                            "no usable kubeconfig (KUBECONFIG, ~/.kube/config) or in-cluster configuration: {e}"
-                        ),
-                    )
+                let config = kube::Config::infer().await.map_err(|e| unreachable(&e))?;
+                let builder =
+                    kube::client::ClientBuilder::try_from(config).map_err(|e| unreachable(&e))?;
+                Ok(match self.settings.qps {
+                    Some(qps) => builder.with_layer(&qps_limit(qps)).build(),
+                    None => builder.build(),
                 })
             })
             .await

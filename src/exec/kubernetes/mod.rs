@@ -40,5 +40,5 @@ mod lease;
 mod spec;
 mod status;
 
-pub use client::KubernetesExecutor;
+pub use client::{KubernetesExecutor, qps_limit};
 pub use spec::{job_spec, kubernetes_name, label_value};

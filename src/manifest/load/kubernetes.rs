@@ -28,6 +28,7 @@ pub(super) const KEYS: &[&str] = &[
     "unschedulable_timeout",
     "ttl",
     "max_jobs",
+    "qps",
 ];
 const TOLERATION_KEYS: &[&str] = &["key", "operator", "value", "effect"];
 /// How long a pod may wait for a node, unless `unschedulable_timeout` says.
@@ -127,6 +128,9 @@ impl Checker<'_> {
         let gpus = find(table, "gpus")
             .and_then(|e| self.count(&e.value, "`gpus`", 1))
             .map(|n| n as u32);
+        let qps = find(table, "qps")
+            .and_then(|e| self.count(&e.value, "`qps`", 1))
+            .map(|n| n as u32);
         let max_jobs = find(table, "max_jobs")
             .and_then(|e| self.count(&e.value, "`max_jobs`", 1))
             .unwrap_or(DEFAULT_MAX_JOBS);
@@ -150,6 +154,7 @@ impl Checker<'_> {
                 .and_then(|e| self.timeout(&e.value))
                 .unwrap_or(DEFAULT_TTL),
             max_jobs,
+            qps,
         };
         (image.is_some() && root_volume.is_some()).then_some(settings)
     }
