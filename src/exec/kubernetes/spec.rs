@@ -296,6 +296,7 @@ mod tests {
             unschedulable_timeout: Duration::from_secs(300),
             ttl: Duration::from_secs(3600),
             max_jobs: 256,
+            qps: None,
         }
     }
 
