@@ -31,6 +31,22 @@ fn poll(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// Sends `signal` to a running cairn.
+fn signal(child: &std::process::Child, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, signal);
+    }
+}
+
+/// The names of every Job created, in order.
+fn job_names(kube: &KubeEmulator) -> Vec<String> {
+    kube.jobs()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn images_of(kube: &KubeEmulator) -> Vec<String> {
     kube.jobs()
         .iter()
@@ -318,10 +334,7 @@ fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
                 .is_some_and(|a| a["class"] == "running")
         })
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
+    signal(&child, libc::SIGKILL);
     child.wait().unwrap();
     let before = attempts_of(&p, &kube, "work/task-00");
     let handle = before[0]["handle"].as_str().unwrap().to_owned();
@@ -354,19 +367,12 @@ fn ctrl_c_deletes_the_runs_jobs() {
     poll("three commands started", Duration::from_secs(30), || {
         (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
+    signal(&child, libc::SIGINT);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     let mut deleted = kube.deleted();
     deleted.sort();
-    let mut created: Vec<String> = kube
-        .jobs()
-        .iter()
-        .map(|j| j["name"].as_str().unwrap().to_owned())
-        .collect();
+    let mut created: Vec<String> = job_names(&kube);
     created.sort();
     assert_eq!(deleted, created);
     assert_eq!(kube.active().1, 0);
@@ -390,10 +396,7 @@ fn ctrl_c_with_detach_leaves_the_jobs_running_and_the_next_run_adopts_them() {
     poll("three commands started", Duration::from_secs(30), || {
         (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
+    signal(&child, libc::SIGINT);
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert!(kube.deleted().is_empty(), "{:?}", kube.deleted());
     assert_eq!(kube.active().1, 3, "the Jobs still run");
@@ -428,16 +431,9 @@ fn jobs_a_dead_run_left_for_items_no_longer_wanted_are_cancelled() {
                 .is_some_and(|a| a["class"] == "running")
         })
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
+    signal(&child, libc::SIGKILL);
     child.wait().unwrap();
-    let left: Vec<String> = kube
-        .jobs()
-        .iter()
-        .map(|j| j["name"].as_str().unwrap().to_owned())
-        .collect();
+    let left: Vec<String> = job_names(&kube);
     assert_eq!(left.len(), 4);
 
     // Two items stay, as other work (a new fingerprint each); two are gone.
@@ -488,10 +484,7 @@ fn a_plain_stages_job_is_adopted_after_kill_9_and_forcing_it_submits_a_new_one()
     poll("the command to start", Duration::from_secs(30), || {
         p.exists("runs.txt")
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
+    signal(&child, libc::SIGKILL);
     child.wait().unwrap();
     assert_eq!(kube.active().1, 1, "the Job outlives cairn");
 
@@ -508,11 +501,7 @@ fn a_plain_stages_job_is_adopted_after_kill_9_and_forcing_it_submits_a_new_one()
 
     // A forced re-run is a new attempt: a new Job, not the finished one.
     cairn(&p, &kube, &["run", "--force", "build"]).success();
-    let names: Vec<String> = kube
-        .jobs()
-        .iter()
-        .map(|j| j["name"].as_str().unwrap().to_owned())
-        .collect();
+    let names: Vec<String> = job_names(&kube);
     assert_eq!(names.len(), 2);
     assert_ne!(names[0], names[1]);
     assert_eq!(p.lines("runs.txt").len(), 2);
@@ -627,10 +616,7 @@ fn a_job_that_finished_while_cairn_was_dead_is_collected_with_what_it_wrote() {
     poll("the command to start", Duration::from_secs(30), || {
         p.exists("runs.txt")
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
+    signal(&child, libc::SIGKILL);
     child.wait().unwrap();
     // The Job ends, and writes its output, while no cairn runs.
     poll("the Job to finish", Duration::from_secs(30), || {
@@ -652,11 +638,7 @@ fn forcing_an_item_submits_a_new_job_instead_of_adopting_its_finished_one() {
     cairn(&p, &kube, &["run"]).success();
     assert_eq!(kube.jobs().len(), 2);
     cairn(&p, &kube, &["run", "--force", "work/task-01"]).success();
-    let names: Vec<String> = kube
-        .jobs()
-        .iter()
-        .map(|j| j["name"].as_str().unwrap().to_owned())
-        .collect();
+    let names: Vec<String> = job_names(&kube);
     assert_eq!(names.len(), 3, "{names:?}");
     assert!(
         names[2].ends_with("-2"),
@@ -674,26 +656,16 @@ fn after_ctrl_c_the_next_attempt_has_a_name_of_its_own() {
     poll("the command to start", Duration::from_secs(30), || {
         p.exists("runs/task-00")
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
+    signal(&child, libc::SIGINT);
     assert_eq!(child.wait().unwrap().code(), Some(130));
     p.file("items.jsonl", "{\"id\": \"task-00\", \"sleep\": 300}\n");
     let mut again = spawn(&p, &kube);
     poll("a second Job", Duration::from_secs(30), || {
         kube.jobs().len() == 2
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(again.id() as i32, libc::SIGINT);
-    }
+    signal(&again, libc::SIGINT);
     again.wait().unwrap();
-    let names: Vec<String> = kube
-        .jobs()
-        .iter()
-        .map(|j| j["name"].as_str().unwrap().to_owned())
-        .collect();
+    let names: Vec<String> = job_names(&kube);
     assert_ne!(
         names[0], names[1],
         "the cancelled attempt's name was reused"
