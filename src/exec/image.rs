@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::manifest::sha256_digest;
 pub use crate::manifest::{ImageRef, PinnedImage};
 
 /// What a manifest request accepts: single-platform manifests and
@@ -78,6 +79,13 @@ impl ImageResolver {
         }
     }
 
+    /// The tags resolved so far (a panic elsewhere leaves plain entries).
+    fn resolved(&self) -> std::sync::MutexGuard<'_, HashMap<String, Result<PinnedImage, String>>> {
+        self.resolved
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// `text` by digest. With `require_digest`, a tag is refused instead of
     /// resolved. The error says which reference and why, in one line.
     pub fn pin(&self, text: &str, require_digest: bool) -> Result<PinnedImage, String> {
@@ -90,15 +98,12 @@ impl ImageResolver {
                 "image `{text}` is not given by digest (`REPO@sha256:…`); pin it, or set `require_digest = false` on its executor to resolve the tag through the registry"
             ));
         }
-        if let Some(known) = self.resolved.lock().expect("not poisoned").get(text) {
+        if let Some(known) = self.resolved().get(text) {
             return known.clone();
         }
         let resolved = blocking(|| resolve(&reference))
             .map_err(|why| format!("cannot resolve image `{text}` to a digest: {why}"));
-        self.resolved
-            .lock()
-            .expect("not poisoned")
-            .insert(text.to_owned(), resolved.clone());
+        self.resolved().insert(text.to_owned(), resolved.clone());
         resolved
     }
 }
@@ -132,9 +137,9 @@ fn resolve(reference: &ImageRef) -> Result<PinnedImage, String> {
         .get("docker-content-digest")
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| format!("the registry sent no Docker-Content-Digest ({url})"))?;
-    match ImageRef::parse(&format!("x@{digest}")) {
-        Ok(parsed) => Ok(reference.pinned_to(parsed.digest.as_deref().expect("parsed"))),
-        Err(_) => Err(format!(
+    match sha256_digest(digest) {
+        Some(digest) => Ok(reference.pinned_to(&digest)),
+        None => Err(format!(
             "the registry sent a digest that is not sha256: `{digest}` ({url})"
         )),
     }

@@ -89,6 +89,15 @@ struct PollerState {
 /// fail with the error.
 const QUERY_TRIES: u32 = 3;
 
+impl Poller {
+    /// The waiters (a panic elsewhere leaves plain entries behind).
+    fn lock(&self) -> std::sync::MutexGuard<'_, PollerState> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 /// Job ids per `squeue` call, so a command line stays short.
 const IDS_PER_QUERY: usize = 512;
 
@@ -101,7 +110,7 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     /// The job is no longer polled once its last waiter is gone.
     fn drop(&mut self) {
-        let mut state = self.poller.waiting.lock().expect("not poisoned");
+        let mut state = self.poller.lock();
         if state
             .jobs
             .get(&self.id)
@@ -278,7 +287,7 @@ impl SlurmExecutor {
 
     /// Registers `id` with the poller (starting it if it is not running).
     fn watch(&self, id: &str) -> (tokio::sync::watch::Receiver<Seen>, Waiting<'_>) {
-        let mut state = self.poller.waiting.lock().expect("not poisoned");
+        let mut state = self.poller.lock();
         let receiver = match state.jobs.get(id) {
             Some(sender) => sender.subscribe(),
             None => {
@@ -310,7 +319,7 @@ impl SlurmExecutor {
         let mut failures = 0u32;
         loop {
             let ids: Vec<String> = {
-                let mut state = self.poller.waiting.lock().expect("not poisoned");
+                let mut state = self.poller.lock();
                 if state.jobs.is_empty() {
                     state.polling = false;
                     return;
@@ -334,7 +343,7 @@ impl SlurmExecutor {
             {
                 tracing::warn!(error = %error, "squeue failed; asking again");
             } else {
-                let state = self.poller.waiting.lock().expect("not poisoned");
+                let state = self.poller.lock();
                 for id in &ids {
                     let Some(sender) = state.jobs.get(id) else {
                         continue;

@@ -5,6 +5,14 @@
 
 const DOCKER_HUB: &str = "registry-1.docker.io";
 
+/// `text` as a digest (`sha256:` and 64 hex digits, lower-cased), if it is
+/// one.
+pub fn sha256_digest(text: &str) -> Option<String> {
+    let hex = text.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("sha256:{}", hex.to_ascii_lowercase()))
+}
+
 /// A reference taken apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageRef {
@@ -33,15 +41,13 @@ impl ImageRef {
             return Err(bad("it is empty or has spaces in it"));
         }
         let (rest, digest) = match text.split_once('@') {
-            Some((rest, digest)) => {
-                let hex = digest
-                    .strip_prefix("sha256:")
-                    .ok_or_else(|| bad("a digest is `sha256:` and 64 hex digits"))?;
-                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(bad("a digest is `sha256:` and 64 hex digits"));
-                }
-                (rest, Some(format!("sha256:{}", hex.to_ascii_lowercase())))
-            }
+            Some((rest, digest)) => (
+                rest,
+                Some(
+                    sha256_digest(digest)
+                        .ok_or_else(|| bad("a digest is `sha256:` and 64 hex digits"))?,
+                ),
+            ),
             None => (text, None),
         };
         let (registry, path) = match rest.split_once('/') {

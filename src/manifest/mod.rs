@@ -16,7 +16,7 @@ pub mod settings;
 pub mod shell;
 
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
-pub use image::{ImageRef, PinnedImage};
+pub use image::{ImageRef, PinnedImage, sha256_digest};
 pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,

@@ -214,9 +214,6 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         continue;
                     };
                     let resource = &ctx.manifest.resources[&held.name];
-                    if let Some(executor) = &resource.across {
-                        holds.across.push((held.name.clone(), executor.clone()));
-                    }
                     if resource.per_stage && stage.foreach.is_some() {
                         holds.per_stage.push(index);
                     } else {
@@ -362,12 +359,18 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // Windows held across a cluster, in one order everywhere (two
             // runs taking two windows in opposite orders would wait for each
             // other forever).
-            let mut windows: Vec<(String, std::sync::Arc<dyn crate::exec::Executor>)> = self.holds
-                [i]
-                .across
+            let mut windows: Vec<(String, std::sync::Arc<dyn crate::exec::Executor>)> = stage
+                .resources
                 .iter()
-                .filter_map(|(resource, executor)| {
-                    Some((resource.clone(), executors.named(executor)?))
+                .filter_map(|held| {
+                    let across = self
+                        .ctx
+                        .manifest
+                        .resources
+                        .get(&held.name)?
+                        .across
+                        .as_ref()?;
+                    Some((held.name.clone(), executors.named(across)?))
                 })
                 .collect();
             windows.sort_by(|a, b| a.0.cmp(&b.0));

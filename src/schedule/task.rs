@@ -124,9 +124,6 @@ pub struct Holds {
     pub per_command: Vec<usize>,
     /// Held once by a per-item stage for as long as its items run.
     pub per_stage: Vec<usize>,
-    /// Of those, the ones also held across a cluster: (resource, the
-    /// executor whose cluster holds it).
-    pub across: Vec<(String, String)>,
 }
 
 /// The job named `job.name` if its engine has it (an earlier process

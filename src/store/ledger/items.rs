@@ -250,12 +250,7 @@ impl Ledger {
             .map_err(|e| self.db(e))?;
         let rows = statement
             .query_map(params![self.pipeline.name, stage], |row| {
-                let fingerprint: String = row.get(1)?;
-                Ok((
-                    row.get::<_, String>(0)?,
-                    fingerprint.parse().unwrap_or(Digest::of(b"")),
-                    row.get::<_, String>(2)?,
-                ))
+                Ok((row.get(0)?, fingerprint_at(row, 1)?, row.get(2)?))
             })
             .map_err(|e| self.db(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
@@ -278,14 +273,7 @@ impl Ledger {
             .map_err(|e| self.db(e))?;
         let rows = statement
             .query_map(params![self.pipeline.name, stage], |row| {
-                let fingerprint: String = row.get(1)?;
-                Ok((
-                    (
-                        row.get::<_, String>(0)?,
-                        fingerprint.parse().unwrap_or(Digest::of(b"")),
-                    ),
-                    row.get::<_, u32>(2)?,
-                ))
+                Ok(((row.get(0)?, fingerprint_at(row, 1)?), row.get(2)?))
             })
             .map_err(|e| self.db(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
@@ -326,4 +314,10 @@ impl Ledger {
             .map(drop)
             .map_err(|e| self.db(e))
     }
+}
+
+/// The fingerprint in column `i` (one that does not parse matches nothing).
+fn fingerprint_at(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Digest> {
+    let text: String = row.get(i)?;
+    Ok(text.parse().unwrap_or(Digest::of(b"")))
 }
