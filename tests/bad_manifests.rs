@@ -175,16 +175,34 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:4:13",
     ),
     (
-        "classify without foreach",
-        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nclassify = []\n",
-        "`classify` in stage `a`, which is not a per-item stage",
+        "allow_errors without foreach",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nallow_errors = 1\n",
+        "`allow_errors` in stage `a`, which is not a per-item stage",
         "cairn.toml:5:1",
+    ),
+    (
+        "a verdict in a plain stage",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nclassify = [ { exit = 1, as = \"rejected\" } ]\n",
+        "verdict `rejected` in stage `a`, which is not a per-item stage",
+        "cairn.toml:5:12",
     ),
     (
         "invalid classify regex",
         "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nclassify = [ { output = \"(\", as = \"infra\" } ]\noutputs = [\"r.jsonl\"]\n",
         "invalid regular expression `(`",
         "cairn.toml:6:25",
+    ),
+    (
+        "unknown end in a classify rule",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nclassify = [ { ended = \"out-of-memroy\", as = \"leaks\" } ]\noutputs = [\"r.jsonl\"]\n",
+        "unknown end `out-of-memroy`",
+        "cairn.toml:6:24",
+    ),
+    (
+        "exit and ended in one classify rule",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nclassify = [ { ended = \"timeout\", exit = 1, as = \"infra\" } ]\noutputs = [\"r.jsonl\"]\n",
+        "`exit` and `ended` in one rule",
+        "cairn.toml:6:35",
     ),
     (
         "items naming no output",

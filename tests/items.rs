@@ -614,6 +614,52 @@ outputs = { results = "state/flaky.jsonl" }
     assert_eq!(p.lines("attempts.log"), ["a 1", "a 2"]);
 }
 
+/// A per-item stage whose first attempt of every item outlives its 1 s
+/// timeout, classified by `rules`.
+fn slow_first_attempt(rules: &str) -> Project {
+    let p = Project::new();
+    p.file("list.jsonl", "{\"id\": \"a\"}\n");
+    p.file(
+        "cairn.toml",
+        &format!(
+            r#"
+[pipeline]
+name = "timeouts"
+
+[stages.slow]
+foreach = {{ items = "list.jsonl", key = "id" }}
+run = "echo $CAIRN_ATTEMPT >> attempts.log; test $CAIRN_ATTEMPT -ge 2 || sleep 30"
+timeout = "1s"
+classify = [{rules}]
+retry = {{ max = 1, on = ["infra"] }}
+outputs = {{ results = "state/slow.jsonl" }}
+"#
+        ),
+    );
+    p
+}
+
+#[test]
+fn a_timeout_is_an_error_unless_classify_claims_it() {
+    // By default a timeout is the command's failure: an error, not retried.
+    let p = slow_first_attempt("");
+    p.cairn(&["run"]).code_is(1);
+    assert_eq!(p.lines("attempts.log"), ["1"]);
+    assert_eq!(attempts(&p, "slow/a")[0]["class"], "error");
+
+    // `ended = "timeout"` makes it infrastructure: retried, then ok.
+    let p = slow_first_attempt(r#"{ ended = "timeout", as = "infra" }"#);
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("attempts.log"), ["1", "2"]);
+    let classes: Vec<String> = attempts(&p, "slow/a")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["class"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(classes, ["infra", "ok"]);
+}
+
 #[test]
 fn force_on_a_per_item_stage_reruns_all_its_items() {
     let p = oracle(3);

@@ -507,6 +507,34 @@ fn a_plain_stages_job_is_adopted_after_kill_9_and_forcing_it_submits_a_new_one()
     assert_eq!(p.lines("runs.txt").len(), 2);
 }
 
+#[test]
+fn a_plain_stages_job_left_by_a_dead_run_is_cancelled_once_its_command_changes() {
+    let kube = KubeEmulator::start(None);
+    let p = Project::new();
+    p.file("cairn.toml", &PLAIN.replace("sleep 3", "sleep 300"));
+    let mut child = spawn(&p, &kube);
+    poll("the attempt on record", Duration::from_secs(30), || {
+        let show = cairn(&p, &kube, &["show", "build", "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&show.stdout()).unwrap_or_default();
+        json["attempts"][0]["class"] == "running" && p.exists("runs.txt")
+    });
+    signal(&child, libc::SIGKILL);
+    child.wait().unwrap();
+    let left = job_names(&kube);
+    assert_eq!(left.len(), 1);
+
+    // The command changed: the dead run's job is not this run's work.
+    p.file("cairn.toml", PLAIN);
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(kube.deleted(), left, "the old job was cancelled");
+    assert_eq!(kube.jobs().len(), 2, "and one new job ran");
+    assert_eq!(kube.active().1, 0);
+    assert_eq!(p.read("out.txt"), "built\n");
+    // Cancelled once: the next run has nothing left to cancel.
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(kube.deleted().len(), 1);
+}
+
 const WINDOWED: &str = r#"
 [pipeline]
 name = "windowed"
@@ -605,6 +633,56 @@ fn a_window_across_the_cluster_is_held_by_one_run_at_a_time() {
         overlap(&spans),
         "the runs did not run side by side: {spans:?}"
     );
+}
+
+const HOLDER: &str = r#"
+[pipeline]
+name = "holder"
+
+[executors.k8s]
+kind = "kubernetes"
+image = "mirror.example/w@sha256:abababababababababababababababababababababababababababababababab"
+host_path = true
+
+[resources]
+window = { capacity = 1, hold = "stage", across = "k8s" }
+
+[stages.work]
+run = "touch started; sleep 60; touch done"
+outputs = ["done"]
+executor = "k8s"
+resources = ["window"]
+"#;
+
+#[test]
+fn a_run_waiting_for_a_window_across_the_cluster_stops_when_another_stage_fails() {
+    let kube = KubeEmulator::start(None);
+    let holder = Project::new();
+    holder.file("cairn.toml", HOLDER);
+    let mut holding = spawn(&holder, &kube);
+    poll("the window held", Duration::from_secs(30), || {
+        holder.exists("started")
+    });
+
+    // The second run's `work` waits for the window; its `broken` fails
+    // meanwhile, which stops the run: it ends now, not when the window is
+    // free.
+    let waiter = Project::new();
+    waiter.file(
+        "cairn.toml",
+        &format!("{HOLDER}\n[stages.broken]\nrun = \"sleep 2; exit 1\"\n"),
+    );
+    let run = cairn(&waiter, &kube, &["run"]);
+    run.code_is(1);
+    assert!(run.stderr().contains("FAILED  broken"), "{}", run.stderr());
+    assert!(
+        !holder.exists("done"),
+        "the run waited for the window until it was free"
+    );
+    assert!(!waiter.exists("started"), "the waiting stage never ran");
+
+    signal(&holding, libc::SIGINT);
+    holding.wait().unwrap();
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::render;
 use super::targets::PathTarget;
 use super::workspace;
 use crate::schedule::{self, StageStatus};
-use crate::store::ResultRecord;
+use crate::store::{COMMAND_ITEM, ItemAttempt, ResultRecord};
 
 #[derive(Serialize)]
 struct ShowJson<'a> {
@@ -24,6 +24,10 @@ struct ShowJson<'a> {
     /// The current result: what the workspace holds (the lock file's).
     last_ok: Option<&'a ResultRecord>,
     last_attempt: Option<&'a ResultRecord>,
+    /// A plain stage's command: every attempt under its current
+    /// fingerprint, oldest first (each item's are under `STAGE/KEY`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    attempts: Vec<ItemAttempt>,
 }
 
 pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
@@ -65,6 +69,14 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         None => None,
     };
     let last_attempt = newest.as_ref();
+    let attempts: Vec<ItemAttempt> = match (&ctx.ledger, &stage.foreach, status.fingerprint) {
+        (Some(ledger), None, Some(fingerprint)) => ledger
+            .item_attempts(&stage.name, COMMAND_ITEM)?
+            .into_iter()
+            .filter(|a| a.fingerprint == fingerprint)
+            .collect(),
+        _ => Vec::new(),
+    };
 
     if args.json {
         render::json(&ShowJson {
@@ -80,6 +92,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
             code: code.map(|c| c.to_string()),
             last_ok,
             last_attempt,
+            attempts,
         })?;
         return Ok(());
     }
@@ -142,6 +155,10 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
     }
     if let Some(log) = last_attempt.and_then(|a| a.log_path.as_deref()) {
         outln!("log          {log}");
+    }
+    if attempts.len() > 1 {
+        let classes: Vec<&str> = attempts.iter().map(|a| a.class.as_str()).collect();
+        outln!("attempts     {}", classes.join(", "));
     }
     Ok(())
 }

@@ -112,7 +112,7 @@ pub fn stage_key(
         // How items are identified, what they read and how their outcomes
         // are classified change what a result means; the item list itself
         // does not enter here: each item has its own fingerprint.
-        let rules: Vec<&str> = foreach.classify.iter().map(|r| r.text.as_str()).collect();
+        let rules: Vec<&str> = stage.classify.iter().map(|r| r.text.as_str()).collect();
         let result_checks: Vec<&str> = foreach
             .result_checks
             .iter()
@@ -139,6 +139,16 @@ pub fn stage_key(
         key.insert(
             "foreach",
             Component::of_value("foreach", encoded.as_bytes(), encoded.clone()),
+        );
+    }
+    if stage.foreach.is_none() && !stage.classify.is_empty() {
+        // Rules can make a failed exit a success; only when given, so that
+        // results of stages without rules stay valid.
+        let rules: Vec<&str> = stage.classify.iter().map(|r| r.text.as_str()).collect();
+        let encoded = serde_json::to_vec(&rules).expect("rules serialise");
+        key.insert(
+            "classify",
+            Component::of_value("classify", &encoded, rules.join(" ; ")),
         );
     }
     if let Some(version) = &stage.version {

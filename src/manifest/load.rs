@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::model::{
-    ClassifyRule, Command, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest, Named,
-    OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage,
+    ClassifyRule, Command, Ended, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest,
+    Named, OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
@@ -59,15 +59,15 @@ const STAGE_KEYS: &[&str] = &[
     "item_outputs",
 ];
 const FOREACH_KEYS: &[&str] = &["items", "key"];
-const CLASSIFY_KEYS: &[&str] = &["exit", "output", "result", "equals", "min", "exists", "as"];
+const CLASSIFY_KEYS: &[&str] = &[
+    "exit", "ended", "output", "result", "equals", "min", "exists", "as",
+];
 const RESULT_CHECK_KEYS: &[&str] = &["result", "equals", "min", "exists"];
 const RETRY_KEYS: &[&str] = &["max", "on", "backoff"];
 /// Stage keys that only mean something for a `foreach` stage.
 const ITEM_ONLY_KEYS: &[&str] = &[
     "item_inputs",
     "item_outputs",
-    "classify",
-    "retry",
     "allow_errors",
     "jobs",
     "item_result",
@@ -425,6 +425,7 @@ impl<'s> Checker<'s> {
             })
         });
         let (foreach, items) = self.foreach(name, table, &span);
+        let (classify, retry) = self.attempt_policy(name, table, find(table, "foreach").is_some());
 
         Some(Draft {
             stage: Stage {
@@ -444,6 +445,8 @@ impl<'s> Checker<'s> {
                 timeout,
                 resources,
                 executor,
+                classify,
+                retry,
                 foreach,
             },
             items,

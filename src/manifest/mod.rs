@@ -19,7 +19,7 @@ pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use image::{ImageRef, PinnedImage, sha256_digest};
 pub use load::{load, load_str};
 pub use model::{
-    ClassifyRule, Command, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,
+    ClassifyRule, Command, Ended, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,
     KubernetesSettings, Manifest, Named, OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck,
     Retry, RootVolume, SlurmSettings, Stage, Toleration, Uses, is_per_item, lock_path_of,
 };

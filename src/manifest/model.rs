@@ -194,6 +194,10 @@ pub struct Stage {
     /// `executor = "NAME"`: the `[executors]` entry its commands run on;
     /// `None` runs them on this machine.
     pub executor: Option<Named>,
+    /// How each attempt (of the command, or of an item's) is classed.
+    pub classify: Vec<ClassifyRule>,
+    /// Which classes are attempted again, how often.
+    pub retry: Retry,
     /// Set for a per-item stage: its command runs once per item.
     pub foreach: Option<Foreach>,
 }
@@ -230,8 +234,6 @@ pub struct Foreach {
     pub item_inputs: Vec<String>,
     /// Entries the items write inside the stage's directory outputs.
     pub item_outputs: Vec<ItemOutput>,
-    pub classify: Vec<ClassifyRule>,
-    pub retry: Retry,
     /// How many items may end in `error` before the stage fails.
     pub allow_errors: usize,
     /// At most this many items of the stage run at once.
@@ -336,6 +338,9 @@ impl ItemClass {
 #[derive(Debug, Clone)]
 pub struct ClassifyRule {
     pub exit: Vec<i32>,
+    /// An end without an exit code that the rule claims: a timeout, or a
+    /// job an engine killed for its memory.
+    pub ended: Option<Ended>,
     pub output: Option<regex::Regex>,
     /// A condition on the item's JSON result.
     pub result: Option<ResultCheck>,
@@ -344,11 +349,45 @@ pub struct ClassifyRule {
     pub text: String,
 }
 
+/// The ends without an exit code that `classify` can name (`ended =
+/// "timeout"`): each has a default class (error, infra) that a rule may
+/// change, as a model that leaks memory until it is killed may be a
+/// verdict rather than a fault of the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Ran past its time limit (the stage's `timeout`, Slurm's TIMEOUT).
+    Timeout,
+    /// Killed for its memory (Kubernetes' OOMKilled, Slurm's
+    /// OUT_OF_MEMORY).
+    OutOfMemory,
+}
+
+impl Ended {
+    pub const NAMES: &[&str] = &["timeout", "out-of-memory"];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "timeout" => Some(Ended::Timeout),
+            "out-of-memory" => Some(Ended::OutOfMemory),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Retry {
     pub max: u32,
     pub on: Vec<ItemClass>,
     pub backoff: Duration,
+}
+
+impl Retry {
+    /// How long to wait after failed attempt `attempt` (from 1): the
+    /// backoff, doubled for each attempt before it.
+    pub fn backoff_before(&self, attempt: u32) -> Duration {
+        self.backoff
+            .saturating_mul(1 << attempt.saturating_sub(1).min(16))
+    }
 }
 
 impl Default for Retry {

@@ -18,8 +18,8 @@ use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex, is_per_item};
 use crate::store::{
-    Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus, StoreError,
-    current_ok, read_lock,
+    COMMAND_ITEM, Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus,
+    StoreError, current_ok, read_lock,
 };
 
 /// Why a stage must run (or why `status` calls it stale).
@@ -424,6 +424,30 @@ impl<'m> Context<'m> {
             self.orphans.insert(i, orphans);
         }
         Ok(planned)
+    }
+
+    /// Jobs a dead run left that stage `i`, about to run under
+    /// `fingerprint`, does not want: for items no longer planned (found
+    /// when its items were), or for its command under another fingerprint.
+    pub fn unwanted_jobs(
+        &mut self,
+        i: usize,
+        fingerprint: &Digest,
+    ) -> Result<Vec<String>, ScheduleError> {
+        let stage = &self.manifest.stages[i];
+        if stage.foreach.is_some() {
+            return Ok(self.orphans.remove(&i).unwrap_or_default());
+        }
+        let Some(ledger) = &self.ledger else {
+            return Ok(Vec::new());
+        };
+        // One under the same fingerprint is the attempt this run adopts.
+        Ok(ledger
+            .orphaned_jobs(&stage.name)?
+            .into_iter()
+            .filter(|(key, orphan, _)| key == COMMAND_ITEM && orphan != fingerprint)
+            .map(|(_, _, handle)| handle)
+            .collect())
     }
 
     /// The successful result recorded for `stage` under `fingerprint`.

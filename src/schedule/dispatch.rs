@@ -27,9 +27,10 @@ use super::limits::Limits;
 use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
+use crate::manifest::ItemClass;
 use crate::store::{
-    ItemAttempt, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord, ResultStatus,
-    RunCounts, StoreError, now_ms,
+    COMMAND_ITEM, ItemAttempt, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
+    ResultStatus, RunCounts, StoreError, now_ms,
 };
 use interrupts::Interrupts;
 use record::new_lock_file;
@@ -374,44 +375,39 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 })
                 .collect();
             windows.sort_by(|a, b| a.0.cmp(&b.0));
+            // Each orphan is cancelled on its own engine, which a profile
+            // switch may have made another than the stage's.
+            let orphans = match self.ctx.unwanted_jobs(i, &key.fingerprint()) {
+                Ok(handles) => handles
+                    .into_iter()
+                    .map(|handle| {
+                        let engine = executors.for_handle(&handle);
+                        (handle, engine)
+                    })
+                    .collect(),
+                Err(error) => {
+                    self.fail(i, &super::with_causes(&error), None);
+                    continue;
+                }
+            };
             let task = match StageTask::prepare(
                 self.ctx,
                 i,
                 &key.fingerprint(),
                 &self.log_dir,
                 &self.token,
+                self.run_id,
                 self.limits.clone(),
                 self.holds[i].clone(),
                 self.rank[i] as u64,
             ) {
                 Ok(task) if stage.foreach.is_some() => {
                     let mut plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
-                    // Each orphan is cancelled on its own engine, which a
-                    // profile switch may have made another than the stage's.
-                    let orphans = self
-                        .ctx
-                        .orphans
-                        .remove(&i)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|handle| {
-                            let engine = executors.for_handle(&handle);
-                            (handle, engine)
-                        })
-                        .collect();
                     if let Err(message) = self.forget_forced_items(i, &mut plan) {
                         self.fail(i, &message, None);
                         continue;
                     }
-                    task.with_items(
-                        stage,
-                        plan,
-                        orphans,
-                        self.options.only,
-                        self.options.limit,
-                        &self.log_dir,
-                        self.run_id,
-                    )
+                    task.with_items(stage, plan, self.options.only, self.options.limit)
                 }
                 Ok(task) => task,
                 Err(error) => {
@@ -419,6 +415,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     continue;
                 }
             }
+            .with_orphans(orphans)
             .with_windows(windows);
             self.slots[i] = Slot::Running;
             let links = TaskLinks {
@@ -469,7 +466,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             Ok(task) => task,
             Err(error) => {
                 let message = super::with_causes(&error);
-                self.record_failure(i, key, None, now_ms(), &log, &message)?;
+                self.record_failure(i, key, None, now_ms(), &log, &message, None)?;
                 self.fail(i, &message, Some(log));
                 return Ok(());
             }
@@ -493,11 +490,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     task.started_ms,
                     &log,
                     &message,
+                    task.last_attempt.as_ref(),
                 )?;
                 self.fail(i, &message, Some(task.failure_log.unwrap_or(log)));
             }
             (None, Some(published)) => {
-                match self.commit(i, key, published, task.started_ms, &log) {
+                let attempt = task.last_attempt;
+                match self.commit(i, key, published, task.started_ms, &log, attempt.as_ref()) {
                     Ok(()) => self.summary.counts.executed += 1,
                     // A full disk under the ledger, typically: the outputs
                     // are made and stored but their result is not recorded,
@@ -507,9 +506,21 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                             "its outputs were made but could not be recorded: {}",
                             super::with_causes(&error)
                         );
-                        if let Err(also) =
-                            self.record_failure(i, key, Some(0), task.started_ms, &log, &message)
-                        {
+                        // The attempt failed after all.
+                        let attempt = attempt.map(|attempt| ItemAttempt {
+                            class: ItemClass::Error.name().to_owned(),
+                            rule: Some(message.clone()),
+                            ..attempt
+                        });
+                        if let Err(also) = self.record_failure(
+                            i,
+                            key,
+                            Some(0),
+                            task.started_ms,
+                            &log,
+                            &message,
+                            attempt.as_ref(),
+                        ) {
                             tracing::warn!(
                                 "could not record that stage `{}` failed either: {}",
                                 self.ctx.manifest.stages[i].name,
@@ -537,7 +548,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
         ledger.record_item_attempts(attempts)?;
-        for attempt in attempts.iter().filter(|a| a.class != RUNNING) {
+        // A plain stage's attempts are told by the stage's own events.
+        let items = attempts
+            .iter()
+            .filter(|a| a.class != RUNNING && a.key != COMMAND_ITEM);
+        for attempt in items {
             self.reporter.event(Event::ItemFinished {
                 stage: &attempt.stage,
                 key: &attempt.key,

@@ -19,6 +19,9 @@ use tokio::sync::oneshot;
 #[derive(Clone)]
 pub struct Limits {
     state: Arc<Mutex<State>>,
+    /// Set once the run stops, for waits outside these limits (a window
+    /// held across a cluster) to give up too.
+    stopped: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 struct State {
@@ -71,7 +74,15 @@ impl Limits {
                 next: 0,
                 stopping: false,
             })),
+            stopped: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// Returns once the run stops (at once if it has).
+    pub async fn stopped(&self) {
+        let mut stopped = self.stopped.subscribe();
+        // The sender lives as long as `self`: this cannot fail.
+        let _ = stopped.wait_for(|stopped| *stopped).await;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -194,6 +205,7 @@ impl Limits {
         state.stopping = true;
         state.waiters.clear();
         state.slotless = 0;
+        self.stopped.send_replace(true);
     }
 }
 
@@ -255,5 +267,20 @@ mod tests {
         assert!(waiter.await.unwrap());
         drop(held);
         assert!(limits.acquire(0, &[]).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn stopped_returns_for_waiters_before_and_callers_after_the_stop() {
+        let limits = Limits::new(1, []);
+        let before = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.stopped().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!before.is_finished());
+        limits.stop();
+        before.await.unwrap();
+        // One who asks later is not left waiting.
+        limits.stopped().await;
     }
 }

@@ -2,12 +2,14 @@
 //! the checks, then store the outputs. Runs as a tokio task; talks back to
 //! the dispatcher through [`TaskLinks`].
 //!
-//! A per-item stage runs its items in a bounded window ([`item_window`]),
-//! each item through its attempts ([`attempt`]), each attempt classified
-//! ([`classify`]).
+//! A plain stage runs its command as one implicit item ([`command`]); a
+//! per-item stage runs its items in a bounded window ([`item_window`]), each
+//! item through its attempts ([`attempt`]). Every attempt is classified
+//! ([`classify`]) and retried by the stage's `retry`.
 
 mod attempt;
 mod classify;
+mod command;
 mod item_window;
 
 use std::path::{Path, PathBuf};
@@ -25,12 +27,13 @@ use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_com
 use super::limits::Limits;
 use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environment, redact_text};
 use crate::fingerprint::Digest;
-use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Stage};
+use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Retry, Stage};
 use crate::store::{
     INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms, remove_path,
 };
 use attempt::ItemRunner;
 use classify::classify;
+use item_window::cancel_orphans;
 
 /// How a stage's command, checks and output storage ended.
 pub struct TaskResult {
@@ -51,6 +54,8 @@ pub struct TaskResult {
     /// Jobs a dead run left for items no longer wanted, cancelled now
     /// (their handles).
     pub cancelled_orphans: Vec<String>,
+    /// A plain stage's last attempt, to be recorded with its result.
+    pub last_attempt: Option<ItemAttempt>,
 }
 
 impl TaskResult {
@@ -64,6 +69,7 @@ impl TaskResult {
             started_ms: now_ms(),
             failure_log: None,
             cancelled_orphans: Vec::new(),
+            last_attempt: None,
         }
     }
 }
@@ -98,10 +104,6 @@ struct Items {
     only: Option<Only>,
     limit: Option<usize>,
     log_dir: PathBuf,
-    run_id: i64,
-    /// Jobs a dead run left for items this plan no longer wants: each
-    /// handle, and an executor of its engine (if this run has one).
-    orphans: Vec<(String, Option<Arc<dyn Executor>>)>,
 }
 
 /// A built-in stage's command (`cairn builtin …`) with the running cairn
@@ -168,6 +170,20 @@ pub struct StageTask {
     /// Set for a per-item stage.
     items: Option<Items>,
     job_prefix: String,
+    /// `JOB_PREFIX-FINGERPRINT`: the command's job name without its
+    /// attempt number.
+    job_name_stem: String,
+    /// The stage's fingerprint.
+    fingerprint: Digest,
+    /// Attempts of the command under this fingerprint in earlier runs.
+    attempts_before: u32,
+    classify: Vec<ClassifyRule>,
+    retry: Retry,
+    run_id: i64,
+    /// Jobs a dead run left that this run no longer wants (for items no
+    /// longer planned, or for the command under another fingerprint):
+    /// each handle, and an executor of its engine (if this run has one).
+    orphans: Vec<(String, Option<Arc<dyn Executor>>)>,
     /// Windows held across a cluster while its items run: (resource, the
     /// executor whose cluster holds it).
     windows: Vec<(String, Arc<dyn Executor>)>,
@@ -194,6 +210,7 @@ impl StageTask {
         fingerprint: &Digest,
         log_dir: &Path,
         run_token: &str,
+        run_id: i64,
         limits: Limits,
         holds: Holds,
         priority: u64,
@@ -202,10 +219,11 @@ impl StageTask {
         // The same fingerprint and attempt give the same job name in every
         // run: a job an earlier cairn process submitted for this attempt
         // (it was killed meanwhile) is adopted, not submitted again.
-        let attempt = match &ctx.ledger {
-            Some(ledger) => ledger.stage_attempts(&stage.name, fingerprint)? + 1,
-            None => 1,
+        let attempts_before = match (&ctx.ledger, &stage.foreach) {
+            (Some(ledger), None) => ledger.command_attempts(&stage.name, fingerprint)?,
+            _ => 0,
         };
+        let job_name_stem = format!("{}-{}", job_prefix(ctx, stage), &fingerprint.hex()[..16]);
         let outputs = stage
             .outputs
             .iter()
@@ -242,13 +260,8 @@ impl StageTask {
         }
         Ok(Self {
             job: Job {
-                // Items' jobs are named the same way, by the item's
-                // fingerprint and attempt.
-                name: format!(
-                    "{}-{}-{attempt}",
-                    job_prefix(ctx, stage),
-                    &fingerprint.hex()[..16]
-                ),
+                // Named per attempt (items' jobs by the item's fingerprint).
+                name: format!("{job_name_stem}-{}", attempts_before + 1),
                 token: run_token.to_owned(),
                 stage: stage.name.clone(),
                 command: match &stage.uses {
@@ -273,8 +286,22 @@ impl StageTask {
             priority,
             items: None,
             job_prefix: job_prefix(ctx, stage),
+            job_name_stem,
+            fingerprint: *fingerprint,
+            attempts_before,
+            classify: stage.classify.clone(),
+            retry: stage.retry.clone(),
+            run_id,
+            orphans: Vec::new(),
             windows: Vec::new(),
         })
+    }
+
+    /// Cancels `orphans`, jobs a dead run left that this run does not want,
+    /// before anything runs.
+    pub fn with_orphans(mut self, orphans: Vec<(String, Option<Arc<dyn Executor>>)>) -> Self {
+        self.orphans = orphans;
+        self
     }
 
     /// Holds `windows` across their clusters while the command (or the
@@ -285,30 +312,31 @@ impl StageTask {
     }
 
     /// Takes every window across its cluster (waiting while another run
-    /// holds one).
-    async fn hold_windows(&self) -> Result<Vec<Box<dyn HeldWindow>>, ScheduleError> {
+    /// holds one); `None` if this run stopped first.
+    async fn hold_windows(&self) -> Result<Option<Vec<Box<dyn HeldWindow>>>, ScheduleError> {
         let mut held = Vec::new();
         for (resource, executor) in &self.windows {
-            if let Some(window) = executor.hold_window(resource, &self.job.token).await? {
-                held.push(window);
-            }
+            let window = tokio::select! {
+                window = executor.hold_window(resource, &self.job.token) => window?,
+                () = self.limits.stopped() => {
+                    release_windows(held).await;
+                    return Ok(None);
+                }
+            };
+            held.extend(window);
         }
-        Ok(held)
+        Ok(Some(held))
     }
 
-    /// Makes this the task of a per-item stage over `plan`; `orphans`: the
-    /// jobs a dead run left for items `plan` no longer wants.
-    #[allow(clippy::too_many_arguments)]
+    /// Makes this the task of a per-item stage over `plan`.
     pub fn with_items(
         mut self,
         stage: &Stage,
         plan: Vec<PlannedItem>,
-        orphans: Vec<(String, Option<Arc<dyn Executor>>)>,
         only: Option<Only>,
         limit: Option<usize>,
-        log_dir: &Path,
-        run_id: i64,
     ) -> Self {
+        let log_dir = self.job.log.with_file_name(&stage.name);
         let spec = stage.foreach.clone().expect("a per-item stage");
         self.items = Some(Items {
             name: stage.name.clone(),
@@ -317,9 +345,7 @@ impl StageTask {
             plan,
             only,
             limit,
-            log_dir: log_dir.join(&stage.name),
-            run_id,
-            orphans,
+            log_dir,
         });
         self
     }
@@ -356,37 +382,7 @@ impl StageTask {
         if self.items.is_some() {
             return self.run_items(executor, links).await;
         }
-        let Some(permits) = self
-            .limits
-            .acquire_for(executor.as_ref(), self.priority, &self.holds.per_command)
-            .await
-        else {
-            return Ok(TaskResult::not_started());
-        };
-        let held = self.hold_windows().await?;
-        let started_ms = now_ms();
-        let started = Instant::now();
-        let running = start_job(executor.as_ref(), &self.job, || self.clear_outputs()).await?;
-        let outcome = running.wait().await?;
-        release_windows(held).await;
-        let mut task = TaskResult {
-            started: true,
-            outcome,
-            failure: None,
-            published: None,
-            partial: None,
-            started_ms,
-            failure_log: None,
-            cancelled_orphans: Vec::new(),
-        };
-        task.failure = self.verdict(executor.as_ref(), outcome).await?;
-        // The job slot and resources are free while the outputs are stored.
-        drop(permits);
-        if task.failure.is_some() {
-            return Ok(task);
-        }
-        task.published = Some(self.store_outputs(&links, started).await?);
-        Ok(task)
+        self.run_command(executor, links).await
     }
 
     /// Stages the outputs, announces their digests, then publishes them.
@@ -421,39 +417,6 @@ impl StageTask {
                 .await
                 .map_err(|e| ScheduleError::Task(e.to_string()))??
         })
-    }
-
-    /// `Some(reason)` if the stage did not succeed: the command failed, a
-    /// declared output is missing, or a check failed.
-    async fn verdict(
-        &self,
-        executor: &dyn Executor,
-        outcome: Outcome,
-    ) -> Result<Option<String>, ScheduleError> {
-        if outcome != Outcome::Success {
-            return Ok(Some(format!("command {}", outcome.describe())));
-        }
-        if let Some((name, path, _)) = self.outputs.iter().find(|(_, _, abs)| !abs.exists()) {
-            return Ok(Some(format!(
-                "command succeeded but did not create declared output `{name}` ({path})"
-            )));
-        }
-        for (n, check) in self.checks.iter().enumerate() {
-            let job = Job {
-                name: format!("{}-check{}", self.job.name, n + 1),
-                command: check.clone(),
-                ..self.job.clone()
-            };
-            let outcome = executor.run(&job).await?;
-            if outcome != Outcome::Success {
-                return Ok(Some(format!(
-                    "check `{}` {}",
-                    check.display(),
-                    outcome.describe()
-                )));
-            }
-        }
-        Ok(None)
     }
 }
 

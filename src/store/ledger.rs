@@ -81,6 +81,9 @@ pub struct NewResult<'a> {
     pub exit_code: Option<i32>,
     pub log_path: Option<&'a str>,
     pub error: Option<&'a str>,
+    /// The attempt of the command that made it (a plain stage's last),
+    /// recorded in the same transaction.
+    pub attempt: Option<&'a ItemAttempt>,
 }
 
 /// (item key, item fingerprint) → (class, attempts, JSON result, outputs).
@@ -120,6 +123,10 @@ pub struct ItemAttempt {
 
 /// The class of an attempt whose job has started and not yet ended.
 pub const RUNNING: &str = "running";
+
+/// The key a plain stage's attempts are recorded under: its command as one
+/// implicit item (no item's key is empty).
+pub const COMMAND_ITEM: &str = "";
 
 /// An item's newest outcome under one fingerprint.
 #[derive(Debug, Clone, Serialize)]

@@ -16,8 +16,9 @@ pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statemen
 pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use ledger::{
-    ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId, RUNNING,
-    ResultRecord, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, UnreadableResult, now_ms,
+    COMMAND_ITEM, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId,
+    RUNNING, ResultRecord, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, UnreadableResult,
+    now_ms,
 };
 pub use live::live_outputs;
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage};

@@ -1,5 +1,6 @@
-//! Per-item stages: `foreach`, `classify` rules, result checks, `retry`,
-//! and the item lists each stage reads (written by another stage or not).
+//! Per-item stages: `foreach`, result checks and the item lists each stage
+//! reads (written by another stage or not); and the `classify` rules and
+//! `retry` of every stage's attempts.
 
 use super::*;
 
@@ -90,6 +91,38 @@ impl Checker<'_> {
                 }
             },
         };
+        let allow_errors = find(table, "allow_errors")
+            .and_then(|e| self.count(&e.value, "`allow_errors`", 0))
+            .unwrap_or(0);
+        let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
+        let result =
+            find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
+        let foreach = key.map(|key| Foreach {
+            items: ProjectPath::new(String::new()),
+            items_span: items
+                .as_ref()
+                .map(|(_, s)| s.clone())
+                .unwrap_or(span.clone()),
+            key,
+            item_inputs,
+            item_outputs,
+            allow_errors,
+            jobs,
+            result,
+            result_checks: Vec::new(),
+        });
+        (foreach, items)
+    }
+
+    /// `classify` and `retry`: how any stage's attempts are classed and
+    /// retried. A plain stage's attempt succeeds or fails, so its rules
+    /// name no verdicts.
+    pub(super) fn attempt_policy(
+        &mut self,
+        name: &str,
+        table: &[Entry],
+        per_item: bool,
+    ) -> (Vec<ClassifyRule>, Retry) {
         let classify = match find(table, "classify") {
             None => Vec::new(),
             Some(e) => match e.value.as_array() {
@@ -107,32 +140,25 @@ impl Checker<'_> {
                 }
             },
         };
+        if !per_item
+            && let Some(rule) = classify
+                .iter()
+                .find(|r| matches!(r.class, ItemClass::Verdict(_)))
+        {
+            let span = find(table, "classify").map_or(0..0, |e| e.value.span.clone());
+            self.problems.push(
+                Problem::new(
+                    format!("verdict `{}` in stage `{name}`, which is not a per-item stage", rule.class.name()),
+                    span,
+                    "in these rules",
+                )
+                .help("a plain stage's attempt is `ok`, `infra` (retried) or `error`; verdicts are the outcomes of items (`foreach`)"),
+            );
+        }
         let retry = find(table, "retry")
             .map(|e| self.retry(&e.value))
             .unwrap_or_default();
-        let allow_errors = find(table, "allow_errors")
-            .and_then(|e| self.count(&e.value, "`allow_errors`", 0))
-            .unwrap_or(0);
-        let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
-        let result =
-            find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
-        let foreach = key.map(|key| Foreach {
-            items: ProjectPath::new(String::new()),
-            items_span: items
-                .as_ref()
-                .map(|(_, s)| s.clone())
-                .unwrap_or(span.clone()),
-            key,
-            item_inputs,
-            item_outputs,
-            classify,
-            retry,
-            allow_errors,
-            jobs,
-            result,
-            result_checks: Vec::new(),
-        });
-        (foreach, items)
+        (classify, retry)
     }
 
     pub(super) fn classify_rule(&mut self, node: &Node) -> Option<ClassifyRule> {
@@ -161,6 +187,40 @@ impl Checker<'_> {
                     return None;
                 }
             },
+        };
+        let ended = match find(table, "ended") {
+            None => None,
+            Some(e) => {
+                let name = self.string(&e.value, "`ended`")?;
+                let Some(ended) = Ended::parse(&name) else {
+                    let help = self.did_you_mean(
+                        &name,
+                        Ended::NAMES.iter().copied(),
+                        "`ended` is `timeout` or `out-of-memory`",
+                    );
+                    self.problems.push(
+                        Problem::new(
+                            format!("unknown end `{name}`"),
+                            e.value.span.clone(),
+                            "here",
+                        )
+                        .help(help),
+                    );
+                    return None;
+                };
+                if let Some(exit) = find(table, "exit") {
+                    self.problems.push(
+                        Problem::new(
+                            "`exit` and `ended` in one rule",
+                            exit.key_span.clone(),
+                            "never matches with `ended`",
+                        )
+                        .help("a job that timed out or ran out of memory has no exit code: match `exit` and `ended` in two rules"),
+                    );
+                    return None;
+                }
+                Some(ended)
+            }
         };
         let output = match find(table, "output") {
             None => None,
@@ -200,10 +260,10 @@ impl Checker<'_> {
         } else {
             None
         };
-        if exit.is_empty() && output.is_none() && result.is_none() {
+        if exit.is_empty() && ended.is_none() && output.is_none() && result.is_none() {
             self.problems.push(
                 Problem::new("a `classify` rule with nothing to match", node.span.clone(), "this rule")
-                    .help("give `exit = CODE`, `output = \"regex\"` (matched against stdout and stderr) and/or `result = \"/json/pointer\"` with `equals`"),
+                    .help("give `exit = CODE` or `ended = \"timeout\"`, `output = \"regex\"` (matched against stdout and stderr) and/or `result = \"/json/pointer\"` with `equals`"),
             );
             return None;
         }
@@ -233,6 +293,7 @@ impl Checker<'_> {
         };
         Some(ClassifyRule {
             exit,
+            ended,
             output,
             result,
             class,

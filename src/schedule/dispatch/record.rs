@@ -13,6 +13,7 @@ impl Dispatcher<'_, '_> {
         published: Published,
         started_ms: i64,
         log: &std::path::Path,
+        attempt: Option<&ItemAttempt>,
     ) -> Result<(), ScheduleError> {
         let stage = &self.ctx.manifest.stages[i];
         let Published { records, inline } = published;
@@ -34,6 +35,7 @@ impl Dispatcher<'_, '_> {
                 exit_code: Some(0),
                 log_path: log_path.as_deref(),
                 error: None,
+                attempt,
             },
             &inline,
         )?;
@@ -62,6 +64,9 @@ impl Dispatcher<'_, '_> {
         Ok(())
     }
 
+    /// Records a failed result (with the command's attempt that failed, if
+    /// it got that far).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn record_failure(
         &self,
         i: usize,
@@ -70,6 +75,7 @@ impl Dispatcher<'_, '_> {
         started_ms: i64,
         log: &std::path::Path,
         message: &str,
+        attempt: Option<&ItemAttempt>,
     ) -> Result<(), ScheduleError> {
         let stage = &self.ctx.manifest.stages[i];
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
@@ -87,6 +93,7 @@ impl Dispatcher<'_, '_> {
                 exit_code,
                 log_path: log_path.as_deref(),
                 error: Some(message),
+                attempt,
             },
             &[],
         )?;

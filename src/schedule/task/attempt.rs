@@ -11,6 +11,8 @@ pub(super) struct ItemRunner {
     pub(super) job: Job,
     pub(super) checks: Vec<Command>,
     pub(super) spec: Foreach,
+    pub(super) classify: Vec<ClassifyRule>,
+    pub(super) retry: Retry,
     pub(super) limits: Limits,
     pub(super) holds: Vec<usize>,
     pub(super) priority: u64,
@@ -116,8 +118,7 @@ impl ItemRunner {
                         // A command that claims success but fails its
                         // check is an error, never an ok.
                         Some(check) => (ItemClass::Error, Some(check)),
-                        None => match classify(&self.spec.classify, outcome, &log, result.as_ref())
-                        {
+                        None => match classify(&self.classify, outcome, &log, 0, result.as_ref()) {
                             (ItemClass::Ok, rule) => {
                                 match (result_problem, self.failed_result_check(result.as_ref())) {
                                     (Some(problem), _) => (ItemClass::Error, Some(problem)),
@@ -161,10 +162,8 @@ impl ItemRunner {
                 handle,
                 ..self.attempt_record(planned, attempt, started_ms)
             });
-            let retry = &self.spec.retry;
-            if retry.on.contains(&class) && attempt <= retry.max {
-                let backoff = retry.backoff.saturating_mul(1 << (attempt - 1).min(16));
-                tokio::time::sleep(backoff).await;
+            if self.retry.on.contains(&class) && attempt <= self.retry.max {
+                tokio::time::sleep(self.retry.backoff_before(attempt)).await;
                 continue;
             }
             let attempts = planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt;

@@ -15,7 +15,7 @@ impl StageTask {
         let started_ms = now_ms();
         let started = Instant::now();
         let mut items = self.items.take().expect("a per-item task");
-        let cancelled_orphans = cancel_orphans(&items.orphans).await;
+        let cancelled_orphans = cancel_orphans(&self.orphans).await;
         std::fs::create_dir_all(&items.log_dir).map_err(|source| ScheduleError::Io {
             path: items.log_dir.clone(),
             source,
@@ -65,7 +65,15 @@ impl StageTask {
         // ...and, for a window `across` a cluster, held there too: two runs
         // on two machines never hold it at once.
         let held_across = if window_permits.is_some() {
-            self.hold_windows().await?
+            match self.hold_windows().await? {
+                Some(held) => held,
+                None => {
+                    return Ok(TaskResult {
+                        cancelled_orphans,
+                        ..TaskResult::not_started()
+                    });
+                }
+            }
         } else {
             Vec::new()
         };
@@ -78,12 +86,14 @@ impl StageTask {
             job: self.job.clone(),
             checks: self.checks.clone(),
             spec: items.spec.clone(),
+            classify: self.classify.clone(),
+            retry: self.retry.clone(),
             limits: self.limits.clone(),
             holds: self.holds.per_command.clone(),
             priority: self.priority,
             log_dir: items.log_dir.clone(),
             stage: items.name.clone(),
-            run_id: items.run_id,
+            run_id: self.run_id,
             attempts: links.attempts.clone(),
             outputs: items.outputs.clone(),
             store: self.store.clone(),
@@ -137,6 +147,7 @@ impl StageTask {
             started_ms,
             failure_log: None,
             cancelled_orphans,
+            last_attempt: None,
         };
         if stopped {
             task.failure = Some(format!(

@@ -81,6 +81,17 @@ impl Ledger {
     /// Records attempts of items and their outcomes, in one transaction.
     pub fn record_item_attempts(&self, attempts: &[ItemAttempt]) -> Result<(), StoreError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        self.insert_attempts(&tx, attempts)?;
+        tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// Records `attempts` (each replacing its record of having started)
+    /// and the outcomes of those that ended, within `tx`.
+    pub(super) fn insert_attempts(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        attempts: &[ItemAttempt],
+    ) -> Result<(), StoreError> {
         {
             let mut insert = tx
                 .prepare_cached(
@@ -154,7 +165,7 @@ impl Ledger {
                     .map_err(|e| self.db(e))?;
             }
         }
-        tx.commit().map_err(|e| self.db(e))
+        Ok(())
     }
 
     /// Every attempt of one item, oldest first.
@@ -254,6 +265,32 @@ impl Ledger {
             })
             .map_err(|e| self.db(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// How many attempts of plain stage `stage`'s command under
+    /// `fingerprint` are over (ended or cancelled): the next one is
+    /// numbered one more. Results recorded before attempts were count too.
+    pub fn command_attempts(&self, stage: &str, fingerprint: &Digest) -> Result<u32, StoreError> {
+        let attempts: u32 = self
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM item_attempts
+                  WHERE pipeline = ?1 AND stage = ?2 AND key = ?3 AND fingerprint = ?4
+                    AND class NOT IN ('running', 'abandoned')",
+            )
+            .and_then(|mut statement| {
+                statement.query_row(
+                    params![
+                        self.pipeline.name,
+                        stage,
+                        COMMAND_ITEM,
+                        fingerprint.to_string()
+                    ],
+                    |row| row.get(0),
+                )
+            })
+            .map_err(|e| self.db(e))?;
+        Ok(attempts.max(self.stage_attempts(stage, fingerprint)?))
     }
 
     /// How many attempts of each item of `stage` were cancelled, by (key,

@@ -63,6 +63,9 @@ impl Ledger {
         tx.prepare_cached(head)
             .and_then(|mut s| s.execute(params![result.stage, id, self.pipeline.name]))
             .map_err(|e| self.db(e))?;
+        if let Some(attempt) = result.attempt {
+            self.insert_attempts(&tx, std::slice::from_ref(attempt))?;
+        }
         tx.commit().map_err(|e| self.db(e))?;
         Ok(id)
     }
