@@ -3,7 +3,8 @@
 //! Layers, each depending only on those before it:
 //! `manifest` → `graph` → `fingerprint` → `store` → `release` → `builtins` →
 //! `exec` → `schedule` → `cli`. `records` (JSON record files),
-//! `canonical_json` and `causes` (errors on one line) stand apart.
+//! `canonical_json`, `causes` (errors on one line) and `tls` (the one TLS
+//! provider) stand apart.
 
 pub mod builtins;
 pub mod canonical_json;
@@ -17,3 +18,4 @@ pub mod records;
 pub mod release;
 pub mod schedule;
 pub mod store;
+pub mod tls;

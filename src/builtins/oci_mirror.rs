@@ -499,6 +499,7 @@ impl Registry {
             ),
             None => (spec, None),
         };
+        crate::tls::install_provider();
         let client = reqwest::blocking::Client::builder()
             .timeout(std::time::Duration::from_secs(300))
             .build()

@@ -35,6 +35,7 @@ fn client() -> Result<&'static reqwest::blocking::Client, String> {
     static CLIENT: OnceLock<Result<reqwest::blocking::Client, String>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
+            crate::tls::install_provider();
             reqwest::blocking::Client::builder()
                 .timeout(REQUEST_TIMEOUT)
                 .build()

@@ -87,6 +87,7 @@ impl KubernetesExecutor {
         };
         self.client
             .get_or_try_init(|| async {
+                crate::tls::install_provider();
                 let config = kube::Config::infer().await.map_err(|e| unreachable(&e))?;
                 let builder =
                     kube::client::ClientBuilder::try_from(config).map_err(|e| unreachable(&e))?;
