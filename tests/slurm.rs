@@ -517,3 +517,204 @@ async fn a_node_failure_is_infrastructure_and_the_item_is_retried() {
     assert_eq!(sbatch_calls(&p), 4);
     assert_eq!(files_in(&p, "out"), 2);
 }
+
+// ---- a window across the cluster, through a Slurm license ---------------
+
+const WINDOWED: &str = r#"
+[pipeline]
+name = "windowed"
+
+[executors.cluster]
+kind = "slurm"
+poll = "300ms"
+
+[resources]
+window = { capacity = 1, hold = "stage" ACROSS }
+
+[stages.work]
+executor = "cluster"
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo $(date +%s.%N) {item.id} >> LOG; sleep 1; echo $(date +%s.%N) {item.id} >> LOG"
+resources = ["window"]
+outputs = { results = "state/work.jsonl" }
+"#;
+
+/// Two projects (two cairn processes, as on two machines) run a stage
+/// holding `window` at once, on the one cluster; the span of time each
+/// project's commands ran in, from the shared log.
+fn two_runs_holding_a_window(across: bool) -> Vec<(f64, f64)> {
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("window.log");
+    let projects: Vec<common::Project> = ["p", "q"]
+        .iter()
+        .map(|name| {
+            let p = common::Project::new();
+            let manifest = WINDOWED
+                .replace("ACROSS", if across { ", across = \"cluster\"" } else { "" })
+                .replace("LOG", &log.display().to_string());
+            p.file("cairn.toml", &manifest);
+            let items: String = (0..3)
+                .map(|i| format!("{{\"id\": \"{name}-{i}\"}}\n"))
+                .collect();
+            p.file("items.jsonl", &items);
+            p
+        })
+        .collect();
+    let children: Vec<std::process::Child> = projects
+        .iter()
+        .map(|p| {
+            p.command(&["run"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for p in &projects {
+        assert!(
+            std::fs::read_dir(p.path("cache/windows")).map_or(true, |d| d.count() == 0),
+            "a heartbeat was left behind"
+        );
+    }
+    let lines = std::fs::read_to_string(&log).unwrap();
+    ["p-", "q-"]
+        .iter()
+        .map(|prefix| {
+            let times: Vec<f64> = lines
+                .lines()
+                .filter(|l| l.split(' ').nth(1).is_some_and(|id| id.starts_with(prefix)))
+                .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(times.len(), 6, "{lines}");
+            let first = times.iter().copied().fold(f64::MAX, f64::min);
+            let last = times.iter().copied().fold(f64::MIN, f64::max);
+            (first, last)
+        })
+        .collect()
+}
+
+fn overlap(spans: &[(f64, f64)]) -> bool {
+    spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1
+}
+
+/// The jobs named `name` that Slurm still has queued or running.
+fn jobs_named(name: &str) -> usize {
+    let out = std::process::Command::new("squeue")
+        .args(["--noheader", "--name", name, "--format=%i"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[tokio::test]
+async fn a_window_across_the_cluster_is_held_through_a_license_by_one_run_at_a_time() {
+    let _node = cluster().await;
+    let spans = two_runs_holding_a_window(true);
+    assert!(
+        !overlap(&spans),
+        "two runs held the window at once: {spans:?}"
+    );
+    // Cancelled when the window was released (scancel returns before the
+    // job has left the queue).
+    poll("the holder jobs to end", Duration::from_secs(30), || {
+        jobs_named("cairn-window-window") == 0
+    });
+    // Control: held within each process only, the two runs overlap.
+    let spans = two_runs_holding_a_window(false);
+    assert!(
+        overlap(&spans),
+        "the runs did not run side by side: {spans:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_window_on_a_license_the_cluster_lacks_is_a_clear_error() {
+    let _node = cluster().await;
+    let p = common::Project::new();
+    p.file(
+        "cairn.toml",
+        &WINDOWED
+            .replace("ACROSS", ", across = \"cluster\"")
+            .replace("LOG", "log.txt")
+            .replace("window", "no-such-license"),
+    );
+    p.file("items.jsonl", "{\"id\": \"a\"}\n");
+    let run = p.cairn(&["run"]);
+    run.code_is(1);
+    assert!(
+        run.stderr().contains("Licenses=NAME:1") && run.stderr().contains("hold the window"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!p.exists("log.txt"), "nothing ran without the window");
+}
+
+#[tokio::test]
+async fn a_window_held_by_a_killed_cairn_is_given_up_once_its_heartbeat_is_old() {
+    let _node = cluster().await;
+    let shared = tempfile::tempdir().unwrap();
+    let log = shared.path().join("window.log");
+    let manifest = WINDOWED
+        .replace("ACROSS", ", across = \"cluster\"")
+        .replace("LOG", &log.display().to_string());
+    let first = common::Project::new();
+    first.file("cairn.toml", &manifest.replace("sleep 1", "sleep 300"));
+    first.file("items.jsonl", "{\"id\": \"first\"}\n");
+    let mut child = first
+        .command(&["run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    poll(
+        "the first run's command to start",
+        Duration::from_secs(60),
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("first")),
+    );
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    assert_eq!(
+        jobs_named("cairn-window-window"),
+        1,
+        "the holder outlives cairn"
+    );
+
+    // Another run waits for the window until the dead run's heartbeat is
+    // a minute old, then takes it.
+    let second = common::Project::new();
+    second.file("cairn.toml", &manifest);
+    second.file("items.jsonl", "{\"id\": \"second\"}\n");
+    let started = Instant::now();
+    let run = second.cairn(&["run"]);
+    run.success();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(40),
+        "the window was taken while its holder's heartbeat was fresh ({waited:?})"
+    );
+    assert!(
+        std::fs::read_to_string(&log).unwrap().contains("second"),
+        "the second run's command ran"
+    );
+    // The first run's item job is still running: cancel it, as a later
+    // run of that project would.
+    let _ = std::process::Command::new("scancel")
+        .args(["--name", &live_jobs(&first).join(",")])
+        .status();
+    poll("the jobs to end", Duration::from_secs(30), || {
+        live_jobs(&first).is_empty() && jobs_named("cairn-window-window") == 0
+    });
+}

@@ -241,16 +241,17 @@ pub trait Executor: Send + Sync {
         Box::pin(async { Ok(false) })
     }
 
-    /// Takes the window `window` for `holder` (the run's token) across every
-    /// process and machine that uses this engine, waiting while another
-    /// holds it; `None` if this engine has no such windows (the window is
-    /// then this process's alone).
+    /// Takes the window `window` for the run of `job` (the stage's: its
+    /// token holds the window, its project root may keep a heartbeat)
+    /// across every process and machine that uses this engine, waiting
+    /// while another holds it; `None` if this engine has no such windows
+    /// (the window is then this process's alone).
     fn hold_window<'a>(
         &'a self,
         window: &'a str,
-        holder: &'a str,
+        job: &'a Job,
     ) -> BoxFuture<'a, Result<Option<Box<dyn HeldWindow>>, ExecError>> {
-        let _ = (window, holder);
+        let _ = (window, job);
         Box::pin(async { Ok(None) })
     }
 

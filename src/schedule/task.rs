@@ -317,7 +317,7 @@ impl StageTask {
         let mut held = Vec::new();
         for (resource, executor) in &self.windows {
             let window = tokio::select! {
-                window = executor.hold_window(resource, &self.job.token) => window?,
+                window = executor.hold_window(resource, &self.job) => window?,
                 () = self.limits.stopped() => {
                     release_windows(held).await;
                     return Ok(None);

@@ -144,6 +144,7 @@ impl Registry {
     /// Pushes a tiny image made from `seed` as `repo:tag` (moving the tag
     /// if it exists); its manifest digest.
     pub fn push(&self, repo: &str, tag: &str, seed: &str) -> String {
+        cairn::tls::install_provider();
         let client = reqwest::blocking::Client::new();
         let base = format!("http://127.0.0.1:{}/v2/{repo}", self.port);
         let upload = |bytes: &[u8]| -> (String, usize) {

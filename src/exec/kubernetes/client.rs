@@ -175,11 +175,11 @@ impl Executor for KubernetesExecutor {
     fn hold_window<'a>(
         &'a self,
         window: &'a str,
-        holder: &'a str,
+        job: &'a Job,
     ) -> BoxFuture<'a, Result<Option<Box<dyn HeldWindow>>, ExecError>> {
         Box::pin(async move {
             let client = self.client().await?;
-            super::lease::hold(client, &self.settings.namespace, window, holder)
+            super::lease::hold(client, &self.settings.namespace, window, &job.token)
                 .await
                 .map(Some)
         })

@@ -27,11 +27,13 @@
 //! was started with `--detach`; a cairn process killed outright leaves it
 //! running, and a later run adopts it by name.
 
+mod window;
+
 use std::time::Duration;
 
 use super::{
-    BoxFuture, ExecError, Executor, InfraKind, Job, Outcome, RUN_MARKER, RemoteJobGuard, Running,
-    redact_log,
+    BoxFuture, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, RUN_MARKER,
+    RemoteJobGuard, Running, redact_log,
 };
 use crate::manifest::{Command, SlurmSettings};
 
@@ -424,6 +426,15 @@ impl Executor for SlurmExecutor {
             let submitted = self.submit_job(job).await?;
             Ok(self.running(submitted, job, None, permit))
         })
+    }
+
+    /// Through the Slurm license named after the window (see [`window`]).
+    fn hold_window<'a>(
+        &'a self,
+        window: &'a str,
+        job: &'a Job,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn HeldWindow>>, ExecError>> {
+        Box::pin(async move { self.hold_license(window, job).await.map(Some) })
     }
 
     fn cancel_handle<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<bool, ExecError>> {

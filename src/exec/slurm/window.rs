@@ -1,0 +1,308 @@
+//! A window across a Slurm cluster, through a Slurm license.
+//!
+//! slurmctld counts licenses cluster-wide (`Licenses=NAME:1` in
+//! slurm.conf): while a job holding one runs, no other job asking for it
+//! starts. cairn takes the window by submitting a small *holder* job that
+//! asks for the license `NAME` and does nothing but wait; once it runs,
+//! the window is this run's, and the stage's own jobs (which ask for no
+//! license) run beside it. Releasing the window cancels the holder.
+//!
+//! A cairn killed outright cannot cancel its holder, so the holder watches
+//! a heartbeat: a file under the project root (which every node sees, as
+//! the executor requires) that cairn touches every [`BEAT`]. A holder whose
+//! heartbeat is older than [`LAPSE`] ends, and the window with it: the same
+//! 60 s a Kubernetes Lease takes to lapse.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::{SlurmExecutor, SlurmJob, run_client, slurm_client_env};
+use crate::exec::{BoxFuture, ExecError, HeldWindow, Job};
+use crate::manifest::shell::quote_word;
+
+/// How often cairn touches the heartbeat.
+const BEAT: Duration = Duration::from_secs(20);
+/// How old a heartbeat may be before the holder gives the window up.
+const LAPSE: Duration = Duration::from_secs(60);
+
+/// The window `window` held by a running holder job.
+struct SlurmWindow {
+    holder: Option<SlurmJob>,
+    heartbeat: PathBuf,
+    beating: tokio::task::JoinHandle<()>,
+}
+
+impl SlurmExecutor {
+    /// Takes the window `window` for `job`'s run, waiting while another
+    /// run's holder job has the license.
+    pub(super) async fn hold_license(
+        &self,
+        window: &str,
+        job: &Job,
+    ) -> Result<Box<dyn HeldWindow>, ExecError> {
+        let heartbeat = heartbeat_path(&job.cwd, window, &job.token);
+        if let Some(dir) = heartbeat.parent() {
+            remove_lapsed(dir);
+        }
+        touch(&heartbeat).map_err(ExecError::Wait)?;
+        let beating = tokio::spawn(beat(heartbeat.clone()));
+        // From here on, dropping `held` (the run stopped while waiting)
+        // cancels the holder and stops the heartbeat.
+        let mut held = SlurmWindow {
+            holder: None,
+            heartbeat,
+            beating,
+        };
+        let holder = self.submit_holder(window, job, &held.heartbeat).await?;
+        held.holder = Some(holder.clone());
+        tracing::info!(window, job = %holder.id, "waiting for the license that holds the window");
+        self.wait_running(&holder)
+            .await
+            .map_err(|error| match error {
+                ExecError::Engine { detail, .. } => ExecError::Engine {
+                    engine: "slurm",
+                    action: "hold the window",
+                    detail: format!("the holder job of window `{window}` {detail}"),
+                },
+                other => other,
+            })?;
+        Ok(Box::new(held))
+    }
+
+    /// Submits the job that holds license `window` while `heartbeat` is
+    /// fresh.
+    async fn submit_holder(
+        &self,
+        window: &str,
+        job: &Job,
+        heartbeat: &Path,
+    ) -> Result<SlurmJob, ExecError> {
+        let name = format!("cairn-window-{window}");
+        let mut args = vec![
+            "--parsable".to_owned(),
+            format!("--job-name={name}"),
+            format!("--licenses={window}:1"),
+            format!("--chdir={}", job.cwd.display()),
+            "--output=/dev/null".to_owned(),
+            "--no-requeue".to_owned(),
+            "--cpus-per-task=1".to_owned(),
+            format!("--comment=cairn-run={}", job.token),
+        ];
+        args.extend(
+            self.settings
+                .partition
+                .iter()
+                .map(|p| format!("--partition={p}")),
+        );
+        args.extend(
+            self.settings
+                .account
+                .iter()
+                .map(|a| format!("--account={a}")),
+        );
+        let script = holder_script(heartbeat);
+        let out = sbatch(&args, &script).await?;
+        let id = out.trim().split(';').next().unwrap_or_default();
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ExecError::Engine {
+                engine: "slurm",
+                action: "hold the window",
+                detail: format!("sbatch printed no job id: {out}"),
+            });
+        }
+        Ok(SlurmJob {
+            id: id.to_owned(),
+            name,
+        })
+    }
+
+    /// Waits until `job` runs; an error if it ends first.
+    async fn wait_running(&self, job: &SlurmJob) -> Result<(), ExecError> {
+        let (mut seen, _waiting) = self.watch(&job.id);
+        loop {
+            match seen.borrow_and_update().clone() {
+                super::Seen::Unknown => {}
+                super::Seen::State(state) if state.state == "RUNNING" => return Ok(()),
+                super::Seen::State(state) if state.state == "PENDING" => {}
+                super::Seen::State(state) => {
+                    return Err(ExecError::Engine {
+                        engine: "slurm",
+                        action: "hold the window",
+                        detail: format!("ended ({}) before it ran", state.state),
+                    });
+                }
+                super::Seen::Forgotten => {
+                    return Err(ExecError::Engine {
+                        engine: "slurm",
+                        action: "hold the window",
+                        detail: "vanished before it ran".to_owned(),
+                    });
+                }
+                super::Seen::Failed(detail) => {
+                    return Err(ExecError::Engine {
+                        engine: "slurm",
+                        action: "hold the window",
+                        detail,
+                    });
+                }
+            }
+            let _ = seen.changed().await;
+        }
+    }
+}
+
+impl Drop for SlurmWindow {
+    fn drop(&mut self) {
+        self.beating.abort();
+        let _ = std::fs::remove_file(&self.heartbeat);
+        if let Some(holder) = self.holder.take() {
+            // Blocking, and brief: a window dropped unreleased belongs to a
+            // run that is stopping.
+            let _ = std::process::Command::new("scancel")
+                .arg(&holder.id)
+                .envs(slurm_client_env())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl HeldWindow for SlurmWindow {
+    fn release(mut self: Box<Self>) -> BoxFuture<'static, Result<(), ExecError>> {
+        Box::pin(async move {
+            self.beating.abort();
+            let _ = std::fs::remove_file(&self.heartbeat);
+            if let Some(holder) = self.holder.take() {
+                run_client("scancel", &[&holder.id]).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Where the heartbeat of `token`'s hold on `window` lies under `root`.
+fn heartbeat_path(root: &Path, window: &str, token: &str) -> PathBuf {
+    let token: String = token
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(16)
+        .collect();
+    root.join("cache/windows")
+        .join(format!("{window}.{token}.alive"))
+}
+
+/// Removes the heartbeats in `dir` that lapsed long ago (of runs killed
+/// outright, whose holders have ended).
+fn remove_lapsed(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let lapsed = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > LAPSE * 2));
+        if lapsed {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Creates `path` (and its folder), or sets its time to now.
+fn touch(path: &Path) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?
+        .set_modified(SystemTime::now())
+}
+
+/// Touches `path` every [`BEAT`] until aborted.
+async fn beat(path: PathBuf) {
+    loop {
+        tokio::time::sleep(BEAT).await;
+        if let Err(error) = touch(&path) {
+            tracing::warn!(path = %path.display(), error = %error, "could not renew a window's heartbeat");
+        }
+    }
+}
+
+/// The holder's script: wait while the heartbeat exists and is fresh.
+fn holder_script(heartbeat: &Path) -> String {
+    let path = quote_word(&heartbeat.to_string_lossy());
+    format!(
+        "#!/bin/sh\n\
+         # Holds a cairn window while the run that took it is alive.\n\
+         while [ -f {path} ] && [ $(( $(date +%s) - $(stat -c %Y {path}) )) -lt {lapse} ]; do sleep 2; done\n",
+        lapse = LAPSE.as_secs()
+    )
+}
+
+/// Runs `sbatch ARGS` with `script` on stdin; its stdout.
+async fn sbatch(args: &[String], script: &str) -> Result<String, ExecError> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = tokio::process::Command::new("sbatch")
+        .args(args)
+        .env_clear()
+        .envs(slurm_client_env())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| ExecError::Spawn {
+            program: "sbatch".to_owned(),
+            source,
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .await
+            .map_err(ExecError::Wait)?;
+    }
+    let out = child.wait_with_output().await.map_err(ExecError::Wait)?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let help = if stderr.contains("icense") {
+            " (is the license configured? `Licenses=NAME:1` in slurm.conf)"
+        } else {
+            ""
+        };
+        return Err(ExecError::Engine {
+            engine: "slurm",
+            action: "hold the window",
+            detail: format!("sbatch: {}{help}", stderr.trim()),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_holder_waits_on_a_quoted_heartbeat() {
+        let script = holder_script(Path::new("/data/my root/cache/windows/w.abc.alive"));
+        assert!(
+            script.contains("[ -f '/data/my root/cache/windows/w.abc.alive' ]"),
+            "{script}"
+        );
+        assert!(script.contains("-lt 60 ]"), "{script}");
+    }
+
+    #[test]
+    fn a_heartbeat_is_named_by_window_and_token() {
+        let path = heartbeat_path(Path::new("/r"), "cluster-window", "tok/en-1234");
+        assert_eq!(
+            path,
+            Path::new("/r/cache/windows/cluster-window.token1234.alive")
+        );
+    }
+}
