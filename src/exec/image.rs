@@ -109,6 +109,56 @@ impl ImageResolver {
     }
 }
 
+/// At most this many tags are resolved at once.
+const RESOLVE_AT_ONCE: usize = 16;
+
+impl ImageResolver {
+    /// Resolves every tag among `texts` not resolved yet, up to
+    /// [`RESOLVE_AT_ONCE`] at a time, so that a list of items naming many
+    /// tags waits for the slowest few requests rather than their sum;
+    /// [`Self::pin`] then answers from what was found. Problems are left
+    /// for `pin` to report, with the reference that has them.
+    pub fn prefetch<'a>(&self, texts: impl IntoIterator<Item = &'a str>, require_digest: bool) {
+        if require_digest {
+            return;
+        }
+        let mut tags: Vec<(String, ImageRef)> = Vec::new();
+        {
+            let resolved = self.resolved();
+            for text in texts {
+                if resolved.contains_key(text) || tags.iter().any(|(t, _)| t == text) {
+                    continue;
+                }
+                if let Ok(reference) = ImageRef::parse(text)
+                    && reference.digest.is_none()
+                {
+                    tags.push((text.to_owned(), reference));
+                }
+            }
+        }
+        if tags.len() < 2 {
+            return;
+        }
+        for batch in tags.chunks(RESOLVE_AT_ONCE) {
+            let found: Vec<_> = blocking(|| {
+                std::thread::scope(|scope| {
+                    let asks: Vec<_> = batch
+                        .iter()
+                        .map(|(text, reference)| scope.spawn(move || (text, resolve(reference))))
+                        .collect();
+                    asks.into_iter().filter_map(|ask| ask.join().ok()).collect()
+                })
+            });
+            let mut resolved = self.resolved();
+            for (text, result) in found {
+                let result = result
+                    .map_err(|why| format!("cannot resolve image `{text}` to a digest: {why}"));
+                resolved.insert(text.clone(), result);
+            }
+        }
+    }
+}
+
 /// Asks the registry which manifest `reference`'s tag names.
 fn resolve(reference: &ImageRef) -> Result<PinnedImage, String> {
     let tag = reference.tag.as_deref().unwrap_or("latest");
@@ -178,5 +228,62 @@ mod tests {
             error.starts_with("cannot resolve image `127.0.0.1:9/oracle:v1`"),
             "{error}"
         );
+    }
+
+    /// A registry on loopback that answers each manifest HEAD after a
+    /// pause, with a digest made from the tag, counting the requests it
+    /// holds at once; (port, the most held at once).
+    fn slow_registry(requests: usize) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (now, most) = (
+            std::sync::Arc::new(AtomicUsize::new(0)),
+            std::sync::Arc::new(AtomicUsize::new(0)),
+        );
+        let peak = most.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(requests) {
+                let (now, most) = (now.clone(), most.clone());
+                std::thread::spawn(move || {
+                    let mut stream = stream.unwrap();
+                    let mut line = String::new();
+                    BufReader::new(&stream).read_line(&mut line).unwrap();
+                    let held = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(held, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    // `HEAD /v2/REPO/manifests/TAG HTTP/1.1`
+                    let tag = line.split(' ').nth(1).unwrap().rsplit('/').next().unwrap();
+                    let digest = crate::fingerprint::Digest::of(tag.as_bytes()).hex();
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nDocker-Content-Digest: sha256:{digest}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                });
+            }
+        });
+        (port, peak)
+    }
+
+    #[test]
+    fn many_tags_are_resolved_side_by_side_and_each_to_its_own_digest() {
+        let (port, most_at_once) = slow_registry(6);
+        let texts: Vec<String> = (0..6)
+            .map(|i| format!("127.0.0.1:{port}/task:v{i}"))
+            .collect();
+        let resolver = ImageResolver::new();
+        resolver.prefetch(texts.iter().map(String::as_str), false);
+        assert!(
+            most_at_once.load(std::sync::atomic::Ordering::SeqCst) > 1,
+            "the tags were asked for one after another"
+        );
+        for (i, text) in texts.iter().enumerate() {
+            // From what prefetch found: the registry takes no more requests.
+            let pinned = resolver.pin(text, false).unwrap();
+            let expected = crate::fingerprint::Digest::of(format!("v{i}").as_bytes()).hex();
+            assert_eq!(pinned.digest, format!("sha256:{expected}"));
+        }
     }
 }

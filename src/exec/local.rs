@@ -182,10 +182,12 @@ impl LocalRunning {
                     guard.kill();
                     let _ = child.wait().await;
                     let _ = drain.await;
-                    redact_log(&job.log, &job.redact).map_err(|e| ExecError::Log {
-                        path: job.log.clone(),
-                        source: e,
-                    })?;
+                    redact_log(&job.log, &job.redact)
+                        .await
+                        .map_err(|e| ExecError::Log {
+                            path: job.log.clone(),
+                            source: e,
+                        })?;
                     return Ok(Outcome::TimedOut(limit));
                 }
             },
@@ -200,10 +202,12 @@ impl LocalRunning {
                 path: job.log.clone(),
                 source: e,
             })?;
-        redact_log(&job.log, &job.redact).map_err(|e| ExecError::Log {
-            path: job.log.clone(),
-            source: e,
-        })?;
+        redact_log(&job.log, &job.redact)
+            .await
+            .map_err(|e| ExecError::Log {
+                path: job.log.clone(),
+                source: e,
+            })?;
 
         use std::os::unix::process::ExitStatusExt;
         Ok(match (status.code(), status.signal()) {

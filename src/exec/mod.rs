@@ -365,10 +365,22 @@ pub fn redact_text(text: &str, secrets: &[(String, String)]) -> Option<String> {
 
 /// Replaces every secret value in the log with `[redacted NAME]` (temp file
 /// and rename, so no reader sees a half-redacted log).
-pub fn redact_log(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
+pub async fn redact_log(
+    log: &std::path::Path,
+    secrets: &[(String, String)],
+) -> std::io::Result<()> {
     if secrets.is_empty() {
         return Ok(());
     }
+    // Reading and rewriting a long log is blocking work: on the blocking
+    // pool, so hundreds of jobs ending at once keep the event loop free.
+    let (log, secrets) = (log.to_owned(), secrets.to_vec());
+    tokio::task::spawn_blocking(move || redact_log_now(&log, &secrets))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+fn redact_log_now(log: &std::path::Path, secrets: &[(String, String)]) -> std::io::Result<()> {
     let bytes = match std::fs::read(log) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),

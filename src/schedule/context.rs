@@ -337,6 +337,15 @@ impl<'m> Context<'m> {
         let image = manifest
             .image_of(stage)
             .filter(|(image, _)| is_per_item(image));
+        if let Some((template, require_digest)) = image {
+            // Many distinct tags are asked for side by side, not in turn.
+            let texts: Vec<String> = items
+                .iter()
+                .filter_map(|item| fill(template, &item.value).ok())
+                .collect();
+            self.resolver
+                .prefetch(texts.iter().map(String::as_str), require_digest);
+        }
         let mut planned = Vec::with_capacity(items.len());
         for item in items {
             let mut inputs = Vec::with_capacity(foreach.item_inputs.len());

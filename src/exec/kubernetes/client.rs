@@ -495,7 +495,7 @@ impl KubernetesRunning {
             .map_err(log_error)?;
         file.write_all(text.as_bytes()).map_err(log_error)?;
         drop(file);
-        redact_log(&self.log, &self.redact).map_err(log_error)
+        redact_log(&self.log, &self.redact).await.map_err(log_error)
     }
 }
 

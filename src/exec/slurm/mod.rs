@@ -550,7 +550,9 @@ impl Running for SlurmRunning {
             if let Some(earlier) = &this.written_to {
                 // The earlier run's log is redacted where it lies, then
                 // appended to this attempt's, which `classify` reads.
-                redact_log(earlier, &this.redact).map_err(|e| log_error(earlier, e))?;
+                redact_log(earlier, &this.redact)
+                    .await
+                    .map_err(|e| log_error(earlier, e))?;
                 if let Ok(text) = std::fs::read(earlier) {
                     use std::io::Write as _;
                     std::fs::OpenOptions::new()
@@ -561,7 +563,9 @@ impl Running for SlurmRunning {
                         .map_err(|e| log_error(&this.log, e))?;
                 }
             }
-            redact_log(&this.log, &this.redact).map_err(|e| log_error(&this.log, e))?;
+            redact_log(&this.log, &this.redact)
+                .await
+                .map_err(|e| log_error(&this.log, e))?;
             Ok(outcome)
         })
     }
