@@ -179,3 +179,37 @@ fn adding_classify_rules_to_a_plain_stage_reruns_it_and_none_keeps_it_fresh() {
     p.cairn(&["run"]).success();
     assert_eq!(p.lines("attempts.log").len(), 2);
 }
+
+#[test]
+fn attempt_numbers_count_failures_that_never_started_a_job() {
+    // Run 1 cannot start the command (the program is missing); run 2
+    // fails twice on infrastructure; run 3 is the command's fourth
+    // attempt under its fingerprint, and says so.
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "numbers"
+
+[stages.fetch]
+run = ["./fetch.sh"]
+outputs = ["data.txt"]
+classify = [{ exit = 75, as = "infra" }]
+retry = { max = 1 }
+"#,
+    );
+    p.cairn(&["run"]).code_is(1);
+    let script = "#!/bin/sh\necho $CAIRN_ATTEMPT >> attempts.log\n[ -f ok ] || exit 75\necho data > data.txt\n";
+    p.file("fetch.sh", script);
+    std::fs::set_permissions(
+        p.path("fetch.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    p.cairn(&["run"]).code_is(1);
+    assert_eq!(p.lines("attempts.log"), ["2", "3"]);
+    p.file("ok", "");
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("attempts.log"), ["2", "3", "4"]);
+}

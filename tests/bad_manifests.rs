@@ -187,6 +187,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:5:12",
     ),
     (
+        "a window across a cluster with a name that is not plain",
+        "[pipeline]\nname = \"x\"\n[executors.hpc]\nkind = \"slurm\"\n[resources]\n\"../w\" = { capacity = 1, hold = \"stage\", across = \"hpc\" }\n[stages.a]\nrun = \"true\"\n",
+        "resource `../w` is held `across` a cluster, but its name is not plain",
+        "cairn.toml:6:1",
+    ),
+    (
         "invalid classify regex",
         "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nclassify = [ { output = \"(\", as = \"infra\" } ]\noutputs = [\"r.jsonl\"]\n",
         "invalid regular expression `(`",

@@ -702,7 +702,9 @@ async fn a_window_held_by_a_killed_cairn_is_given_up_once_its_heartbeat_is_old()
     run.success();
     let waited = started.elapsed();
     assert!(
-        waited >= Duration::from_secs(40),
+        // At least 60 s after the last beat (every 20 s), less the
+        // second `stat` rounds down.
+        waited >= Duration::from_secs(35),
         "the window was taken while its holder's heartbeat was fresh ({waited:?})"
     );
     assert!(

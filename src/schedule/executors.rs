@@ -56,7 +56,11 @@ impl Executors {
     /// executor, `kubernetes:NS/NAME` → a Kubernetes one, `pid:N` → this
     /// machine): what can cancel a job an earlier run left.
     pub fn for_handle(&self, handle: &str) -> Option<Arc<dyn Executor>> {
-        let kind = handle.split(':').next()?;
+        // A local job's handle is its process id.
+        let kind = match handle.split(':').next()? {
+            "pid" => "local",
+            kind => kind,
+        };
         self.by_stage
             .iter()
             .chain(self.named.values())

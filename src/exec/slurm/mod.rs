@@ -369,10 +369,10 @@ impl SlurmExecutor {
     }
 
     async fn ended(&self, job: &SlurmJob, state: &JobState) -> Result<Option<Outcome>, ExecError> {
+        if !has_ended(&state.state) {
+            return Ok(None);
+        }
         Ok(Some(match state.state.as_str() {
-            "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "REQUEUED"
-            | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESIZING" | "SIGNALING" | "STAGE_OUT"
-            | "STOPPED" | "RESV_DEL_HOLD" => return Ok(None),
             "COMPLETED" => Outcome::Success,
             "FAILED" => match self.exit_code(job).await? {
                 (0, signal) if signal > 0 => Outcome::Signal(signal),
@@ -572,6 +572,27 @@ impl Running for SlurmRunning {
 }
 
 /// The batch script: the command, run by `/bin/sh` on the node.
+/// Whether a job in Slurm state `state` has ended (every other state is
+/// on its way: queued, starting, running, suspended, requeued).
+fn has_ended(state: &str) -> bool {
+    !matches!(
+        state,
+        "PENDING"
+            | "RUNNING"
+            | "CONFIGURING"
+            | "COMPLETING"
+            | "SUSPENDED"
+            | "REQUEUED"
+            | "REQUEUE_HOLD"
+            | "REQUEUE_FED"
+            | "RESIZING"
+            | "SIGNALING"
+            | "STAGE_OUT"
+            | "STOPPED"
+            | "RESV_DEL_HOLD"
+    )
+}
+
 fn batch_script(command: &Command) -> String {
     use crate::manifest::shell::quote_word;
     let exec = match command {

@@ -28,8 +28,40 @@ const LAPSE: Duration = Duration::from_secs(60);
 /// The window `window` held by a running holder job.
 struct SlurmWindow {
     holder: Option<SlurmJob>,
-    heartbeat: PathBuf,
-    beating: tokio::task::JoinHandle<()>,
+    heartbeat: Heartbeat,
+    /// Warns if the holder ends while the window is held.
+    watching: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A thread of its own that touches the heartbeat file every [`BEAT`]
+/// (the scheduler's thread may be busy for longer than that), until
+/// dropped.
+struct Heartbeat {
+    path: PathBuf,
+    _stop: std::sync::mpsc::Sender<()>,
+}
+
+impl Heartbeat {
+    fn start(path: PathBuf) -> std::io::Result<Self> {
+        touch(&path)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let beating = path.clone();
+        std::thread::spawn(move || {
+            // Ends when the sender is dropped.
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(BEAT) {
+                if let Err(error) = touch(&beating) {
+                    tracing::warn!(path = %beating.display(), error = %error, "could not renew a window's heartbeat");
+                }
+            }
+        });
+        Ok(Heartbeat { path, _stop: stop })
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 impl SlurmExecutor {
@@ -44,16 +76,16 @@ impl SlurmExecutor {
         if let Some(dir) = heartbeat.parent() {
             remove_lapsed(dir);
         }
-        touch(&heartbeat).map_err(ExecError::Wait)?;
-        let beating = tokio::spawn(beat(heartbeat.clone()));
         // From here on, dropping `held` (the run stopped while waiting)
         // cancels the holder and stops the heartbeat.
         let mut held = SlurmWindow {
             holder: None,
-            heartbeat,
-            beating,
+            heartbeat: Heartbeat::start(heartbeat).map_err(ExecError::Wait)?,
+            watching: None,
         };
-        let holder = self.submit_holder(window, job, &held.heartbeat).await?;
+        let holder = self
+            .submit_holder(window, job, &held.heartbeat.path)
+            .await?;
         held.holder = Some(holder.clone());
         tracing::info!(window, job = %holder.id, "waiting for the license that holds the window");
         self.wait_running(&holder)
@@ -66,6 +98,9 @@ impl SlurmExecutor {
                 },
                 other => other,
             })?;
+        held.watching = Some(tokio::spawn(
+            self.clone().watch_holder(holder, window.to_owned()),
+        ));
         Ok(Box::new(held))
     }
 
@@ -88,18 +123,17 @@ impl SlurmExecutor {
             "--cpus-per-task=1".to_owned(),
             format!("--comment=cairn-run={}", job.token),
         ];
+        let s = &self.settings;
+        args.extend(s.partition.iter().map(|p| format!("--partition={p}")));
+        args.extend(s.account.iter().map(|a| format!("--account={a}")));
+        // The executor's time limit, if it has one, else the partition's
+        // default: a holder that reaches it ends, and the watcher says so.
         args.extend(
-            self.settings
-                .partition
-                .iter()
-                .map(|p| format!("--partition={p}")),
+            s.time_limit
+                .map(|d| format!("--time={}", d.as_secs().div_ceil(60).max(1))),
         );
-        args.extend(
-            self.settings
-                .account
-                .iter()
-                .map(|a| format!("--account={a}")),
-        );
+        // What the site asks of every job (a QOS, a reservation).
+        args.extend(s.sbatch_args.iter().cloned());
         let script = holder_script(heartbeat);
         let out = sbatch(&args, &script).await?;
         let id = out.trim().split(';').next().unwrap_or_default();
@@ -119,42 +153,56 @@ impl SlurmExecutor {
     /// Waits until `job` runs; an error if it ends first.
     async fn wait_running(&self, job: &SlurmJob) -> Result<(), ExecError> {
         let (mut seen, _waiting) = self.watch(&job.id);
+        let ended = |detail: String| ExecError::Engine {
+            engine: "slurm",
+            action: "hold the window",
+            detail,
+        };
         loop {
             match seen.borrow_and_update().clone() {
                 super::Seen::Unknown => {}
                 super::Seen::State(state) if state.state == "RUNNING" => return Ok(()),
-                super::Seen::State(state) if state.state == "PENDING" => {}
+                super::Seen::State(state) if !super::has_ended(&state.state) => {}
                 super::Seen::State(state) => {
-                    return Err(ExecError::Engine {
-                        engine: "slurm",
-                        action: "hold the window",
-                        detail: format!("ended ({}) before it ran", state.state),
-                    });
+                    return Err(ended(format!("ended ({}) before it ran", state.state)));
                 }
-                super::Seen::Forgotten => {
-                    return Err(ExecError::Engine {
-                        engine: "slurm",
-                        action: "hold the window",
-                        detail: "vanished before it ran".to_owned(),
-                    });
-                }
-                super::Seen::Failed(detail) => {
-                    return Err(ExecError::Engine {
-                        engine: "slurm",
-                        action: "hold the window",
-                        detail,
-                    });
-                }
+                super::Seen::Forgotten => return Err(ended("vanished before it ran".to_owned())),
+                super::Seen::Failed(detail) => return Err(ended(detail)),
             }
             let _ = seen.changed().await;
+        }
+    }
+
+    /// Warns if `holder` ends while its window is held (a time limit, a
+    /// lost node): another run may then take the window.
+    async fn watch_holder(self, holder: SlurmJob, window: String) {
+        let (mut seen, _waiting) = self.watch(&holder.id);
+        loop {
+            let lost = match seen.borrow_and_update().clone() {
+                super::Seen::State(state) if super::has_ended(&state.state) => Some(state.state),
+                super::Seen::Forgotten => Some("forgotten".to_owned()),
+                _ => None,
+            };
+            if let Some(state) = lost {
+                tracing::warn!(
+                    window = %window,
+                    job = %holder.id,
+                    "the job holding the window ended ({state}) while the window was held: another run may take it"
+                );
+                return;
+            }
+            if seen.changed().await.is_err() {
+                return;
+            }
         }
     }
 }
 
 impl Drop for SlurmWindow {
     fn drop(&mut self) {
-        self.beating.abort();
-        let _ = std::fs::remove_file(&self.heartbeat);
+        if let Some(watching) = self.watching.take() {
+            watching.abort();
+        }
         if let Some(holder) = self.holder.take() {
             // Blocking, and brief: a window dropped unreleased belongs to a
             // run that is stopping.
@@ -172,25 +220,40 @@ impl Drop for SlurmWindow {
 impl HeldWindow for SlurmWindow {
     fn release(mut self: Box<Self>) -> BoxFuture<'static, Result<(), ExecError>> {
         Box::pin(async move {
-            self.beating.abort();
-            let _ = std::fs::remove_file(&self.heartbeat);
-            if let Some(holder) = self.holder.take() {
-                run_client("scancel", &[&holder.id]).await?;
+            if let Some(watching) = self.watching.take() {
+                watching.abort();
             }
-            Ok(())
+            let Some(holder) = self.holder.take() else {
+                return Ok(());
+            };
+            // A slurmctld busy for a moment may refuse once; the holder
+            // also ends on its own once the heartbeat (dropped with `self`)
+            // is gone.
+            let mut last = Ok(String::new());
+            for _ in 0..3 {
+                last = run_client("scancel", &[&holder.id]).await;
+                if last.is_ok() {
+                    break;
+                }
+            }
+            last.map(drop)
         })
     }
 }
 
-/// Where the heartbeat of `token`'s hold on `window` lies under `root`.
+/// Where the heartbeat of `token`'s hold on `window` lies under `root`:
+/// one file per hold, so a holder left by an earlier hold of the same run
+/// (whose cancellation failed) never sees this one's beat as its own.
 fn heartbeat_path(root: &Path, window: &str, token: &str) -> PathBuf {
+    static HOLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let hold = HOLDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let token: String = token
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .take(16)
         .collect();
     root.join("cache/windows")
-        .join(format!("{window}.{token}.alive"))
+        .join(format!("{window}.{token}.{hold}.alive"))
 }
 
 /// Removes the heartbeats in `dir` that lapsed long ago (of runs killed
@@ -200,6 +263,9 @@ fn remove_lapsed(dir: &Path) {
         return;
     };
     for entry in entries.flatten() {
+        if entry.path().extension().is_none_or(|e| e != "alive") {
+            continue;
+        }
         let lapsed = entry
             .metadata()
             .and_then(|m| m.modified())
@@ -221,16 +287,6 @@ fn touch(path: &Path) -> std::io::Result<()> {
         .write(true)
         .open(path)?
         .set_modified(SystemTime::now())
-}
-
-/// Touches `path` every [`BEAT`] until aborted.
-async fn beat(path: PathBuf) {
-    loop {
-        tokio::time::sleep(BEAT).await;
-        if let Err(error) = touch(&path) {
-            tracing::warn!(path = %path.display(), error = %error, "could not renew a window's heartbeat");
-        }
-    }
 }
 
 /// The holder's script: wait while the heartbeat exists and is fresh.
@@ -299,10 +355,12 @@ mod tests {
 
     #[test]
     fn a_heartbeat_is_named_by_window_and_token() {
-        let path = heartbeat_path(Path::new("/r"), "cluster-window", "tok/en-1234");
-        assert_eq!(
-            path,
-            Path::new("/r/cache/windows/cluster-window.token1234.alive")
-        );
+        let first = heartbeat_path(Path::new("/r"), "cluster-window", "tok/en-1234");
+        let second = heartbeat_path(Path::new("/r"), "cluster-window", "tok/en-1234");
+        let name = first.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("cluster-window.token1234."), "{name}");
+        assert!(name.ends_with(".alive"), "{name}");
+        assert_eq!(first.parent(), Some(Path::new("/r/cache/windows")));
+        assert_ne!(first, second, "each hold beats on a file of its own");
     }
 }

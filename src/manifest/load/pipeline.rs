@@ -41,6 +41,23 @@ impl Checker<'_> {
                         }
                     };
                     let count = find(spec, "capacity").and_then(|e| capacity(&e.value));
+                    let plain_name = !resource.key.is_empty()
+                        && resource
+                            .key
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                    if across.is_some() && !plain_name {
+                        // The name travels to the cluster: a Lease's name,
+                        // a Slurm license, a heartbeat file's name.
+                        self.problems.push(
+                            Problem::new(
+                                format!("resource `{}` is held `across` a cluster, but its name is not plain", resource.key),
+                                resource.key_span.clone(),
+                                "this name",
+                            )
+                            .help("a window held across a cluster is named with letters, digits, `-` and `_` (it names a Lease or a Slurm license)"),
+                        );
+                    }
                     if let Some((_, span)) = &across
                         && (count != Some(1) || !per_stage)
                     {

@@ -32,7 +32,8 @@ impl Dispatcher<'_, '_> {
                 command: &command,
                 started_ms,
                 finished_ms,
-                exit_code: Some(0),
+                // A rule may have accepted another exit status.
+                exit_code: attempt.map_or(Some(0), |a| a.exit_code),
                 log_path: log_path.as_deref(),
                 error: None,
                 attempt,
@@ -49,7 +50,7 @@ impl Dispatcher<'_, '_> {
             command,
             started_ms,
             finished_ms,
-            exit_code: Some(0),
+            exit_code: attempt.map_or(Some(0), |a| a.exit_code),
             log_path,
             error: None,
         };

@@ -163,8 +163,11 @@ impl ItemRunner {
                 ..self.attempt_record(planned, attempt, started_ms)
             });
             if self.retry.on.contains(&class) && attempt <= self.retry.max {
-                tokio::time::sleep(self.retry.backoff_before(attempt)).await;
-                continue;
+                tokio::select! {
+                    () = tokio::time::sleep(self.retry.backoff_before(attempt)) => continue,
+                    // The next attempt would find the run stopped anyway.
+                    () = self.limits.stopped() => {}
+                }
             }
             let attempts = planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt;
             return Ok(Some(ItemEnd {

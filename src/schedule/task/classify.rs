@@ -41,7 +41,12 @@ pub(super) fn classify(
             || outcome
                 .exit_code()
                 .is_some_and(|code| rule.exit.contains(&code));
-        let end_matches = rule.ended.is_none() || claims_ended(&rule);
+        // An engine's failure is matched only by a rule that claims it.
+        let end_matches = if engine_failed {
+            claims_ended(&rule)
+        } else {
+            rule.ended.is_none() || claims_ended(&rule)
+        };
         let output_matches = rule.output.as_ref().is_none_or(|re| re.is_match(&output));
         let result_matches = rule
             .result
@@ -105,6 +110,15 @@ mod tests {
         );
         let claimed = [rule(Some(Ended::OutOfMemory), vec![], "leaks")];
         assert_eq!(class_of(&claimed, oom), ItemClass::parse("leaks"));
+        // A rule that does not claim it never matches it, whatever its
+        // other conditions.
+        let output_rule = ClassifyRule {
+            output: Some(regex::Regex::new("").unwrap()),
+            ..rule(None, vec![], "ok")
+        };
+        let both = [output_rule, rule(Some(Ended::OutOfMemory), vec![], "leaks")];
+        assert_eq!(class_of(&both, oom), ItemClass::parse("leaks"));
+        assert_eq!(class_of(&both[..1], oom), ItemClass::Infra);
         // Only out-of-memory can be claimed: a lost node stays infra.
         let lost = Outcome::Infra(InfraKind::NodeLost);
         assert_eq!(class_of(&claimed, lost), ItemClass::Infra);

@@ -44,8 +44,8 @@ impl StageTask {
                 ..self.attempt_record(attempt, started_ms)
             });
             let outcome = running.wait().await?;
-            release_windows(held).await;
             let (class, rule) = classify(&self.classify, outcome, &job.log, log_start, None);
+            // The checks run inside the windows, like the command.
             let failure = match &class {
                 ItemClass::Ok => self.outputs_and_checks(executor.as_ref(), &job).await?,
                 _ if outcome == Outcome::Success => Some(format!(
@@ -55,6 +55,7 @@ impl StageTask {
                 )),
                 _ => Some(format!("command {}", outcome.describe())),
             };
+            release_windows(held).await;
             let class = match (&failure, class) {
                 (Some(_), ItemClass::Ok) => ItemClass::Error,
                 (_, class) => class,
@@ -119,7 +120,10 @@ impl StageTask {
                 class = class.name(),
                 "the command failed; retrying"
             );
-            tokio::time::sleep(self.retry.backoff_before(attempt)).await;
+            tokio::select! {
+                () = tokio::time::sleep(self.retry.backoff_before(attempt)) => {}
+                () = self.limits.stopped() => return Ok(stopped(failed, cancelled_orphans)),
+            }
         }
     }
 

@@ -269,14 +269,22 @@ impl Ledger {
 
     /// How many attempts of plain stage `stage`'s command under
     /// `fingerprint` are over (ended or cancelled): the next one is
-    /// numbered one more. Results recorded before attempts were count too.
+    /// numbered one more. A result with no attempt on record in its run
+    /// (recorded before attempts were, or a failure before the job
+    /// started) counts as one; an attempt left `running` or `abandoned`
+    /// does not, so the next run adopts its job by name.
     pub fn command_attempts(&self, stage: &str, fingerprint: &Digest) -> Result<u32, StoreError> {
-        let attempts: u32 = self
-            .conn
+        self.conn
             .prepare_cached(
-                "SELECT COUNT(*) FROM item_attempts
-                  WHERE pipeline = ?1 AND stage = ?2 AND key = ?3 AND fingerprint = ?4
-                    AND class NOT IN ('running', 'abandoned')",
+                "SELECT (SELECT COUNT(*) FROM item_attempts
+                          WHERE pipeline = ?1 AND stage = ?2 AND key = ?3 AND fingerprint = ?4
+                            AND class NOT IN ('running', 'abandoned'))
+                      + (SELECT COUNT(*) FROM results r
+                          WHERE r.pipeline = ?1 AND r.stage = ?2 AND r.fingerprint = ?4
+                            AND NOT EXISTS (SELECT 1 FROM item_attempts a
+                                             WHERE a.pipeline = r.pipeline AND a.stage = r.stage
+                                               AND a.key = ?3 AND a.run_id = r.run_id
+                                               AND a.fingerprint = r.fingerprint))",
             )
             .and_then(|mut statement| {
                 statement.query_row(
@@ -289,8 +297,7 @@ impl Ledger {
                     |row| row.get(0),
                 )
             })
-            .map_err(|e| self.db(e))?;
-        Ok(attempts.max(self.stage_attempts(stage, fingerprint)?))
+            .map_err(|e| self.db(e))
     }
 
     /// How many attempts of each item of `stage` were cancelled, by (key,

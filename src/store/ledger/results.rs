@@ -145,22 +145,6 @@ impl Ledger {
         Ok(records.into_iter().map(|r| (r.stage.clone(), r)).collect())
     }
 
-    /// How many attempts of `stage` under `fingerprint` ended and were
-    /// recorded (succeeded or failed).
-    pub fn stage_attempts(&self, stage: &str, fingerprint: &Digest) -> Result<u32, StoreError> {
-        self.conn
-            .prepare_cached(
-                "SELECT COUNT(*) FROM results WHERE pipeline = ?1 AND stage = ?2 AND fingerprint = ?3",
-            )
-            .and_then(|mut statement| {
-                statement.query_row(
-                    params![self.pipeline.name, stage, fingerprint.to_string()],
-                    |row| row.get::<_, u32>(0),
-                )
-            })
-            .map_err(|e| self.db(e))
-    }
-
     /// Stages whose newest attempt failed, with that attempt.
     pub fn latest_failures(&self) -> Result<HashMap<String, ResultRecord>, StoreError> {
         let sql = format!(
