@@ -193,6 +193,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:6:1",
     ),
     (
+        "a result condition in a plain stage",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nclassify = [ { result = \"/status\", equals = \"pass\", as = \"ok\" } ]\n",
+        "a `result` condition in stage `a`, which is not a per-item stage",
+        "cairn.toml:5:12",
+    ),
+    (
         "invalid classify regex",
         "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"true\"\nforeach = { items = \"cairn.toml\", key = \"id\" }\nclassify = [ { output = \"(\", as = \"infra\" } ]\noutputs = [\"r.jsonl\"]\n",
         "invalid regular expression `(`",

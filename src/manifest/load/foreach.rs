@@ -155,6 +155,17 @@ impl Checker<'_> {
                 .help("a plain stage's attempt is `ok`, `infra` (retried) or `error`; verdicts are the outcomes of items (`foreach`)"),
             );
         }
+        if !per_item && classify.iter().any(|r| r.result.is_some()) {
+            let span = find(table, "classify").map_or(0..0, |e| e.value.span.clone());
+            self.problems.push(
+                Problem::new(
+                    format!("a `result` condition in stage `{name}`, which is not a per-item stage"),
+                    span,
+                    "in these rules",
+                )
+                .help("only an item has a JSON result (`item_result`); match a plain stage's `exit`, `ended` or `output`"),
+            );
+        }
         let retry = find(table, "retry")
             .map(|e| self.retry(&e.value))
             .unwrap_or_default();
