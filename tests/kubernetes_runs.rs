@@ -661,7 +661,7 @@ fn a_run_waiting_for_a_window_across_the_cluster_stops_when_another_stage_fails(
     let kube = KubeEmulator::start(None);
     let holder = Project::new();
     holder.file("cairn.toml", HOLDER);
-    let mut holding = spawn(&holder, &kube);
+    let mut holding = common::Reaped(spawn(&holder, &kube));
     poll("the window held", Duration::from_secs(30), || {
         holder.exists("started")
     });
@@ -683,8 +683,8 @@ fn a_run_waiting_for_a_window_across_the_cluster_stops_when_another_stage_fails(
     );
     assert!(!waiter.exists("started"), "the waiting stage never ran");
 
-    signal(&holding, libc::SIGINT);
-    holding.wait().unwrap();
+    signal(&holding.0, libc::SIGINT);
+    holding.0.wait().unwrap();
 }
 
 #[test]

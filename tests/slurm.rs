@@ -572,7 +572,8 @@ fn two_runs_holding_a_window(across: bool) -> Vec<(f64, f64)> {
         })
         .collect();
     for child in children {
-        let out = child.wait_with_output().unwrap();
+        let out =
+            common::output_within(child, Duration::from_secs(120), "a run holding the window");
         assert!(
             out.status.success(),
             "{}",
@@ -698,7 +699,20 @@ async fn a_window_held_by_a_killed_cairn_is_given_up_once_its_heartbeat_is_old()
     second.file("cairn.toml", &manifest);
     second.file("items.jsonl", "{\"id\": \"second\"}\n");
     let started = Instant::now();
-    let run = second.cairn(&["run"]);
+    let waiting = second
+        .command(&["run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = common::Run {
+        output: common::output_within(
+            waiting,
+            Duration::from_secs(180),
+            "the run waiting for the lapse",
+        ),
+    };
     run.success();
     let waited = started.elapsed();
     assert!(

@@ -216,3 +216,40 @@ pub fn downgrade_to_schema_5(db: &rusqlite::Connection) {
     )
     .unwrap();
 }
+
+/// Waits for `child` at most `limit` and returns its output; a child still
+/// running then is killed and the test fails, naming `what`, instead of
+/// hanging. Its stdout and stderr, if piped, should stay small.
+pub fn output_within(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> Output {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if child
+            .try_wait()
+            .expect("the child can be waited for")
+            .is_some()
+        {
+            return child.wait_with_output().expect("its output can be read");
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A child process that is killed and reaped when dropped, so a test that
+/// fails midway leaves nothing running.
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
