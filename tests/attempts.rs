@@ -54,6 +54,11 @@ fn an_infra_failure_of_a_plain_stage_is_retried_and_every_attempt_recorded() {
     let run = p.cairn(&["run"]);
     run.success();
     assert!(run.stderr().contains("2 ran"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("retry  fetch: infra (attempt 1)"),
+        "the retry is told: {}",
+        run.stderr()
+    );
     assert_eq!(p.lines("attempts.log"), ["1", "2"]);
     assert_eq!(p.read("used.txt"), "data\n");
     let fetch = attempts(&p, "fetch");

@@ -158,6 +158,14 @@ impl Reporter for HumanReporter {
                 attempt,
             } => {
                 self.bar.set_message(format!("{stage} {key}"));
+                if key.is_empty() {
+                    // A plain stage's command failed and is tried again.
+                    if !self.quiet {
+                        let tag = self.paint("33", "   retry");
+                        self.line(format!("{tag}  {stage}: {class} (attempt {attempt})"));
+                    }
+                    return;
+                }
                 // Ok is the quiet case; everything else is worth a line.
                 if !self.quiet && class != "ok" {
                     let tag = if class == "infra" || class == "error" {

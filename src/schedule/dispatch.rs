@@ -29,8 +29,8 @@ use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
 use crate::store::{
-    COMMAND_ITEM, ItemAttempt, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
-    ResultStatus, RunCounts, StoreError, now_ms,
+    ItemAttempt, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord, ResultStatus,
+    RunCounts, StoreError, now_ms,
 };
 use interrupts::Interrupts;
 use record::new_lock_file;
@@ -548,11 +548,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
         ledger.record_item_attempts(attempts)?;
-        // A plain stage's attempts are told by the stage's own events.
-        let items = attempts
-            .iter()
-            .filter(|a| a.class != RUNNING && a.key != COMMAND_ITEM);
-        for attempt in items {
+        // A plain stage's attempts that end here are those it retries (its
+        // last is recorded with its result).
+        for attempt in attempts.iter().filter(|a| a.class != RUNNING) {
             self.reporter.event(Event::ItemFinished {
                 stage: &attempt.stage,
                 key: &attempt.key,

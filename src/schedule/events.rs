@@ -41,7 +41,8 @@ pub enum Event<'a> {
         stage: &'a str,
         message: &'a str,
     },
-    /// One attempt of one item ended.
+    /// One attempt of one item ended (`key` empty: a plain stage's
+    /// command, to be retried).
     ItemFinished {
         stage: &'a str,
         key: &'a str,
