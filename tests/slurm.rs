@@ -213,10 +213,12 @@ kind = "local"
 kind = "slurm"
 poll = "300ms"
 
+# `&&`: a job cancelled in its sleep writes nothing (scancel signals every
+# process of the job; the shell may outlive its `sleep` by a moment).
 [stages.work]
 executor = "cluster"
 foreach = { items = "items.jsonl", key = "id" }
-run = "echo {item.id} >> runs/{item.id}; echo working on {item.id}; touch started/{item.id}; sleep {item.sleep}; echo '{item.id} done' > out/{item.id}"
+run = "echo {item.id} >> runs/{item.id}; echo working on {item.id}; touch started/{item.id}; sleep {item.sleep} && echo '{item.id} done' > out/{item.id}"
 classify = [{ exit = 3, as = "rejected" }]
 retry = { max = 2, on = ["infra"], backoff = "100ms" }
 outputs = { results = "state/work.jsonl" }
