@@ -601,38 +601,20 @@ fn two_runs_holding_a_window(across: bool) -> Vec<(f64, f64)> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let lines = std::fs::read_to_string(&log).unwrap();
-    ["p-", "q-"]
-        .iter()
-        .map(|prefix| {
-            let times: Vec<f64> = lines
-                .lines()
-                .filter(|l| l.split(' ').nth(1).is_some_and(|id| id.starts_with(prefix)))
-                .map(|l| l.split(' ').next().unwrap().parse().unwrap())
-                .collect();
-            assert_eq!(times.len(), 6, "{lines}");
-            let first = times.iter().copied().fold(f64::MAX, f64::min);
-            let last = times.iter().copied().fold(f64::MIN, f64::max);
-            (first, last)
-        })
-        .collect()
-}
-
-fn overlap(spans: &[(f64, f64)]) -> bool {
-    spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1
+    common::spans_of_two_projects(&log)
 }
 
 #[test]
 fn a_window_across_the_cluster_is_held_by_one_run_at_a_time() {
     let spans = two_runs_holding_a_window(true);
     assert!(
-        !overlap(&spans),
+        !common::overlap(&spans),
         "two runs held the window at once: {spans:?}"
     );
     // Control: held within each process only, the two runs overlap.
     let spans = two_runs_holding_a_window(false);
     assert!(
-        overlap(&spans),
+        common::overlap(&spans),
         "the runs did not run side by side: {spans:?}"
     );
 }

@@ -588,25 +588,7 @@ fn two_runs_holding_a_window(across: bool) -> Vec<(f64, f64)> {
             "a heartbeat was left behind"
         );
     }
-    let lines = std::fs::read_to_string(&log).unwrap();
-    ["p-", "q-"]
-        .iter()
-        .map(|prefix| {
-            let times: Vec<f64> = lines
-                .lines()
-                .filter(|l| l.split(' ').nth(1).is_some_and(|id| id.starts_with(prefix)))
-                .map(|l| l.split(' ').next().unwrap().parse().unwrap())
-                .collect();
-            assert_eq!(times.len(), 6, "{lines}");
-            let first = times.iter().copied().fold(f64::MAX, f64::min);
-            let last = times.iter().copied().fold(f64::MIN, f64::max);
-            (first, last)
-        })
-        .collect()
-}
-
-fn overlap(spans: &[(f64, f64)]) -> bool {
-    spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1
+    common::spans_of_two_projects(&log)
 }
 
 /// The jobs named `name` that Slurm still has queued or running.
@@ -623,7 +605,7 @@ async fn a_window_across_the_cluster_is_held_through_a_license_by_one_run_at_a_t
     let _node = cluster().await;
     let spans = two_runs_holding_a_window(true);
     assert!(
-        !overlap(&spans),
+        !common::overlap(&spans),
         "two runs held the window at once: {spans:?}"
     );
     // Cancelled when the window was released (scancel returns before the
@@ -634,7 +616,7 @@ async fn a_window_across_the_cluster_is_held_through_a_license_by_one_run_at_a_t
     // Control: held within each process only, the two runs overlap.
     let spans = two_runs_holding_a_window(false);
     assert!(
-        overlap(&spans),
+        common::overlap(&spans),
         "the runs did not run side by side: {spans:?}"
     );
 }

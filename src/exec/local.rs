@@ -174,6 +174,10 @@ impl LocalRunning {
             drain,
             job,
         } = self;
+        let log_error = |source| ExecError::Log {
+            path: job.log.clone(),
+            source,
+        };
         let status = match job.timeout {
             None => child.wait().await,
             Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
@@ -182,12 +186,7 @@ impl LocalRunning {
                     guard.kill();
                     let _ = child.wait().await;
                     let _ = drain.await;
-                    redact_log(&job.log, &job.redact)
-                        .await
-                        .map_err(|e| ExecError::Log {
-                            path: job.log.clone(),
-                            source: e,
-                        })?;
+                    redact_log(&job.log, &job.redact).await.map_err(log_error)?;
                     return Ok(Outcome::TimedOut(limit));
                 }
             },
@@ -198,16 +197,8 @@ impl LocalRunning {
         drain
             .await
             .map_err(|e| ExecError::Wait(std::io::Error::other(e)))?
-            .map_err(|e| ExecError::Log {
-                path: job.log.clone(),
-                source: e,
-            })?;
-        redact_log(&job.log, &job.redact)
-            .await
-            .map_err(|e| ExecError::Log {
-                path: job.log.clone(),
-                source: e,
-            })?;
+            .map_err(log_error)?;
+        redact_log(&job.log, &job.redact).await.map_err(log_error)?;
 
         use std::os::unix::process::ExitStatusExt;
         Ok(match (status.code(), status.signal()) {

@@ -121,6 +121,37 @@ pub struct ItemAttempt {
     pub handle: Option<String>,
 }
 
+impl ItemAttempt {
+    /// The record of attempt `attempt` (of run `run_id`) of item `key`,
+    /// started at `started_ms`, before anything is known of how it ends.
+    pub fn started(
+        run_id: i64,
+        stage: &str,
+        key: &str,
+        fingerprint: Digest,
+        attempt: u32,
+        started_ms: i64,
+    ) -> Self {
+        ItemAttempt {
+            run_id,
+            stage: stage.to_owned(),
+            key: key.to_owned(),
+            fingerprint,
+            attempt,
+            started_ms,
+            finished_ms: started_ms,
+            exit_code: None,
+            class: RUNNING.to_owned(),
+            rule: None,
+            log_path: None,
+            result: None,
+            code: None,
+            outputs: None,
+            handle: None,
+        }
+    }
+}
+
 /// The class of an attempt whose job has started and not yet ended.
 pub const RUNNING: &str = "running";
 

@@ -253,3 +253,29 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// From a log of `TIME ITEM` lines written by two projects' commands (items
+/// named `p-…` and `q-…`, three each, a line at the start and the end of
+/// each), the span of time each project's commands ran in.
+pub fn spans_of_two_projects(log: &Path) -> Vec<(f64, f64)> {
+    let lines = std::fs::read_to_string(log).unwrap();
+    ["p-", "q-"]
+        .iter()
+        .map(|prefix| {
+            let times: Vec<f64> = lines
+                .lines()
+                .filter(|l| l.split(' ').nth(1).is_some_and(|id| id.starts_with(prefix)))
+                .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(times.len(), 6, "{lines}");
+            let first = times.iter().copied().fold(f64::MAX, f64::min);
+            let last = times.iter().copied().fold(f64::MIN, f64::max);
+            (first, last)
+        })
+        .collect()
+}
+
+/// Whether two spans of time overlap.
+pub fn overlap(spans: &[(f64, f64)]) -> bool {
+    spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1
+}

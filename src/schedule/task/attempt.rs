@@ -197,21 +197,15 @@ impl ItemRunner {
     /// anything is known of how it ends.
     fn attempt_record(&self, planned: &PlannedItem, attempt: u32, started_ms: i64) -> ItemAttempt {
         ItemAttempt {
-            run_id: self.run_id,
-            stage: self.stage.clone(),
-            key: planned.item.key.clone(),
-            fingerprint: planned.fingerprint,
-            attempt,
-            started_ms,
-            finished_ms: started_ms,
-            exit_code: None,
-            class: RUNNING.to_owned(),
-            rule: None,
-            log_path: None,
-            result: None,
             code: Some(planned.code),
-            outputs: None,
-            handle: None,
+            ..ItemAttempt::started(
+                self.run_id,
+                &self.stage,
+                &planned.item.key,
+                planned.fingerprint,
+                attempt,
+                started_ms,
+            )
         }
     }
 

@@ -143,23 +143,14 @@ impl StageTask {
     /// The record of attempt `attempt` of this run, started at
     /// `started_ms`, before anything is known of how it ends.
     fn attempt_record(&self, attempt: u32, started_ms: i64) -> ItemAttempt {
-        ItemAttempt {
-            run_id: self.run_id,
-            stage: self.job.stage.clone(),
-            key: COMMAND_ITEM.to_owned(),
-            fingerprint: self.fingerprint,
+        ItemAttempt::started(
+            self.run_id,
+            &self.job.stage,
+            COMMAND_ITEM,
+            self.fingerprint,
             attempt,
             started_ms,
-            finished_ms: started_ms,
-            exit_code: None,
-            class: RUNNING.to_owned(),
-            rule: None,
-            log_path: None,
-            result: None,
-            code: None,
-            outputs: None,
-            handle: None,
-        }
+        )
     }
 
     /// `Some(reason)` if a successful command still failed: a declared
