@@ -213,6 +213,11 @@ kind = "local"
 kind = "slurm"
 poll = "300ms"
 
+[profiles.arrays.executors.cluster]
+kind = "slurm"
+poll = "300ms"
+batch = 8
+
 # `&&`: a job cancelled in its sleep writes nothing (scancel signals every
 # process of the job; the shell may outlive its `sleep` by a moment).
 [stages.work]
@@ -518,6 +523,172 @@ async fn a_node_failure_is_infrastructure_and_the_item_is_retried() {
     }
     assert_eq!(sbatch_calls(&p), 4);
     assert_eq!(files_in(&p, "out"), 2);
+}
+
+// ---- items in job arrays -------------------------------------------------
+
+/// The task counts of the job arrays submitted (`--array=0-N`).
+fn array_sizes(p: &common::Project) -> Vec<usize> {
+    p.lines("sbatch-calls")
+        .iter()
+        .map(|call| {
+            let last = call
+                .split_whitespace()
+                .find_map(|arg| arg.strip_prefix("--array=0-"))
+                .unwrap_or_else(|| panic!("not a job array: {call}"));
+            last.parse::<usize>().unwrap() + 1
+        })
+        .collect()
+}
+
+/// The job array and index of an attempt's handle (`slurm:1234_3`).
+fn array_task(attempt: &serde_json::Value) -> (String, usize) {
+    let handle = attempt["handle"].as_str().unwrap();
+    let task = handle.strip_prefix("slurm:").unwrap();
+    let (array, index) = task
+        .split_once('_')
+        .unwrap_or_else(|| panic!("not an array task: {handle}"));
+    (array.to_owned(), index.parse().unwrap())
+}
+
+#[tokio::test]
+async fn items_run_as_job_arrays_and_each_index_is_its_items_own_attempt() {
+    let _node = cluster().await;
+    let p = project(20, 0);
+    let first = run_on_slurm(&p, &["--profile", "arrays", "run"]);
+    first.success();
+    let sizes = array_sizes(&p);
+    assert!(
+        sizes.iter().all(|&n| n <= 8) && sizes.iter().sum::<usize>() == 20,
+        "{sizes:?}"
+    );
+    // Items ready together go together: far fewer submissions than items.
+    assert!(sizes.len() < 10, "{} submissions: {sizes:?}", sizes.len());
+    assert_eq!(files_in(&p, "out"), 20);
+    let merged = p.lines("state/work.jsonl");
+    assert_eq!(merged.len(), 20);
+    assert!(merged.iter().all(|l| l.contains("\"class\":\"ok\"")));
+    // Each item is recorded as its own attempt, on its own array task,
+    // with its own log holding its own output only.
+    let mut tasks = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let attempts = attempts_of(&p, &format!("work/task-{i:02}"));
+        assert_eq!(attempts.len(), 1, "task-{i:02}: {attempts:?}");
+        assert_eq!(attempts[0]["class"], "ok");
+        assert!(tasks.insert(array_task(&attempts[0])), "{attempts:?}");
+        let log = std::fs::read_to_string(attempts[0]["log_path"].as_str().unwrap()).unwrap();
+        assert_eq!(log, format!("working on task-{i:02}\n"), "task-{i:02}");
+        assert_eq!(p.lines(&format!("runs/task-{i:02}")).len(), 1);
+    }
+
+    // Nothing changed: nothing is submitted. Batching is not what a
+    // stage computes: one job per item, or on this machine, is fresh too.
+    for profile in [
+        &["--profile", "arrays", "run"][..],
+        &["--profile", "slurm", "run"],
+        &["run"],
+    ] {
+        let again = run_on_slurm(&p, profile);
+        again.success();
+        assert!(
+            again.stderr().contains("0 ran"),
+            "{profile:?}: {}",
+            again.stderr()
+        );
+    }
+    assert_eq!(sbatch_calls(&p), sizes.len());
+}
+
+#[tokio::test]
+async fn an_array_task_cancelled_under_its_item_is_retried_alone() {
+    let _node = cluster().await;
+    let p = project(6, 3);
+    let child = cairn_on_slurm(&p, &["--profile", "arrays", "run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    poll("task-02 running", Duration::from_secs(60), || {
+        p.path("started/task-02").exists()
+            && attempts_of(&p, "work/task-02")
+                .first()
+                .is_some_and(|a| a["class"] == "running")
+    });
+    let running = attempts_of(&p, "work/task-02");
+    let (array, index) = array_task(&running[0]);
+    let status = std::process::Command::new("scancel")
+        .arg(format!("{array}_{index}"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = common::Run {
+        output: child.wait_with_output().unwrap(),
+    };
+    run.success();
+    // The cancelled index is infrastructure, retried in a batch of its own;
+    // the others ended ok in the first array.
+    let attempts = attempts_of(&p, "work/task-02");
+    let classes: Vec<&str> = attempts
+        .iter()
+        .map(|a| a["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["infra", "ok"], "{attempts:?}");
+    assert_ne!(array_task(&attempts[1]).0, array);
+    let sizes = array_sizes(&p);
+    assert_eq!(sizes.iter().sum::<usize>(), 7, "{sizes:?}");
+    assert_eq!(sizes.last(), Some(&1), "{sizes:?}");
+    for i in [0, 1, 3, 4, 5] {
+        let attempts = attempts_of(&p, &format!("work/task-{i:02}"));
+        assert_eq!(attempts.len(), 1, "task-{i:02}: {attempts:?}");
+    }
+    assert_eq!(files_in(&p, "out"), 6);
+}
+
+#[tokio::test]
+async fn a_cairn_killed_as_it_submits_an_array_leaves_it_to_the_next_run() {
+    let _node = cluster().await;
+    let p = project(6, 4);
+    let mut child = cairn_on_slurm(&p, &["--profile", "arrays", "run"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed as soon as `sbatch` is called: before its attempts can be on
+    // record, so only the batch's own record can say where they run.
+    poll("the array's submission", Duration::from_secs(60), || {
+        sbatch_calls(&p) == 1
+    });
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    // `sbatch` outlives cairn and submits the array.
+    poll("the array queued", Duration::from_secs(30), || {
+        !live_jobs(&p).is_empty()
+    });
+
+    let resumed = run_on_slurm(&p, &["--profile", "arrays", "run"]);
+    resumed.success();
+    assert_eq!(sbatch_calls(&p), 1, "{}", resumed.stderr());
+    let mut arrays = std::collections::BTreeSet::new();
+    for i in 0..6 {
+        assert_eq!(
+            p.lines(&format!("runs/task-{i:02}")).len(),
+            1,
+            "task-{i:02}"
+        );
+        let attempts = attempts_of(&p, &format!("work/task-{i:02}"));
+        let last = attempts.last().unwrap();
+        assert_eq!(last["class"], "ok", "{attempts:?}");
+        arrays.insert(array_task(last).0);
+        let log = std::fs::read_to_string(last["log_path"].as_str().unwrap()).unwrap();
+        assert!(log.contains(&format!("working on task-{i:02}")), "{log:?}");
+    }
+    assert_eq!(arrays.len(), 1, "{arrays:?}");
+    assert_eq!(files_in(&p, "out"), 6);
 }
 
 // ---- a window across the cluster, through a Slurm license ---------------

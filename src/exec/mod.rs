@@ -1,11 +1,13 @@
 //! Executors run one command and report how it ended. They know nothing of
 //! graphs, fingerprints or caching.
 
+mod batch;
 mod image;
 mod kubernetes;
 mod local;
 mod slurm;
 
+pub use batch::{ATTEMPT_MARKER, ITEM_MARKER};
 pub use image::{ImageRef, ImageResolver, PinnedImage};
 pub use kubernetes::{KubernetesExecutor, job_spec, kubernetes_name, label_value, qps_limit};
 pub use local::LocalExecutor;
@@ -173,6 +175,12 @@ pub enum ExecError {
     },
     #[error("failed to write log file `{}`", path.display())]
     Log {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to write `{}`", path.display())]
+    Write {
         path: PathBuf,
         #[source]
         source: std::io::Error,

@@ -93,6 +93,9 @@ pub struct SlurmSettings {
     pub poll: Duration,
     /// At most this many of its jobs queued or running at once.
     pub max_jobs: usize,
+    /// Items that share everything but their command go in job arrays of
+    /// at most this many tasks (1: one job per item).
+    pub batch: usize,
 }
 
 /// Where and how a stage's jobs run on Kubernetes.

@@ -130,18 +130,75 @@ pub struct Holds {
 
 /// The job named `job.name` if its engine has it (an earlier process
 /// submitted it: adopted, and what it wrote is kept), else `job` submitted
-/// once `before_submit` (clearing the outputs it will write) has run.
+/// once `before_submit` (clearing the outputs it will write) has run; or
+/// the engine's refusal to take it.
 async fn start_job(
     executor: &dyn Executor,
     job: &Job,
     before_submit: impl FnOnce() -> Result<(), ScheduleError>,
-) -> Result<Box<dyn crate::exec::Running>, ScheduleError> {
+) -> Result<Started, ScheduleError> {
     if let Some(adopted) = executor.attach(job).await? {
         tracing::info!(job = %job.name, handle = %adopted.handle(), "adopted a job already submitted");
-        return Ok(adopted);
+        return Ok(Started::Running(adopted));
     }
     before_submit()?;
-    Ok(executor.submit(job).await?)
+    match executor.submit(job).await {
+        Ok(running) => Ok(Started::Running(running)),
+        // The engine would not take the job now (a busy or refusing
+        // controller): an infrastructure failure of this attempt, said in
+        // its log, never a verdict and never the stage's end.
+        Err(crate::exec::ExecError::Engine {
+            engine,
+            action: "submit",
+            detail,
+        }) => {
+            tracing::warn!(job = %job.name, "{engine} refused the job: {detail}");
+            let line = format!("cairn: {engine} refused the job: {detail}\n");
+            append(&job.log, line.as_bytes()).map_err(|source| ScheduleError::Io {
+                path: job.log.clone(),
+                source,
+            })?;
+            Ok(Started::Refused)
+        }
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// A job on its way, or refused by its engine.
+enum Started {
+    Running(Box<dyn crate::exec::Running>),
+    Refused,
+}
+
+impl Started {
+    /// The job's handle, and its outcome once it ends (a refused job's is
+    /// an infrastructure failure at once). `on_record` runs as soon as the
+    /// job has a handle, before it is waited for.
+    async fn outcome(
+        self,
+        on_record: impl FnOnce(&str),
+    ) -> Result<(Option<String>, Outcome), ScheduleError> {
+        match self {
+            Started::Running(running) => {
+                let handle = running.handle();
+                on_record(&handle);
+                Ok((Some(handle), running.wait().await?))
+            }
+            Started::Refused => Ok((None, Outcome::Infra(crate::exec::InfraKind::SubmitFailed))),
+        }
+    }
+}
+
+fn append(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(bytes)
 }
 
 /// Gives the windows back; one that cannot be is left to lapse on its own.
@@ -420,10 +477,4 @@ impl StageTask {
     }
 }
 
-/// The variable that tells an item's command which item it runs.
-pub const ITEM_MARKER: &str = "CAIRN_ITEM";
-
-/// The variable that numbers an item's attempts (1 for its first ever
-/// under its fingerprint), so a harness can record which attempt produced
-/// a verdict.
-pub const ATTEMPT_MARKER: &str = "CAIRN_ATTEMPT";
+pub use crate::exec::{ATTEMPT_MARKER, ITEM_MARKER};

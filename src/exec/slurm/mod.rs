@@ -31,6 +31,10 @@ mod window;
 
 use std::time::Duration;
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::batch::{Batch, BatchEngine, Batcher, per_index_env, shared_env};
 use super::{
     BoxFuture, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, RUN_MARKER,
     RemoteJobGuard, Running, redact_log,
@@ -56,9 +60,15 @@ pub struct JobState {
 pub struct SlurmExecutor {
     settings: SlurmSettings,
     /// One permit per job queued or running (`max_jobs`).
-    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
-    poller: std::sync::Arc<Poller>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    poller: Arc<Poller>,
+    /// Gathers items into job arrays when `batch` is above 1.
+    batcher: Option<Arc<Batcher>>,
 }
+
+/// How long a job array waits for more items after its first, unless it
+/// fills first: items that become ready together are submitted together.
+const ARRAY_LINGER: Duration = Duration::from_millis(100);
 
 /// What the last `squeue` said of a job being waited for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,10 +138,12 @@ impl SlurmExecutor {
         let permits = settings
             .max_jobs
             .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        let batcher = (settings.batch > 1).then(|| Batcher::new(settings.batch, ARRAY_LINGER));
         Self {
             settings,
-            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(permits)),
-            poller: std::sync::Arc::default(),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(permits)),
+            poller: Arc::default(),
+            batcher,
         }
     }
 
@@ -146,12 +158,18 @@ impl SlurmExecutor {
 
     /// The `sbatch` arguments for `job` (the script goes on stdin).
     pub fn sbatch_args(&self, job: &Job) -> Vec<String> {
+        self.sbatch_args_named(job, &job.name, &job.log)
+    }
+
+    /// The `sbatch` arguments for `job` under another name and log (a job
+    /// array's, which every index shares).
+    fn sbatch_args_named(&self, job: &Job, name: &str, output: &Path) -> Vec<String> {
         let s = &self.settings;
         let mut args = vec![
             "--parsable".to_owned(),
-            format!("--job-name={}", job.name),
+            format!("--job-name={name}"),
             format!("--chdir={}", job.cwd.display()),
-            format!("--output={}", job.log.display()),
+            format!("--output={}", output.display()),
             "--open-mode=append".to_owned(),
             "--export=ALL".to_owned(),
             // cairn retries; Slurm must not requeue on its own.
@@ -180,17 +198,45 @@ impl SlurmExecutor {
 
     /// Submits `job`; the id Slurm gave it.
     pub async fn submit_job(&self, job: &Job) -> Result<SlurmJob, ExecError> {
+        let id = self
+            .sbatch(self.sbatch_args(job), &job.env, &batch_script(&job.command))
+            .await?;
+        Ok(SlurmJob {
+            id,
+            name: job.name.clone(),
+        })
+    }
+
+    /// Submits `batch` as one job array, index `i` running job `i`; the
+    /// array task ids (`1234_0`, `1234_1`, …).
+    pub async fn submit_array(&self, batch: &Batch) -> Result<Vec<String>, ExecError> {
+        let first = &batch.jobs[0];
+        let output = array_output(first, &batch.name, "%a");
+        let mut args = self.sbatch_args_named(first, &batch.name, &output);
+        args.push(format!("--array=0-{}", batch.jobs.len() - 1));
+        let env: Vec<(String, String)> = shared_env(batch).cloned().collect();
+        let id = self.sbatch(args, &env, &array_script(batch)).await?;
+        Ok((0..batch.jobs.len()).map(|i| format!("{id}_{i}")).collect())
+    }
+
+    /// Runs `sbatch` with `args`, exactly the environment `env` and
+    /// `script` on stdin; the job id it printed.
+    async fn sbatch(
+        &self,
+        args: Vec<String>,
+        env: &[(String, String)],
+        script: &str,
+    ) -> Result<String, ExecError> {
         use tokio::io::AsyncWriteExt as _;
         let mut command = tokio::process::Command::new("sbatch");
         command
-            .args(self.sbatch_args(job))
+            .args(args)
             .env_clear()
             // Not the run marker: a resumed run kills this machine's
             // processes that carry it, and a job is Slurm's to keep (the
             // token is in its comment).
             .envs(
-                job.env
-                    .iter()
+                env.iter()
                     .filter(|(k, _)| k != RUN_MARKER)
                     .map(|(k, v)| (k, v)),
             )
@@ -205,7 +251,7 @@ impl SlurmExecutor {
         })?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin
-                .write_all(batch_script(&job.command).as_bytes())
+                .write_all(script.as_bytes())
                 .await
                 .map_err(ExecError::Wait)?;
         }
@@ -224,10 +270,7 @@ impl SlurmExecutor {
                 ),
             });
         }
-        Ok(SlurmJob {
-            id: id.to_owned(),
-            name: job.name.clone(),
-        })
+        Ok(id.to_owned())
     }
 
     /// The job named `name` that Slurm still knows (running, pending, or
@@ -244,7 +287,17 @@ impl SlurmExecutor {
             }))
     }
 
-    /// The exit code of a finished job (`ExitCode=N:S` in `scontrol`).
+    /// The id of the job array named `name` that Slurm still knows, the
+    /// newest if several.
+    async fn find_array(&self, name: &str) -> Result<Option<String>, ExecError> {
+        let text = squeue(&["--states=all", "--name", name, "--format=%F"]).await?;
+        Ok(text
+            .lines()
+            .filter_map(|line| line.trim().parse::<u64>().ok())
+            .max()
+            .map(|id| id.to_string()))
+    }
+
     /// Where the job writes its stdout (`StdOut=` in `scontrol`).
     async fn stdout_path(&self, job: &SlurmJob) -> Result<Option<std::path::PathBuf>, ExecError> {
         let text = run_client("scontrol", &["show", "job", &job.id]).await?;
@@ -254,6 +307,7 @@ impl SlurmExecutor {
             .map(std::path::PathBuf::from))
     }
 
+    /// The exit code of a finished job (`ExitCode=N:S` in `scontrol`).
     async fn exit_code(&self, job: &SlurmJob) -> Result<(i32, i32), ExecError> {
         let text = run_client("scontrol", &["show", "job", &job.id]).await?;
         Ok(parse_exit_code(&text).unwrap_or((-1, 0)))
@@ -399,7 +453,7 @@ impl SlurmExecutor {
         &self,
         is_live: impl Fn(&str) -> bool,
     ) -> Result<Vec<SlurmJob>, ExecError> {
-        let text = squeue(&["--format=%i|%j|%k"]).await?;
+        let text = squeue(&["--array", "--format=%i|%j|%k"]).await?;
         Ok(text
             .lines()
             .filter_map(|line| {
@@ -423,8 +477,17 @@ impl Executor for SlurmExecutor {
     fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
         Box::pin(async move {
             let permit = self.room().await?;
-            let submitted = self.submit_job(job).await?;
-            Ok(self.running(submitted, job, None, permit))
+            let Some(batcher) = &self.batcher else {
+                let submitted = self.submit_job(job).await?;
+                return Ok(self.running(submitted, job, None, permit));
+            };
+            let (placed, id) = batcher.submit(self, job).await?;
+            let submitted = SlurmJob {
+                id,
+                name: job.name.clone(),
+            };
+            let written_to = array_output(job, &placed.batch, &placed.index.to_string());
+            Ok(self.running(submitted, job, Some(written_to), permit))
         })
     }
 
@@ -463,7 +526,20 @@ impl Executor for SlurmExecutor {
     ) -> BoxFuture<'a, Result<Option<Box<dyn Running>>, ExecError>> {
         Box::pin(async move {
             let permit = self.room().await?;
-            let Some(found) = self.find(&job.name).await? else {
+            let found = match &self.batcher {
+                None => self.find(&job.name).await?,
+                // A job array's tasks share the array's name: the batch
+                // records say which index runs this job. An item never
+                // recorded in one is not looked up one by one.
+                Some(batcher) => match batcher.placed(job).await {
+                    None => None,
+                    Some(placed) => self.find_array(&placed.batch).await?.map(|id| SlurmJob {
+                        id: format!("{id}_{}", placed.index),
+                        name: job.name.clone(),
+                    }),
+                },
+            };
+            let Some(found) = found else {
                 return Ok(None);
             };
             // A cancelled job (an interrupted run's) has nothing to give:
@@ -478,6 +554,19 @@ impl Executor for SlurmExecutor {
             let written_to = self.stdout_path(&found).await?;
             Ok(Some(self.running(found, job, written_to, permit)))
         })
+    }
+}
+
+impl BatchEngine for SlurmExecutor {
+    fn submit_batch<'a>(
+        &'a self,
+        batch: &'a Batch,
+    ) -> BoxFuture<'a, Result<Vec<String>, ExecError>> {
+        Box::pin(self.submit_array(batch))
+    }
+
+    fn cancel_index<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ExecError>> {
+        Box::pin(async move { run_client("scancel", &[id]).await.map(drop) })
     }
 }
 
@@ -571,7 +660,6 @@ impl Running for SlurmRunning {
     }
 }
 
-/// The batch script: the command, run by `/bin/sh` on the node.
 /// Whether a job in Slurm state `state` has ended (every other state is
 /// on its way: queued, starting, running, suspended, requeued).
 fn has_ended(state: &str) -> bool {
@@ -593,23 +681,71 @@ fn has_ended(state: &str) -> bool {
     )
 }
 
+/// The batch script: the command, run by `/bin/sh` on the node.
 fn batch_script(command: &Command) -> String {
+    format!("#!/bin/sh\n{}\n", exec_line(command))
+}
+
+/// The shell line that replaces the script with `command`.
+fn exec_line(command: &Command) -> String {
     use crate::manifest::shell::quote_word;
-    let exec = match command {
+    match command {
         Command::Shell(script) => format!("exec /bin/sh -c {}", quote_word(script)),
         Command::Exec(argv) => {
             let words: Vec<String> = argv.iter().map(|w| quote_word(w)).collect();
             format!("exec {}", words.join(" "))
         }
-    };
-    format!("#!/bin/sh\n{exec}\n")
+    }
+}
+
+/// Where index `index` (`%a` for every index) of the job array `batch`
+/// writes its output: beside the first job's log, appended to each job's
+/// own log when it ends.
+fn array_output(job: &Job, batch: &str, index: &str) -> PathBuf {
+    job.log
+        .parent()
+        .unwrap_or(Path::new(""))
+        .join(format!("{batch}.{index}.log"))
+}
+
+/// The job array's script: index `i` (`$SLURM_ARRAY_TASK_ID`) sets job
+/// `i`'s per-index variables (its item and attempt) and runs its command.
+/// Every value is quoted as one word; secrets are never among them (they
+/// are shared by the whole batch and travel in `sbatch`'s environment).
+fn array_script(batch: &Batch) -> String {
+    use crate::manifest::shell::quote_word;
+    let mut script = String::from("#!/bin/sh\ncase \"$SLURM_ARRAY_TASK_ID\" in\n");
+    for (index, job) in batch.jobs.iter().enumerate() {
+        script.push_str(&format!("{index})\n"));
+        let exports: Vec<String> = per_index_env(job)
+            .map(|(name, value)| format!("{name}={}", quote_word(value)))
+            .collect();
+        if !exports.is_empty() {
+            script.push_str(&format!("  export {}\n", exports.join(" ")));
+        }
+        script.push_str(&format!("  {}\n  ;;\n", exec_line(&job.command)));
+    }
+    script.push_str(&format!(
+        "*)\n  echo {} \"$SLURM_ARRAY_TASK_ID\" >&2\n  exit 125\n  ;;\nesac\n",
+        quote_word(&format!("cairn: job array {} has no index", batch.name))
+    ));
+    script
 }
 
 /// The states of the jobs `ids` that Slurm still knows, by id (one
 /// `squeue`; a job it has forgotten is absent).
 async fn states(ids: &[String]) -> Result<std::collections::HashMap<String, JobState>, ExecError> {
     let list = ids.join(",");
-    let text = match squeue(&["--states=all", "--jobs", &list, "--format=%i|%T|%R"]).await {
+    // `--array`: one line per array task, pending ones too.
+    let text = match squeue(&[
+        "--array",
+        "--states=all",
+        "--jobs",
+        &list,
+        "--format=%i|%T|%R",
+    ])
+    .await
+    {
         Ok(text) => text,
         // A list of one id that has aged out is an error; of several, not.
         Err(ExecError::Engine { detail, .. }) if detail.contains("Invalid job id") => {
@@ -723,6 +859,7 @@ mod tests {
             sbatch_args: vec!["--exclusive".to_owned()],
             poll: Duration::from_secs(2),
             max_jobs: 8,
+            batch: 1,
         });
         assert_eq!(
             slurm.sbatch_args(&job()),
@@ -757,6 +894,44 @@ mod tests {
             batch_script(&Command::Exec(vec!["python3".into(), "a b.py".into()])),
             "#!/bin/sh\nexec python3 'a b.py'\n"
         );
+    }
+
+    #[test]
+    fn a_job_arrays_script_runs_each_index_as_its_item_with_every_value_quoted() {
+        let mut hostile = job();
+        hostile.command = Command::Shell("echo $CAIRN_ITEM".to_owned());
+        hostile
+            .env
+            .push(("CAIRN_ITEM".to_owned(), "x'; rm -rf / #".to_owned()));
+        hostile
+            .env
+            .push(("CAIRN_ATTEMPT".to_owned(), "2".to_owned()));
+        let mut plain = job();
+        plain.command = Command::Exec(vec!["python3".into(), "a b.py".into()]);
+        plain.env.push(("CAIRN_ITEM".to_owned(), "b".to_owned()));
+        plain.env.push(("CAIRN_ATTEMPT".to_owned(), "1".to_owned()));
+        let batch = Batch {
+            name: "cairn-oracle-batch-0011".to_owned(),
+            jobs: vec![hostile, plain],
+        };
+        assert_eq!(
+            array_script(&batch),
+            "#!/bin/sh\ncase \"$SLURM_ARRAY_TASK_ID\" in\n\
+             0)\n  export CAIRN_ITEM='x'\\''; rm -rf / #' CAIRN_ATTEMPT=2\n  exec /bin/sh -c 'echo $CAIRN_ITEM'\n  ;;\n\
+             1)\n  export CAIRN_ITEM=b CAIRN_ATTEMPT=1\n  exec python3 'a b.py'\n  ;;\n\
+             *)\n  echo 'cairn: job array cairn-oracle-batch-0011 has no index' \"$SLURM_ARRAY_TASK_ID\" >&2\n  exit 125\n  ;;\nesac\n"
+        );
+        // Run as Slurm runs it: index 0 is the hostile item, as data.
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &array_script(&batch)])
+            .env("SLURM_ARRAY_TASK_ID", "0")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "x'; rm -rf / #\n");
+        // The shared environment is what sbatch runs with: no per-index
+        // variable in it.
+        let shared: Vec<&str> = shared_env(&batch).map(|(n, _)| n.as_str()).collect();
+        assert_eq!(shared, ["PATH"]);
     }
 
     #[test]

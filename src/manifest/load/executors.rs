@@ -24,6 +24,7 @@ const SLURM_KEYS: &[&str] = &[
     "sbatch_args",
     "poll",
     "max_jobs",
+    "batch",
 ];
 /// How often a Slurm job's state is read at most, unless `poll` says.
 const DEFAULT_POLL: Duration = Duration::from_secs(2);
@@ -159,6 +160,9 @@ impl Checker<'_> {
         let max_jobs = find(table, "max_jobs")
             .and_then(|e| self.count(&e.value, "`max_jobs`", 1))
             .unwrap_or(DEFAULT_MAX_JOBS);
+        let batch = find(table, "batch")
+            .and_then(|e| self.count(&e.value, "`batch`", 1))
+            .unwrap_or(1);
         let sbatch_args = match find(table, "sbatch_args") {
             None => Vec::new(),
             Some(e) => match e.value.as_array() {
@@ -184,6 +188,7 @@ impl Checker<'_> {
                 .and_then(|e| self.timeout(&e.value))
                 .unwrap_or(DEFAULT_POLL),
             max_jobs,
+            batch,
         }
     }
 

@@ -82,18 +82,21 @@ impl ItemRunner {
                     job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
                     job.env
                         .push((ATTEMPT_MARKER.to_owned(), (previous + attempt).to_string()));
-                    let running =
+                    let started_job =
                         start_job(self.executor.as_ref(), &job, || self.outputs.clear(item))
                             .await?;
-                    handle = Some(running.handle());
                     // On record before it ends: a cairn that dies now
                     // leaves the job's handle behind.
-                    let _ = self.attempts.send(ItemAttempt {
-                        class: RUNNING.to_owned(),
-                        handle: handle.clone(),
-                        ..self.attempt_record(planned, attempt, started_ms)
-                    });
-                    let outcome = running.wait().await?;
+                    let (started_handle, outcome) = started_job
+                        .outcome(|handle| {
+                            let _ = self.attempts.send(ItemAttempt {
+                                class: RUNNING.to_owned(),
+                                handle: Some(handle.to_owned()),
+                                ..self.attempt_record(planned, attempt, started_ms)
+                            });
+                        })
+                        .await?;
+                    handle = started_handle;
                     let mut failed_check = None;
                     if outcome == Outcome::Success {
                         for (n, check) in checks.iter().enumerate() {

@@ -35,15 +35,17 @@ impl StageTask {
             // All attempts share the stage's log; each is classified by
             // what it added.
             let log_start = std::fs::metadata(&job.log).map_or(0, |m| m.len());
-            let running = start_job(executor.as_ref(), &job, || self.clear_outputs()).await?;
-            let handle = Some(running.handle());
+            let started_job = start_job(executor.as_ref(), &job, || self.clear_outputs()).await?;
             // On record before it ends: a cairn that dies now leaves the
             // job's handle behind, for the next run to adopt or cancel.
-            let _ = links.attempts.send(ItemAttempt {
-                handle: handle.clone(),
-                ..self.attempt_record(attempt, started_ms)
-            });
-            let outcome = running.wait().await?;
+            let (handle, outcome) = started_job
+                .outcome(|handle| {
+                    let _ = links.attempts.send(ItemAttempt {
+                        handle: Some(handle.to_owned()),
+                        ..self.attempt_record(attempt, started_ms)
+                    });
+                })
+                .await?;
             let (class, rule) = classify(&self.classify, outcome, &job.log, log_start, None);
             // The checks run inside the windows, like the command.
             let failure = match &class {
