@@ -525,6 +525,44 @@ async fn a_node_failure_is_infrastructure_and_the_item_is_retried() {
     assert_eq!(files_in(&p, "out"), 2);
 }
 
+/// A submission Slurm refuses (a busy slurmctld times out) fails that
+/// attempt as infrastructure, which is retried; it is no verdict and does
+/// not end the stage.
+#[tokio::test]
+async fn a_refused_submission_is_an_infrastructure_failure_and_retried() {
+    let _node = cluster().await;
+    let p = project(2, 0);
+    // The first `sbatch` call fails as a busy controller's does.
+    p.file(
+        "shim/sbatch",
+        &format!(
+            "#!/bin/sh\necho \"$*\" >> '{calls}'\nif mkdir '{refused}' 2>/dev/null; then\n  echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2\n  exit 1\nfi\nexec /usr/bin/sbatch \"$@\"\n",
+            calls = p.path("sbatch-calls").display(),
+            refused = p.path("refused").display(),
+        ),
+    );
+    let run = run_on_slurm(&p, &["--profile", "slurm", "run"]);
+    run.success();
+    assert!(run.stderr().contains("infra (attempt 1)"), "{}", run.stderr());
+    assert_eq!(sbatch_calls(&p), 3);
+    let attempts: Vec<Vec<serde_json::Value>> = (0..2)
+        .map(|i| attempts_of(&p, &format!("work/task-{i:02}")))
+        .collect();
+    let refused = attempts
+        .iter()
+        .find(|a| a.len() == 2)
+        .unwrap_or_else(|| panic!("no item was retried: {attempts:?}"));
+    assert_eq!(refused[0]["class"], "infra");
+    assert_eq!(refused[1]["class"], "ok");
+    assert!(refused[0]["handle"].is_null(), "{refused:?}");
+    let log = std::fs::read_to_string(refused[0]["log_path"].as_str().unwrap()).unwrap();
+    assert!(
+        log.contains("slurm refused the job") && log.contains("Socket timed out"),
+        "{log:?}"
+    );
+    assert_eq!(files_in(&p, "out"), 2);
+}
+
 // ---- items in job arrays -------------------------------------------------
 
 /// The task counts of the job arrays submitted (`--array=0-N`).
