@@ -733,3 +733,127 @@ fn after_ctrl_c_the_next_attempt_has_a_name_of_its_own() {
         "the cancelled attempt's name was reused"
     );
 }
+
+// ---- items in Indexed Jobs ------------------------------------------------
+
+const INDEXED: &str = r#"
+[pipeline]
+name = "indexed"
+
+[executors.k8s]
+kind = "kubernetes"
+image = "mirror.example/sleeper@sha256:abababababababababababababababababababababababababababababababab"
+host_path = true
+batch = 8
+
+[stages.work]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.id} >> runs/{item.id}; echo working on {item.id}; sleep {item.sleep}; test {item.id} != task-03 || exit 3; echo '{\"id\": \"{item.id}\"}' > out/{item.id}.json"
+classify = [{ exit = 3, as = "rejected" }]
+item_result = "out/{item.id}.json"
+executor = "k8s"
+outputs = { results = "state/work.jsonl" }
+"#;
+
+fn indexed(n: usize, sleep: u32) -> Project {
+    let p = sleepers(n, sleep, 256);
+    p.file("cairn.toml", INDEXED);
+    p
+}
+
+/// The index an attempt ran as (`kubernetes:NS/JOB#3`): (Job, index).
+fn job_index(attempt: &serde_json::Value) -> (String, usize) {
+    let handle = attempt["handle"].as_str().unwrap();
+    let (job, index) = handle
+        .strip_prefix("kubernetes:default/")
+        .and_then(|rest| rest.split_once('#'))
+        .unwrap_or_else(|| panic!("not an index of an Indexed Job: {handle}"));
+    (job.to_owned(), index.parse().unwrap())
+}
+
+#[test]
+fn items_run_as_indexed_jobs_and_each_index_is_its_items_own_attempt() {
+    let kube = KubeEmulator::start(None);
+    let p = indexed(20, 0);
+    cairn(&p, &kube, &["run"]).success();
+    let jobs = kube.jobs();
+    let sizes: Vec<u64> = jobs
+        .iter()
+        .map(|j| j["indices"].as_u64().unwrap())
+        .collect();
+    assert!(
+        sizes.iter().all(|&n| n <= 8) && sizes.iter().sum::<u64>() == 20,
+        "{sizes:?}"
+    );
+    assert!(
+        sizes.len() < 10,
+        "{} Jobs for 20 items: {sizes:?}",
+        sizes.len()
+    );
+    let merged = p.lines("state/work.jsonl");
+    assert_eq!(merged.len(), 20);
+    let mut indices = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let attempts = attempts_of(&p, &kube, &format!("work/task-{i:02}"));
+        assert_eq!(attempts.len(), 1, "task-{i:02}: {attempts:?}");
+        // Each item failed or passed on its own, in its own pod.
+        let class = if i == 3 { "rejected" } else { "ok" };
+        assert_eq!(attempts[0]["class"], class, "task-{i:02}");
+        assert!(indices.insert(job_index(&attempts[0])), "{attempts:?}");
+        let log = std::fs::read_to_string(attempts[0]["log_path"].as_str().unwrap()).unwrap();
+        assert_eq!(log, format!("working on task-{i:02}\n"));
+        assert_eq!(p.lines(&format!("runs/task-{i:02}")).len(), 1);
+    }
+    let again = cairn(&p, &kube, &["run"]);
+    again.success();
+    assert!(again.stderr().contains("0 ran"), "{}", again.stderr());
+    assert_eq!(kube.jobs().len(), sizes.len());
+}
+
+#[test]
+fn a_killed_cairn_leaves_its_indexed_job_running_and_the_next_run_adopts_each_index() {
+    let kube = KubeEmulator::start(None);
+    let p = indexed(6, 3);
+    let mut child = spawn(&p, &kube);
+    poll("the Indexed Job", Duration::from_secs(30), || {
+        !kube.jobs().is_empty()
+    });
+    signal(&child, libc::SIGKILL);
+    child.wait().unwrap();
+
+    let resumed = cairn(&p, &kube, &["run"]);
+    resumed.success();
+    assert_eq!(kube.jobs().len(), 1, "{}", resumed.stderr());
+    assert!(kube.deleted().is_empty());
+    for i in 0..6 {
+        assert_eq!(
+            p.lines(&format!("runs/task-{i:02}")).len(),
+            1,
+            "task-{i:02}"
+        );
+        let attempts = attempts_of(&p, &kube, &format!("work/task-{i:02}"));
+        let last = attempts.last().unwrap();
+        assert_eq!(job_index(last).0, job_names(&kube)[0]);
+    }
+    assert_eq!(p.lines("state/work.jsonl").len(), 6);
+}
+
+#[test]
+fn ctrl_c_deletes_the_runs_indexed_jobs() {
+    let kube = KubeEmulator::start(None);
+    let p = indexed(3, 300);
+    let mut child = spawn(&p, &kube);
+    poll("three commands started", Duration::from_secs(30), || {
+        (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
+    });
+    signal(&child, libc::SIGINT);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(kube.deleted(), job_names(&kube));
+    assert_eq!(kube.active().1, 0);
+    for i in 0..3 {
+        let attempts = attempts_of(&p, &kube, &format!("work/task-{i:02}"));
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0]["class"], "cancelled");
+    }
+}

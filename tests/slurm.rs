@@ -543,7 +543,11 @@ async fn a_refused_submission_is_an_infrastructure_failure_and_retried() {
     );
     let run = run_on_slurm(&p, &["--profile", "slurm", "run"]);
     run.success();
-    assert!(run.stderr().contains("infra (attempt 1)"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("infra (attempt 1)"),
+        "{}",
+        run.stderr()
+    );
     assert_eq!(sbatch_calls(&p), 3);
     let attempts: Vec<Vec<serde_json::Value>> = (0..2)
         .map(|i| attempts_of(&p, &format!("work/task-{i:02}")))

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{BoxFuture, ExecError, Job};
+use crate::manifest::Command;
 
 /// The variables that tell one index's command which item it runs: set per
 /// index by the batch's script, so they never split a batch.
@@ -351,6 +352,43 @@ fn batch_name<'a>(jobs: impl Iterator<Item = &'a Job>) -> String {
     )
 }
 
+/// The batch's script: index `i` (in variable `index_var`, which the
+/// engine sets) sets job `i`'s per-index variables (its item and attempt)
+/// and runs its command. Every value is quoted as one word; secrets are
+/// never among them (a batch shares its secrets, which travel as the
+/// engine passes any job's).
+pub fn index_script(batch: &Batch, index_var: &str) -> String {
+    use crate::manifest::shell::quote_word;
+    let mut script = format!("#!/bin/sh\ncase \"${index_var}\" in\n");
+    for (index, job) in batch.jobs.iter().enumerate() {
+        script.push_str(&format!("{index})\n"));
+        let exports: Vec<String> = per_index_env(job)
+            .map(|(name, value)| format!("{name}={}", quote_word(value)))
+            .collect();
+        if !exports.is_empty() {
+            script.push_str(&format!("  export {}\n", exports.join(" ")));
+        }
+        script.push_str(&format!("  {}\n  ;;\n", exec_line(&job.command)));
+    }
+    script.push_str(&format!(
+        "*)\n  echo {} \"${index_var}\" >&2\n  exit 125\n  ;;\nesac\n",
+        quote_word(&format!("cairn: batch {} has no index", batch.name))
+    ));
+    script
+}
+
+/// The shell line that replaces the shell with `command`.
+pub fn exec_line(command: &Command) -> String {
+    use crate::manifest::shell::quote_word;
+    match command {
+        Command::Shell(script) => format!("exec /bin/sh -c {}", quote_word(script)),
+        Command::Exec(argv) => {
+            let words: Vec<String> = argv.iter().map(|w| quote_word(w)).collect();
+            format!("exec {}", words.join(" "))
+        }
+    }
+}
+
 /// The per-index variables of `job`, to be set by the batch's script.
 pub fn per_index_env(job: &Job) -> impl Iterator<Item = &(String, String)> {
     job.env
@@ -371,7 +409,6 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::manifest::Command;
 
     fn job(root: &Path, item: &str) -> Job {
         Job {
@@ -418,6 +455,47 @@ mod tests {
             self.cancelled.fetch_add(1, Ordering::SeqCst);
             Box::pin(async { Ok(()) })
         }
+    }
+
+    #[test]
+    fn a_batchs_script_runs_each_index_as_its_item_with_every_value_quoted() {
+        let root = Path::new("/r");
+        let mut hostile = job(root, "a");
+        hostile.env.retain(|(name, _)| name == "PATH");
+        hostile.command = Command::Shell("echo $CAIRN_ITEM".to_owned());
+        hostile
+            .env
+            .push(("CAIRN_ITEM".to_owned(), "x'; rm -rf / #".to_owned()));
+        hostile
+            .env
+            .push(("CAIRN_ATTEMPT".to_owned(), "2".to_owned()));
+        let mut plain = job(root, "b");
+        plain.env.retain(|(name, _)| name == "PATH");
+        plain.command = Command::Exec(vec!["python3".into(), "a b.py".into()]);
+        plain.env.push(("CAIRN_ITEM".to_owned(), "b".to_owned()));
+        plain.env.push(("CAIRN_ATTEMPT".to_owned(), "1".to_owned()));
+        let batch = Batch {
+            name: "cairn-oracle-batch-0011".to_owned(),
+            jobs: vec![hostile, plain],
+        };
+        assert_eq!(
+            index_script(&batch, "SLURM_ARRAY_TASK_ID"),
+            "#!/bin/sh\ncase \"$SLURM_ARRAY_TASK_ID\" in\n\
+             0)\n  export CAIRN_ITEM='x'\\''; rm -rf / #' CAIRN_ATTEMPT=2\n  exec /bin/sh -c 'echo $CAIRN_ITEM'\n  ;;\n\
+             1)\n  export CAIRN_ITEM=b CAIRN_ATTEMPT=1\n  exec python3 'a b.py'\n  ;;\n\
+             *)\n  echo 'cairn: batch cairn-oracle-batch-0011 has no index' \"$SLURM_ARRAY_TASK_ID\" >&2\n  exit 125\n  ;;\nesac\n"
+        );
+        // Run as Slurm runs it: index 0 is the hostile item, as data.
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &index_script(&batch, "SLURM_ARRAY_TASK_ID")])
+            .env("SLURM_ARRAY_TASK_ID", "0")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "x'; rm -rf / #\n");
+        // The shared environment is what sbatch runs with: no per-index
+        // variable in it.
+        let shared: Vec<&str> = shared_env(&batch).map(|(n, _)| n.as_str()).collect();
+        assert_eq!(shared, ["PATH"]);
     }
 
     #[test]

@@ -126,8 +126,12 @@ pub struct KubernetesSettings {
     pub unschedulable_timeout: Duration,
     /// `ttlSecondsAfterFinished`: how long a finished Job stays for `kubectl`.
     pub ttl: Duration,
-    /// At most this many of its Jobs exist unfinished at once.
+    /// At most this many of its Jobs (or indices of Indexed Jobs) exist
+    /// unfinished at once.
     pub max_jobs: usize,
+    /// Items that share everything but their command go in Indexed Jobs of
+    /// at most this many completions (1: one Job per item).
+    pub batch: usize,
     /// At most this many API requests a second from this executor (a
     /// watch counts once, when it starts); `None`: no client-side limit.
     pub qps: Option<u32>,

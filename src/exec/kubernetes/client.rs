@@ -2,7 +2,9 @@
 //! through an injected `kube::Client` (or the default kubeconfig /
 //! in-cluster configuration, found the first time a job needs it).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -12,8 +14,11 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams, WatchEvent, WatchParams};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
-use super::spec::{job_spec, kubernetes_name};
-use super::status::{JobState, PodSignal, ended_pod_outcome, job_state, pod_signal};
+use super::spec::{INDEX_LABEL, indexed_job_spec, job_spec, kubernetes_name};
+use super::status::{
+    JobState, PodSignal, ended_pod_outcome, job_state, passed_its_deadline, pod_signal,
+};
+use crate::exec::batch::{Batch, BatchEngine, Batcher, Placed};
 use crate::exec::{
     BoxFuture, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, RemoteJobGuard, Running,
     redact_log,
@@ -36,9 +41,19 @@ pub fn qps_limit(qps: u32) -> tower::limit::RateLimitLayer {
 pub struct KubernetesExecutor {
     settings: Arc<KubernetesSettings>,
     client: Arc<OnceCell<Client>>,
-    /// One permit per Job created and not yet ended (`max_jobs`).
+    /// One permit per Job (or index of an Indexed Job) created and not yet
+    /// ended (`max_jobs`).
     in_flight: Arc<Semaphore>,
+    /// Gathers items into Indexed Jobs when `batch` is above 1.
+    batcher: Option<Arc<Batcher>>,
+    /// The Indexed Jobs this process waits on, by name: shared by the
+    /// waiters of their indices.
+    indexed: Arc<Mutex<HashMap<String, Weak<IndexedJob>>>>,
 }
+
+/// How long an Indexed Job waits for more items after its first, unless it
+/// fills first.
+const BATCH_LINGER: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for KubernetesExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,10 +76,13 @@ impl KubernetesExecutor {
     /// in-cluster service account) when its first job starts.
     pub fn new(settings: KubernetesSettings) -> Self {
         let permits = settings.max_jobs.clamp(1, Semaphore::MAX_PERMITS);
+        let batcher = (settings.batch > 1).then(|| Batcher::new(settings.batch, BATCH_LINGER));
         Self {
             settings: Arc::new(settings),
             client: Arc::new(OnceCell::new()),
             in_flight: Arc::new(Semaphore::new(permits)),
+            batcher,
+            indexed: Arc::default(),
         }
     }
 
@@ -125,8 +143,66 @@ impl KubernetesExecutor {
         pods: Api<Pod>,
         permit: OwnedSemaphorePermit,
     ) -> Box<dyn Running> {
+        self.running_as(
+            kubernetes_name(&job.name),
+            None,
+            job,
+            uid,
+            jobs,
+            pods,
+            permit,
+        )
+    }
+
+    /// The waiter of index `placed.index` of the Indexed Job `placed.batch`.
+    fn running_index(
+        &self,
+        placed: &Placed,
+        job: &Job,
+        uid: Option<String>,
+        jobs: Api<KubeJob>,
+        pods: Api<Pod>,
+        permit: OwnedSemaphorePermit,
+    ) -> Box<dyn Running> {
+        let name = kubernetes_name(&placed.batch);
+        let shared = {
+            let mut indexed = self
+                .indexed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            indexed.retain(|_, owner| owner.strong_count() > 0);
+            match indexed.get(&name).and_then(Weak::upgrade) {
+                Some(shared) => shared,
+                None => {
+                    let shared = Arc::new(IndexedJob {
+                        jobs: jobs.clone(),
+                        name: name.clone(),
+                        interrupted: AtomicBool::new(false),
+                        held: Mutex::new(Some(RemoteJobGuard::new())),
+                    });
+                    indexed.insert(name.clone(), Arc::downgrade(&shared));
+                    shared
+                }
+            }
+        };
+        let index = Some((placed.index, shared));
+        self.running_as(name, index, job, uid, jobs, pods, permit)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn running_as(
+        &self,
+        name: String,
+        index: Option<(usize, Arc<IndexedJob>)>,
+        job: &Job,
+        uid: Option<String>,
+        jobs: Api<KubeJob>,
+        pods: Api<Pod>,
+        permit: OwnedSemaphorePermit,
+    ) -> Box<dyn Running> {
         Box::new(KubernetesRunning {
-            name: kubernetes_name(&job.name),
+            name,
+            index,
             uid,
             jobs,
             pods,
@@ -150,6 +226,10 @@ impl Executor for KubernetesExecutor {
         Box::pin(async move {
             let permit = self.room().await?;
             let (jobs, pods) = self.apis().await?;
+            if let Some(batcher) = &self.batcher {
+                let (placed, _) = batcher.submit(self, job).await?;
+                return Ok(self.running_index(&placed, job, None, jobs, pods, permit));
+            }
             let object = job_spec(job, &self.settings).map_err(|e| ExecError::Engine {
                 engine: "kubernetes",
                 action: "describe",
@@ -193,7 +273,12 @@ impl Executor for KubernetesExecutor {
             else {
                 return Ok(false);
             };
-            let jobs: Api<KubeJob> = Api::namespaced(self.client().await?, namespace);
+            let client = self.client().await?;
+            if let Some((name, index)) = name.split_once('#') {
+                let pods: Api<Pod> = Api::namespaced(client, namespace);
+                return delete_index(&pods, name, index).await.map(|()| true);
+            }
+            let jobs: Api<KubeJob> = Api::namespaced(client, namespace);
             delete(&jobs, name).await.map(|()| true)
         })
     }
@@ -205,6 +290,20 @@ impl Executor for KubernetesExecutor {
         Box::pin(async move {
             let permit = self.room().await?;
             let (jobs, pods) = self.apis().await?;
+            if let Some(batcher) = &self.batcher {
+                // An Indexed Job is named after its batch: the batch
+                // records say which index runs this job.
+                let Some(placed) = batcher.placed(job).await else {
+                    return Ok(None);
+                };
+                let found = jobs
+                    .get_opt(&kubernetes_name(&placed.batch))
+                    .await
+                    .map_err(|e| engine_error("find", e))?;
+                return Ok(found.map(|found| {
+                    self.running_index(&placed, job, found.metadata.uid, jobs, pods, permit)
+                }));
+            }
             let found = jobs
                 .get_opt(&kubernetes_name(&job.name))
                 .await
@@ -214,11 +313,95 @@ impl Executor for KubernetesExecutor {
     }
 }
 
+impl BatchEngine for KubernetesExecutor {
+    fn submit_batch<'a>(
+        &'a self,
+        batch: &'a Batch,
+    ) -> BoxFuture<'a, Result<Vec<String>, ExecError>> {
+        Box::pin(async move {
+            let (jobs, _) = self.apis().await?;
+            let object =
+                indexed_job_spec(batch, &self.settings).map_err(|e| ExecError::Engine {
+                    engine: "kubernetes",
+                    action: "describe",
+                    detail: format!("the Indexed Job `{}` is not valid: {e}", batch.name),
+                })?;
+            match jobs.create(&PostParams::default(), &object).await {
+                Ok(_) => {}
+                // The same name is the same batch: an earlier process
+                // created it.
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+                Err(e) => return Err(engine_error("submit", e)),
+            }
+            let name = kubernetes_name(&batch.name);
+            Ok((0..batch.jobs.len())
+                .map(|i| format!("{name}#{i}"))
+                .collect())
+        })
+    }
+
+    fn cancel_index<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ExecError>> {
+        Box::pin(async move {
+            let (_, pods) = self.apis().await?;
+            let (name, index) = id.split_once('#').unwrap_or((id, "0"));
+            delete_index(&pods, name, index).await
+        })
+    }
+}
+
+/// Deletes the pods of one index of an Indexed Job: with
+/// `backoffLimitPerIndex: 0` the index then fails, and the others run on.
+async fn delete_index(pods: &Api<Pod>, job: &str, index: &str) -> Result<(), ExecError> {
+    let selector = format!("job-name={job},{INDEX_LABEL}={index}");
+    let listed = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| engine_error("cancel", e))?;
+    for pod in listed.items {
+        let Some(name) = pod.metadata.name else {
+            continue;
+        };
+        match pods.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(e) => return Err(engine_error("cancel", e)),
+        }
+    }
+    Ok(())
+}
+
+/// An Indexed Job this process waits on, shared by its indices' waiters:
+/// once the last is dropped, the Job is deleted if any was dropped before
+/// its index ended (an interrupted run), unless the run detached.
+struct IndexedJob {
+    jobs: Api<KubeJob>,
+    name: String,
+    interrupted: AtomicBool,
+    /// Released once the deletion was sent (or was not needed).
+    held: Mutex<Option<RemoteJobGuard>>,
+}
+
+impl Drop for IndexedJob {
+    fn drop(&mut self) {
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if self.interrupted.load(Ordering::SeqCst) && !super::super::remote_jobs_detached() {
+            delete_when_dropped(self.jobs.clone(), self.name.clone(), held);
+        }
+    }
+}
+
 /// A Job on the cluster. Dropped before it ended (the run was
 /// interrupted), it is deleted; a cairn process killed outright leaves it
 /// running, for the next run to adopt.
 struct KubernetesRunning {
+    /// The Job's name (an Indexed Job's, for an index).
     name: String,
+    /// Which index of an Indexed Job this is, and that Job.
+    index: Option<(usize, Arc<IndexedJob>)>,
     /// The Job's uid, which its pods carry (`controller-uid`): a Job of the
     /// same name created earlier may still have pods terminating.
     uid: Option<String>,
@@ -248,38 +431,56 @@ impl Drop for KubernetesRunning {
         if self.ended || super::super::remote_jobs_detached() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(job = %self.name, "an interrupted job was left running: no runtime to delete it on");
+        // An index leaves its Job to the last of its batch's waiters.
+        if let Some((_, shared)) = &self.index {
+            shared.interrupted.store(true, Ordering::SeqCst);
             return;
-        };
-        let (jobs, name, held) = (self.jobs.clone(), self.name.clone(), self.held.take());
-        let delete = async move {
-            let _held = held;
-            match tokio::time::timeout(CANCEL_LIMIT, delete(&jobs, &name)).await {
-                Ok(Ok(())) => tracing::debug!(job = %name, "deleted an interrupted job"),
-                Ok(Err(e)) => {
-                    tracing::warn!(job = %name, error = %e, "could not delete an interrupted job")
-                }
-                Err(_) => tracing::warn!(job = %name, "deleting an interrupted job took too long"),
+        }
+        delete_when_dropped(self.jobs.clone(), self.name.clone(), self.held.take());
+    }
+}
+
+/// Deletes the Job `name` of a run being interrupted; `held` is released
+/// once the deletion was sent.
+fn delete_when_dropped(jobs: Api<KubeJob>, name: String, held: Option<RemoteJobGuard>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(job = %name, "an interrupted job was left running: no runtime to delete it on");
+        return;
+    };
+    let delete = async move {
+        let _held = held;
+        match tokio::time::timeout(CANCEL_LIMIT, delete(&jobs, &name)).await {
+            Ok(Ok(())) => tracing::debug!(job = %name, "deleted an interrupted job"),
+            Ok(Err(e)) => {
+                tracing::warn!(job = %name, error = %e, "could not delete an interrupted job")
             }
-        };
-        match runtime.runtime_flavor() {
-            // Delete before returning (briefly blocking, like `scancel`).
-            tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| runtime.block_on(delete));
-            }
-            // The scheduler's own runtime: an interrupted run waits until
-            // this deletion is done (`remote_jobs_released`) before exiting.
-            _ => {
-                runtime.spawn(delete);
-            }
+            Err(_) => tracing::warn!(job = %name, "deleting an interrupted job took too long"),
+        }
+    };
+    match runtime.runtime_flavor() {
+        // Delete before returning (briefly blocking, like `scancel`).
+        tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| runtime.block_on(delete));
+        }
+        // The scheduler's own runtime: an interrupted run waits until
+        // this deletion is done (`remote_jobs_released`) before exiting.
+        _ => {
+            runtime.spawn(delete);
         }
     }
 }
 
 impl Running for KubernetesRunning {
     fn handle(&self) -> String {
-        format!("kubernetes:{}/{}", self.settings.namespace, self.name)
+        match &self.index {
+            Some((index, _)) => {
+                format!(
+                    "kubernetes:{}/{}#{index}",
+                    self.settings.namespace, self.name
+                )
+            }
+            None => format!("kubernetes:{}/{}", self.settings.namespace, self.name),
+        }
     }
 
     fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>> {
@@ -297,9 +498,13 @@ impl Running for KubernetesRunning {
 
 impl KubernetesRunning {
     fn pod_selector(&self) -> String {
-        match &self.uid {
+        let job = match &self.uid {
             Some(uid) => format!("controller-uid={uid}"),
             None => format!("job-name={}", self.name),
+        };
+        match &self.index {
+            Some((index, _)) => format!("{job},{INDEX_LABEL}={index}"),
+            None => job,
         }
     }
 
@@ -428,7 +633,7 @@ impl KubernetesRunning {
             JobState::Failed(_) => Ok(Some(match self.latest_pod().await? {
                 Some(pod) => {
                     *pod_name = pod.metadata.name.clone();
-                    ended_pod_outcome(&pod)
+                    self.timed_out_or(&pod, ended_pod_outcome(&pod))
                 }
                 None => Outcome::Infra(InfraKind::Unknown),
             })),
@@ -459,7 +664,17 @@ impl KubernetesRunning {
                 delete(&self.jobs, &self.name).await?;
                 Ok(Some(outcome))
             }
-            PodSignal::Ended(outcome) => Ok(Some(outcome)),
+            PodSignal::Ended(outcome) => Ok(Some(self.timed_out_or(pod, outcome))),
+        }
+    }
+
+    /// A pod stopped at its own deadline (an Indexed Job's pods carry the
+    /// stage's timeout) timed out; any other keeps `outcome`.
+    fn timed_out_or(&self, pod: &Pod, outcome: Outcome) -> Outcome {
+        if passed_its_deadline(pod) {
+            Outcome::TimedOut(self.timeout.unwrap_or_default())
+        } else {
+            outcome
         }
     }
 

@@ -5,7 +5,8 @@
 use k8s_openapi::api::batch::v1::Job as KubeJob;
 use serde_json::{Map, Value, json};
 
-use super::super::Job;
+use super::super::batch::{Batch, index_script, shared_env};
+use super::super::{ATTEMPT_MARKER, ITEM_MARKER, Job};
 use crate::manifest::{Command, KubernetesSettings, RootVolume};
 
 /// Variables of cairn's own environment that never reach a pod: the image
@@ -15,8 +16,6 @@ use crate::manifest::{Command, KubernetesSettings, RootVolume};
 /// run token is on the Job's labels instead.
 const HOST_ONLY: &[&str] = &["PATH", "HOME", "LANG", "TMPDIR", super::super::RUN_MARKER];
 /// The variable names the scheduler gives an item's command.
-const ITEM_VARIABLE: &str = "CAIRN_ITEM";
-const ATTEMPT_VARIABLE: &str = "CAIRN_ATTEMPT";
 /// The volume that mounts the project root at its own path.
 const ROOT_VOLUME: &str = "cairn-root";
 /// The label every Job cairn creates carries.
@@ -92,7 +91,7 @@ fn labels(job: &Job) -> Map<String, Value> {
     put(MANAGED_BY.0, MANAGED_BY.1);
     put(RUN_LABEL, &job.token);
     put("cairn.dev/stage", &job.stage);
-    if let Some(item) = variable(job, ITEM_VARIABLE) {
+    if let Some(item) = variable(job, ITEM_MARKER) {
         put("cairn.dev/item", item);
         // Item jobs are named `…-FINGERPRINT16-ATTEMPT`.
         let mut parts = job.name.rsplit('-');
@@ -100,7 +99,7 @@ fn labels(job: &Job) -> Map<String, Value> {
             put("cairn.dev/fingerprint", fingerprint);
         }
     }
-    if let Some(attempt) = variable(job, ATTEMPT_VARIABLE) {
+    if let Some(attempt) = variable(job, ATTEMPT_MARKER) {
         put("cairn.dev/attempt", attempt);
     }
     labels
@@ -237,6 +236,46 @@ pub fn job_spec(job: &Job, settings: &KubernetesSettings) -> Result<KubeJob, ser
     serde_json::from_value(object)
 }
 
+/// The label (and annotation) the Job controller puts on each pod of an
+/// Indexed Job: the pod's index.
+pub const INDEX_LABEL: &str = "batch.kubernetes.io/job-completion-index";
+
+/// The Indexed Job that runs `batch`: one pod per index, index `i`
+/// (`$JOB_COMPLETION_INDEX`) running job `i`'s command with its item and
+/// attempt. Each index fails on its own (`backoffLimitPerIndex: 0`, never
+/// retried by Kubernetes) without stopping the others, and each pod has
+/// the stage's timeout as its own deadline (a Job-wide deadline would give
+/// the indices that start last less time).
+pub fn indexed_job_spec(
+    batch: &Batch,
+    settings: &KubernetesSettings,
+) -> Result<KubeJob, serde_json::Error> {
+    let first = &batch.jobs[0];
+    let shared = Job {
+        name: batch.name.clone(),
+        command: Command::Shell(index_script(batch, "JOB_COMPLETION_INDEX")),
+        env: shared_env(batch).cloned().collect(),
+        ..first.clone()
+    };
+    let mut object = serde_json::to_value(job_spec(&shared, settings)?)?;
+    let spec = &mut object["spec"];
+    if let Some(spec) = spec.as_object_mut() {
+        spec.remove("backoffLimit");
+        if let Some(deadline) = spec.remove("activeDeadlineSeconds") {
+            object["spec"]["template"]["spec"]["activeDeadlineSeconds"] = deadline;
+        }
+    }
+    let spec = &mut object["spec"];
+    spec["completionMode"] = json!("Indexed");
+    spec["completions"] = json!(batch.jobs.len());
+    spec["parallelism"] = json!(batch.jobs.len());
+    spec["backoffLimitPerIndex"] = json!(0);
+    // Which job each index runs, for people reading the Job.
+    let names: Vec<&str> = batch.jobs.iter().map(|j| j.name.as_str()).collect();
+    object["metadata"]["annotations"]["cairn.dev/jobs"] = json!(names.join(" "));
+    serde_json::from_value(object)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -296,6 +335,7 @@ mod tests {
             unschedulable_timeout: Duration::from_secs(300),
             ttl: Duration::from_secs(3600),
             max_jobs: 256,
+            batch: 1,
             qps: None,
         }
     }
@@ -326,6 +366,32 @@ mod tests {
             ..KubernetesSettings::default()
         };
         insta::assert_json_snapshot!(job_spec(&job, &settings).unwrap());
+    }
+
+    #[test]
+    fn an_indexed_job_for_a_batch_of_two_items() {
+        let second = Job {
+            name: "cairn-oracle-1a2b3c4d-44556677eeff0011-1".to_owned(),
+            command: Command::Shell("python3 oracle.py 'django__django-2'".to_owned()),
+            env: item_job()
+                .env
+                .into_iter()
+                .map(|(name, value)| match name.as_str() {
+                    "CAIRN_ITEM" => (name, "django/django#2".to_owned()),
+                    "CAIRN_ATTEMPT" => (name, "1".to_owned()),
+                    _ => (name, value),
+                })
+                .collect(),
+            ..item_job()
+        };
+        let batch = Batch {
+            name: "cairn-oracle-batch-0123456789abcdef".to_owned(),
+            jobs: vec![item_job(), second],
+        };
+        let object = indexed_job_spec(&batch, &full_settings()).unwrap();
+        let text = serde_json::to_string(&object).unwrap();
+        assert!(!text.contains("s3cr3t-value"), "{text}");
+        insta::assert_json_snapshot!(object);
     }
 
     #[test]

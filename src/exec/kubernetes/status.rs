@@ -80,6 +80,13 @@ pub fn pod_signal(pod: &Pod) -> PodSignal {
     }
 }
 
+/// Whether the kubelet stopped the pod at its `activeDeadlineSeconds`.
+pub fn passed_its_deadline(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("DeadlineExceeded")
+    })
+}
+
 /// How a pod that ran (or was stopped) ended: the node's doing (evicted,
 /// preempted, node lost, out of memory) is infrastructure; otherwise the
 /// container's exit code, which the stage's `classify` rules read.

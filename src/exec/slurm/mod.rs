@@ -34,7 +34,7 @@ use std::time::Duration;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::batch::{Batch, BatchEngine, Batcher, per_index_env, shared_env};
+use super::batch::{Batch, BatchEngine, Batcher, exec_line, index_script, shared_env};
 use super::{
     BoxFuture, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, RUN_MARKER,
     RemoteJobGuard, Running, redact_log,
@@ -215,7 +215,8 @@ impl SlurmExecutor {
         let mut args = self.sbatch_args_named(first, &batch.name, &output);
         args.push(format!("--array=0-{}", batch.jobs.len() - 1));
         let env: Vec<(String, String)> = shared_env(batch).cloned().collect();
-        let id = self.sbatch(args, &env, &array_script(batch)).await?;
+        let script = index_script(batch, "SLURM_ARRAY_TASK_ID");
+        let id = self.sbatch(args, &env, &script).await?;
         Ok((0..batch.jobs.len()).map(|i| format!("{id}_{i}")).collect())
     }
 
@@ -686,18 +687,6 @@ fn batch_script(command: &Command) -> String {
     format!("#!/bin/sh\n{}\n", exec_line(command))
 }
 
-/// The shell line that replaces the script with `command`.
-fn exec_line(command: &Command) -> String {
-    use crate::manifest::shell::quote_word;
-    match command {
-        Command::Shell(script) => format!("exec /bin/sh -c {}", quote_word(script)),
-        Command::Exec(argv) => {
-            let words: Vec<String> = argv.iter().map(|w| quote_word(w)).collect();
-            format!("exec {}", words.join(" "))
-        }
-    }
-}
-
 /// Where index `index` (`%a` for every index) of the job array `batch`
 /// writes its output: beside the first job's log, appended to each job's
 /// own log when it ends.
@@ -706,30 +695,6 @@ fn array_output(job: &Job, batch: &str, index: &str) -> PathBuf {
         .parent()
         .unwrap_or(Path::new(""))
         .join(format!("{batch}.{index}.log"))
-}
-
-/// The job array's script: index `i` (`$SLURM_ARRAY_TASK_ID`) sets job
-/// `i`'s per-index variables (its item and attempt) and runs its command.
-/// Every value is quoted as one word; secrets are never among them (they
-/// are shared by the whole batch and travel in `sbatch`'s environment).
-fn array_script(batch: &Batch) -> String {
-    use crate::manifest::shell::quote_word;
-    let mut script = String::from("#!/bin/sh\ncase \"$SLURM_ARRAY_TASK_ID\" in\n");
-    for (index, job) in batch.jobs.iter().enumerate() {
-        script.push_str(&format!("{index})\n"));
-        let exports: Vec<String> = per_index_env(job)
-            .map(|(name, value)| format!("{name}={}", quote_word(value)))
-            .collect();
-        if !exports.is_empty() {
-            script.push_str(&format!("  export {}\n", exports.join(" ")));
-        }
-        script.push_str(&format!("  {}\n  ;;\n", exec_line(&job.command)));
-    }
-    script.push_str(&format!(
-        "*)\n  echo {} \"$SLURM_ARRAY_TASK_ID\" >&2\n  exit 125\n  ;;\nesac\n",
-        quote_word(&format!("cairn: job array {} has no index", batch.name))
-    ));
-    script
 }
 
 /// The states of the jobs `ids` that Slurm still knows, by id (one
@@ -894,44 +859,6 @@ mod tests {
             batch_script(&Command::Exec(vec!["python3".into(), "a b.py".into()])),
             "#!/bin/sh\nexec python3 'a b.py'\n"
         );
-    }
-
-    #[test]
-    fn a_job_arrays_script_runs_each_index_as_its_item_with_every_value_quoted() {
-        let mut hostile = job();
-        hostile.command = Command::Shell("echo $CAIRN_ITEM".to_owned());
-        hostile
-            .env
-            .push(("CAIRN_ITEM".to_owned(), "x'; rm -rf / #".to_owned()));
-        hostile
-            .env
-            .push(("CAIRN_ATTEMPT".to_owned(), "2".to_owned()));
-        let mut plain = job();
-        plain.command = Command::Exec(vec!["python3".into(), "a b.py".into()]);
-        plain.env.push(("CAIRN_ITEM".to_owned(), "b".to_owned()));
-        plain.env.push(("CAIRN_ATTEMPT".to_owned(), "1".to_owned()));
-        let batch = Batch {
-            name: "cairn-oracle-batch-0011".to_owned(),
-            jobs: vec![hostile, plain],
-        };
-        assert_eq!(
-            array_script(&batch),
-            "#!/bin/sh\ncase \"$SLURM_ARRAY_TASK_ID\" in\n\
-             0)\n  export CAIRN_ITEM='x'\\''; rm -rf / #' CAIRN_ATTEMPT=2\n  exec /bin/sh -c 'echo $CAIRN_ITEM'\n  ;;\n\
-             1)\n  export CAIRN_ITEM=b CAIRN_ATTEMPT=1\n  exec python3 'a b.py'\n  ;;\n\
-             *)\n  echo 'cairn: job array cairn-oracle-batch-0011 has no index' \"$SLURM_ARRAY_TASK_ID\" >&2\n  exit 125\n  ;;\nesac\n"
-        );
-        // Run as Slurm runs it: index 0 is the hostile item, as data.
-        let out = std::process::Command::new("/bin/sh")
-            .args(["-c", &array_script(&batch)])
-            .env("SLURM_ARRAY_TASK_ID", "0")
-            .output()
-            .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "x'; rm -rf / #\n");
-        // The shared environment is what sbatch runs with: no per-index
-        // variable in it.
-        let shared: Vec<&str> = shared_env(&batch).map(|(n, _)| n.as_str()).collect();
-        assert_eq!(shared, ["PATH"]);
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub(super) const KEYS: &[&str] = &[
     "unschedulable_timeout",
     "ttl",
     "max_jobs",
+    "batch",
     "qps",
 ];
 const TOLERATION_KEYS: &[&str] = &["key", "operator", "value", "effect"];
@@ -131,6 +132,9 @@ impl Checker<'_> {
         let qps = find(table, "qps")
             .and_then(|e| self.count(&e.value, "`qps`", 1))
             .map(|n| n as u32);
+        let batch = find(table, "batch")
+            .and_then(|e| self.count(&e.value, "`batch`", 1))
+            .unwrap_or(1);
         let max_jobs = find(table, "max_jobs")
             .and_then(|e| self.count(&e.value, "`max_jobs`", 1))
             .unwrap_or(DEFAULT_MAX_JOBS);
@@ -154,6 +158,7 @@ impl Checker<'_> {
                 .and_then(|e| self.timeout(&e.value))
                 .unwrap_or(DEFAULT_TTL),
             max_jobs,
+            batch,
             qps,
         };
         (image.is_some() && root_volume.is_some()).then_some(settings)
