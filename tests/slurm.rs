@@ -849,7 +849,8 @@ async fn a_window_on_a_license_the_cluster_lacks_is_a_clear_error() {
     let run = p.cairn(&["run"]);
     run.code_is(1);
     assert!(
-        run.stderr().contains("Licenses=NAME:1") && run.stderr().contains("hold the window"),
+        run.stderr().contains("Licenses=no-such-license:1")
+            && run.stderr().contains("hold the window"),
         "{}",
         run.stderr()
     );

@@ -360,3 +360,96 @@ fn on_the_cluster_profile_each_oracle_and_canary_trial_runs_in_its_tasks_mirrore
     };
     assert_eq!(verdicts(&p), verdicts(&local));
 }
+
+/// Under `--profile ci,slurm`, on the real one-node Slurm cluster that
+/// `scripts/test` starts: every oracle and canary trial runs as a task of a
+/// job array (items ready together, one `sbatch`), holding the window
+/// through the cluster's `cluster-window` license, with the verdicts of
+/// this machine.
+#[test]
+fn on_the_slurm_profile_the_oracle_and_canary_run_as_job_arrays_with_this_machines_verdicts() {
+    assert!(
+        std::env::var_os("SLURM_CONF").is_some(),
+        "no Slurm cluster: run the tests with `scripts/test`, which starts one"
+    );
+    let p = shipped();
+    let run = p.cairn(&[
+        "-f",
+        "pipelines/swesmith-curation.toml",
+        "--profile",
+        "ci,slurm",
+        "run",
+    ]);
+    run.success();
+    let on_slurm = |stage: &str| -> std::collections::BTreeMap<String, (String, String)> {
+        let out = p.cairn(&[
+            "-f",
+            "pipelines/swesmith-curation.toml",
+            "show",
+            stage,
+            "--items",
+            "--json",
+        ]);
+        out.success();
+        let items: Vec<serde_json::Value> = serde_json::from_str(&out.stdout()).unwrap();
+        items
+            .iter()
+            .map(|item| {
+                let key = item["key"].as_str().unwrap().to_owned();
+                let show = p.cairn(&[
+                    "-f",
+                    "pipelines/swesmith-curation.toml",
+                    "show",
+                    &format!("{stage}/{key}"),
+                    "--json",
+                ]);
+                show.success();
+                let attempts: Vec<serde_json::Value> =
+                    serde_json::from_str(&show.stdout()).unwrap();
+                let handle = attempts.last().unwrap()["handle"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                (key, (handle, item["class"].as_str().unwrap().to_owned()))
+            })
+            .collect()
+    };
+    for stage in ["oracle", "canary"] {
+        let items = on_slurm(stage);
+        assert!(!items.is_empty(), "{stage}");
+        let arrays: std::collections::BTreeSet<&str> = items
+            .values()
+            .map(|(handle, _)| {
+                let task = handle
+                    .strip_prefix("slurm:")
+                    .unwrap_or_else(|| panic!("{stage}: not a Slurm job: {handle}"));
+                task.split_once('_')
+                    .unwrap_or_else(|| panic!("{stage}: not an array task: {handle}"))
+                    .0
+            })
+            .collect();
+        assert!(
+            arrays.len() < items.len(),
+            "{stage}: {} arrays for {} items",
+            arrays.len(),
+            items.len()
+        );
+    }
+
+    let local = shipped();
+    cairn(&local, &["run"]).success();
+    let verdicts = |p: &Project| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = jsonl(p, "state/swesmith-curation/oracle.jsonl")
+            .iter()
+            .map(|r| {
+                (
+                    r["key"].as_str().unwrap().to_owned(),
+                    r["class"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(verdicts(&p), verdicts(&local));
+}

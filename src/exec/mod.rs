@@ -188,7 +188,7 @@ pub enum ExecError {
     #[error("failed to wait for a child process")]
     Wait(#[source] std::io::Error),
     /// A remote engine refused an action (submit, query, cancel).
-    #[error("{engine} could not {action} a job: {detail}")]
+    #[error("{engine} could not {action}: {detail}")]
     Engine {
         engine: &'static str,
         action: &'static str,

@@ -232,7 +232,7 @@ impl Executor for KubernetesExecutor {
             }
             let object = job_spec(job, &self.settings).map_err(|e| ExecError::Engine {
                 engine: "kubernetes",
-                action: "describe",
+                action: "describe a job",
                 detail: format!("the Job for `{}` is not valid: {e}", job.name),
             })?;
             let created = match jobs.create(&PostParams::default(), &object).await {
@@ -243,7 +243,7 @@ impl Executor for KubernetesExecutor {
                     tracing::info!(job = %job.name, "adopted a job that already exists");
                     jobs.get_opt(&kubernetes_name(&job.name))
                         .await
-                        .map_err(|e| engine_error("find", e))?
+                        .map_err(|e| engine_error("find a job", e))?
                 }
                 Err(e) => return Err(engine_error("submit", e)),
             };
@@ -299,7 +299,7 @@ impl Executor for KubernetesExecutor {
                 let found = jobs
                     .get_opt(&kubernetes_name(&placed.batch))
                     .await
-                    .map_err(|e| engine_error("find", e))?;
+                    .map_err(|e| engine_error("find a job", e))?;
                 return Ok(found.map(|found| {
                     self.running_index(&placed, job, found.metadata.uid, jobs, pods, permit)
                 }));
@@ -307,7 +307,7 @@ impl Executor for KubernetesExecutor {
             let found = jobs
                 .get_opt(&kubernetes_name(&job.name))
                 .await
-                .map_err(|e| engine_error("find", e))?;
+                .map_err(|e| engine_error("find a job", e))?;
             Ok(found.map(|found| self.running(job, found.metadata.uid, jobs, pods, permit)))
         })
     }
@@ -323,7 +323,7 @@ impl BatchEngine for KubernetesExecutor {
             let object =
                 indexed_job_spec(batch, &self.settings).map_err(|e| ExecError::Engine {
                     engine: "kubernetes",
-                    action: "describe",
+                    action: "describe a job",
                     detail: format!("the Indexed Job `{}` is not valid: {e}", batch.name),
                 })?;
             match jobs.create(&PostParams::default(), &object).await {
@@ -356,7 +356,7 @@ async fn delete_index(pods: &Api<Pod>, job: &str, index: &str) -> Result<(), Exe
     let listed = pods
         .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(|e| engine_error("cancel", e))?;
+        .map_err(|e| engine_error("cancel a job", e))?;
     for pod in listed.items {
         let Some(name) = pod.metadata.name else {
             continue;
@@ -364,7 +364,7 @@ async fn delete_index(pods: &Api<Pod>, job: &str, index: &str) -> Result<(), Exe
         match pods.delete(&name, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.is_not_found() => {}
-            Err(e) => return Err(engine_error("cancel", e)),
+            Err(e) => return Err(engine_error("cancel a job", e)),
         }
     }
     Ok(())
@@ -422,7 +422,7 @@ async fn delete(jobs: &Api<KubeJob>, name: &str) -> Result<(), ExecError> {
     match jobs.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(e) => Err(engine_error("cancel", e)),
+        Err(e) => Err(engine_error("cancel a job", e)),
     }
 }
 
@@ -519,7 +519,7 @@ impl KubernetesRunning {
                 .jobs
                 .get_opt(&self.name)
                 .await
-                .map_err(|e| engine_error("query", e))?
+                .map_err(|e| engine_error("read a job's state", e))?
             else {
                 return Ok((Outcome::Infra(InfraKind::Vanished), pod_name));
             };
@@ -530,7 +530,7 @@ impl KubernetesRunning {
                 .pods
                 .list(&ListParams::default().labels(&self.pod_selector()))
                 .await
-                .map_err(|e| engine_error("query", e))?;
+                .map_err(|e| engine_error("read a job's state", e))?;
             for pod in &listed.items {
                 if let Some(outcome) = self
                     .on_pod(pod, &mut unschedulable_since, &mut pod_name)
@@ -554,7 +554,7 @@ impl KubernetesRunning {
                     &job_version,
                 )
                 .await
-                .map_err(|e| engine_error("watch", e))?
+                .map_err(|e| engine_error("watch a job", e))?
                 .map_ok(Either::Job);
             let pod_events = self
                 .pods
@@ -565,7 +565,7 @@ impl KubernetesRunning {
                     &pod_version,
                 )
                 .await
-                .map_err(|e| engine_error("watch", e))?
+                .map_err(|e| engine_error("watch a job", e))?
                 .map_ok(Either::Pod);
             let mut events = futures::stream::select(job_events.boxed(), pod_events.boxed());
             loop {
@@ -581,7 +581,7 @@ impl KubernetesRunning {
                 let event = match event {
                     // The watch expired: look again and watch anew.
                     None => break,
-                    Some(Err(e)) => return Err(engine_error("watch", e)),
+                    Some(Err(e)) => return Err(engine_error("watch a job", e)),
                     Some(Ok(event)) => event,
                 };
                 match event {
@@ -684,7 +684,7 @@ impl KubernetesRunning {
             .pods
             .list(&ListParams::default().labels(&self.pod_selector()))
             .await
-            .map_err(|e| engine_error("query", e))?;
+            .map_err(|e| engine_error("read a job's state", e))?;
         Ok(listed
             .items
             .into_iter()

@@ -327,7 +327,7 @@ impl SlurmExecutor {
                 Seen::Failed(detail) => {
                     return Err(ExecError::Engine {
                         engine: "slurm",
-                        action: "query",
+                        action: "read a job's state",
                         detail,
                     });
                 }

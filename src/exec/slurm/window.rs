@@ -135,7 +135,7 @@ impl SlurmExecutor {
         // What the site asks of every job (a QOS, a reservation).
         args.extend(s.sbatch_args.iter().cloned());
         let script = holder_script(heartbeat);
-        let out = sbatch(&args, &script).await?;
+        let out = sbatch(window, &args, &script).await?;
         let id = out.trim().split(';').next().unwrap_or_default();
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
             return Err(ExecError::Engine {
@@ -301,7 +301,7 @@ fn holder_script(heartbeat: &Path) -> String {
 }
 
 /// Runs `sbatch ARGS` with `script` on stdin; its stdout.
-async fn sbatch(args: &[String], script: &str) -> Result<String, ExecError> {
+async fn sbatch(window: &str, args: &[String], script: &str) -> Result<String, ExecError> {
     use tokio::io::AsyncWriteExt as _;
     let mut child = tokio::process::Command::new("sbatch")
         .args(args)
@@ -326,9 +326,9 @@ async fn sbatch(args: &[String], script: &str) -> Result<String, ExecError> {
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let help = if stderr.contains("icense") {
-            " (is the license configured? `Licenses=NAME:1` in slurm.conf)"
+            format!(" (is the license configured? `Licenses={window}:1` in slurm.conf)")
         } else {
-            ""
+            String::new()
         };
         return Err(ExecError::Engine {
             engine: "slurm",
