@@ -857,3 +857,100 @@ fn ctrl_c_deletes_the_runs_indexed_jobs() {
         assert_eq!(attempts[0]["class"], "cancelled");
     }
 }
+
+/// Two checkouts of one pipeline at the same path (two CI runners on two
+/// machines sharing a cluster) have job names of their own: the second
+/// never adopts the first's Jobs, which the cluster still keeps.
+#[test]
+fn a_second_checkout_at_the_same_path_never_adopts_the_firsts_jobs() {
+    let kube = KubeEmulator::start(None);
+    let p = sleepers(2, 0, 256);
+    cairn(&p, &kube, &["run"]).success();
+    assert_eq!(kube.jobs().len(), 2);
+    // The other checkout: the same files at the same path, nothing made.
+    for made in ["cache", "state", "runs", "out"] {
+        std::fs::remove_dir_all(p.path(made)).unwrap();
+    }
+    p.file("runs/.keep", "");
+    p.file("out/.keep", "");
+    let second = cairn(&p, &kube, &["run"]);
+    second.success();
+    assert_eq!(kube.jobs().len(), 4, "{}", second.stderr());
+    for i in 0..2 {
+        assert_eq!(p.lines(&format!("runs/task-{i:02}")).len(), 1);
+    }
+    assert_eq!(p.lines("state/work.jsonl").len(), 2);
+}
+
+/// A registry that tells a tag's digest only once `gate` exists (at most
+/// 20 s later): for each request, whether the gate was there.
+fn gated_registry(gate: std::path::PathBuf) -> (u16, std::sync::mpsc::Receiver<bool>) {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (seen, answered) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut head = [0u8; 4096];
+            let _ = stream.read(&mut head);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !gate.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = seen.send(gate.exists());
+            let _ = stream.write_all(
+                format!("HTTP/1.1 200 OK\r\nDocker-Content-Digest: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", digest(7))
+                    .as_bytes(),
+            );
+        }
+    });
+    (port, answered)
+}
+
+/// A registry slow to resolve one stage's tag holds up that stage only:
+/// the others run meanwhile (the tag is resolved off the scheduler's
+/// thread). Here the registry answers only once another stage has run.
+#[test]
+fn a_slow_registry_holds_up_only_the_stage_whose_tag_it_resolves() {
+    let kube = KubeEmulator::start(None);
+    let p = Project::new();
+    let (port, answered) = gated_registry(p.path("q.txt"));
+    p.file(
+        "cairn.toml",
+        &format!(
+            r#"
+[pipeline]
+name = "gated"
+
+[executors.k8s]
+kind = "kubernetes"
+image = "127.0.0.1:{port}/team/oracle:v1"
+require_digest = false
+host_path = true
+
+[stages.remote]
+run = "echo remote > r.txt"
+outputs = ["r.txt"]
+executor = "k8s"
+
+[stages.quick]
+run = "echo quick > q.txt"
+outputs = ["q.txt"]
+"#
+        ),
+    );
+    let run = cairn(&p, &kube, &["run"]);
+    run.success();
+    assert_eq!(
+        answered.try_recv(),
+        Ok(true),
+        "the other stage waited for the registry: {}",
+        run.stderr()
+    );
+    assert_eq!(p.read("r.txt"), "remote\n");
+    assert_eq!(
+        images_of(&kube),
+        [format!("127.0.0.1:{port}/team/oracle@{}", digest(7))]
+    );
+}

@@ -113,32 +113,44 @@ impl ImageResolver {
 const RESOLVE_AT_ONCE: usize = 16;
 
 impl ImageResolver {
+    /// The tags among `texts` (each once) not resolved yet: what pinning
+    /// them would ask the registry for. None with `require_digest`, where a
+    /// tag is refused, never resolved.
+    pub fn unresolved<'a>(
+        &self,
+        texts: impl IntoIterator<Item = &'a str>,
+        require_digest: bool,
+    ) -> Vec<String> {
+        if require_digest {
+            return Vec::new();
+        }
+        let resolved = self.resolved();
+        let mut tags: Vec<String> = Vec::new();
+        for text in texts {
+            if resolved.contains_key(text) || tags.iter().any(|t| t == text) {
+                continue;
+            }
+            if ImageRef::parse(text).is_ok_and(|reference| reference.digest.is_none()) {
+                tags.push(text.to_owned());
+            }
+        }
+        tags
+    }
+
     /// Resolves every tag among `texts` not resolved yet, up to
     /// [`RESOLVE_AT_ONCE`] at a time, so that a list of items naming many
     /// tags waits for the slowest few requests rather than their sum;
     /// [`Self::pin`] then answers from what was found. Problems are left
     /// for `pin` to report, with the reference that has them.
     pub fn prefetch<'a>(&self, texts: impl IntoIterator<Item = &'a str>, require_digest: bool) {
-        if require_digest {
-            return;
-        }
-        let mut tags: Vec<(String, ImageRef)> = Vec::new();
-        {
-            let resolved = self.resolved();
-            for text in texts {
-                if resolved.contains_key(text) || tags.iter().any(|(t, _)| t == text) {
-                    continue;
-                }
-                if let Ok(reference) = ImageRef::parse(text)
-                    && reference.digest.is_none()
-                {
-                    tags.push((text.to_owned(), reference));
-                }
-            }
-        }
-        if tags.len() < 2 {
-            return;
-        }
+        let tags: Vec<(String, ImageRef)> = self
+            .unresolved(texts, require_digest)
+            .into_iter()
+            .filter_map(|text| {
+                let reference = ImageRef::parse(&text).ok()?;
+                Some((text, reference))
+            })
+            .collect();
         for batch in tags.chunks(RESOLVE_AT_ONCE) {
             let found: Vec<_> = blocking(|| {
                 std::thread::scope(|scope| {

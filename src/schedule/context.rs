@@ -149,7 +149,7 @@ pub struct Context<'m> {
     /// `key_of` (per-item images are on each [`PlannedItem`]).
     pub images: HashMap<usize, PinnedImage>,
     /// Pins image references, asking a registry once per tag.
-    resolver: ImageResolver,
+    resolver: std::sync::Arc<ImageResolver>,
     /// Stored tree listings of upstream directory outputs, by digest
     /// (`None`: not in the store).
     listings: HashMap<Digest, Option<TreeListing>>,
@@ -229,7 +229,7 @@ impl<'m> Context<'m> {
             explain: true,
             orphans: HashMap::new(),
             images: HashMap::new(),
-            resolver: ImageResolver::new(),
+            resolver: std::sync::Arc::default(),
             listings: HashMap::new(),
         })
     }
@@ -300,6 +300,42 @@ impl<'m> Context<'m> {
             self.item_plans.insert(i, items);
         }
         Ok(key)
+    }
+
+    /// The image tags stage `i` names that are not resolved yet (its
+    /// executor's image, or its items' images): what fingerprinting it
+    /// would wait for the registry for. A list that cannot be read yields
+    /// none; planning reports it.
+    pub fn tags_to_resolve(&self, i: usize) -> Vec<String> {
+        let stage = &self.manifest.stages[i];
+        let Some((image, require_digest)) = self.manifest.image_of(stage) else {
+            return Vec::new();
+        };
+        if require_digest {
+            return Vec::new();
+        }
+        if !is_per_item(image) {
+            return self.resolver.unresolved([image], false);
+        }
+        let Some(foreach) = &stage.foreach else {
+            return Vec::new();
+        };
+        let list = foreach.items.resolve(&self.manifest.root);
+        let Ok(items) = load_items(&list, &foreach.key) else {
+            return Vec::new();
+        };
+        let texts: Vec<String> = items
+            .iter()
+            .filter_map(|item| fill(image, &item.value).ok())
+            .collect();
+        self.resolver
+            .unresolved(texts.iter().map(String::as_str), false)
+    }
+
+    /// The resolver of image tags, to resolve some off the scheduler's
+    /// thread.
+    pub fn resolver(&self) -> std::sync::Arc<ImageResolver> {
+        self.resolver.clone()
     }
 
     /// The items of a per-item stage, each with its fingerprint and the

@@ -13,6 +13,7 @@ mod record;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -29,8 +30,8 @@ use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
 use crate::store::{
-    ItemAttempt, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord, ResultStatus,
-    RunCounts, StoreError, now_ms,
+    ItemAttempt, Ledger, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
+    ResultStatus, RunCounts, StoreError, now_ms,
 };
 use interrupts::Interrupts;
 use record::new_lock_file;
@@ -141,6 +142,13 @@ struct Dispatcher<'a, 'm> {
     lock_changed: bool,
     stop: bool,
     summary: RunSummary,
+    /// The connection item attempts are written through, on the blocking
+    /// pool: hundreds of items ending keep the event loop (remote waits,
+    /// log streams, Ctrl-C) free while SQLite writes.
+    attempts_ledger: Arc<std::sync::Mutex<Ledger>>,
+    /// Stages whose image tags were resolved off the event loop in this
+    /// run (each is resolved once; its fingerprint then reads the answers).
+    tags_resolved: HashSet<usize>,
 }
 
 /// How long an interrupted run waits for its remote jobs to be cancelled
@@ -171,6 +179,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         );
         let run_id =
             ledger.begin_run(&options.invocation, ctx.manifest.profile.as_deref(), &token)?;
+        let attempts_ledger = Arc::new(std::sync::Mutex::new(ledger.another_connection()?));
         let log_dir = ctx
             .manifest
             .cache_dir()
@@ -250,6 +259,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 run_id,
                 ..Default::default()
             },
+            attempts_ledger,
+            tags_resolved: HashSet::new(),
         })
     }
 
@@ -265,9 +276,19 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         // all interrupt the run.
         let mut interrupt = Interrupts::listen()?;
 
+        // Stages waiting for their image tags to be resolved (off this
+        // thread): each comes back ready when its registry has answered.
+        let mut resolving: JoinSet<usize> = JoinSet::new();
+
         loop {
-            self.start_ready(&executors, &mut running, &hashed_tx, &attempts_tx)?;
-            if running.is_empty() {
+            self.start_ready(
+                &executors,
+                &mut running,
+                &mut resolving,
+                &hashed_tx,
+                &attempts_tx,
+            )?;
+            if running.is_empty() && (resolving.is_empty() || self.stop) {
                 return Ok(());
             }
             // In this order: releasing downstream stages first keeps the
@@ -282,9 +303,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     while let Ok(more) = attempts_rx.try_recv() {
                         batch.push(more);
                     }
-                    self.item_attempts(&batch)?;
+                    self.item_attempts(batch).await?;
                 }
-                joined = running.join_next() => {
+                joined = running.join_next(), if !running.is_empty() => {
                     let Some(joined) = joined else { continue };
                     let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
                     // A task reports its attempts and digests before it ends.
@@ -292,11 +313,18 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     while let Ok(attempt) = attempts_rx.try_recv() {
                         batch.push(attempt);
                     }
-                    self.item_attempts(&batch)?;
+                    self.item_attempts(batch).await?;
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
                 }
+                Some(resolved) = resolving.join_next(), if !resolving.is_empty() => {
+                    // The task cannot panic: it only waits for its thread.
+                    if let Ok(i) = resolved {
+                        self.ready.insert((self.rank[i], i));
+                    }
+                }
                 () = interrupt.recv() => {
+                    resolving.abort_all();
                     running.abort_all();
                     while running.join_next().await.is_some() {}
                     // The items' tasks are dropped after their stages'
@@ -311,7 +339,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     while let Ok(attempt) = attempts_rx.try_recv() {
                         batch.push(attempt);
                     }
-                    self.item_attempts(&batch)?;
+                    self.item_attempts(batch).await?;
                     // Those that did not are cancelled, or left running
                     // for the next run to adopt or cancel (`--detach`, or
                     // a cancellation not confirmed in time).
@@ -342,6 +370,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         &mut self,
         executors: &Executors,
         running: &mut JoinSet<Joined>,
+        resolving: &mut JoinSet<usize>,
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
         attempts: &UnboundedSender<ItemAttempt>,
     ) -> Result<(), ScheduleError> {
@@ -349,6 +378,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             let Some((_, i)) = self.ready.pop_first() else {
                 return Ok(());
             };
+            if self.resolve_tags_first(i, resolving) {
+                continue;
+            }
             let Some((key, reason)) = self.evaluate(i)? else {
                 continue;
             };
@@ -540,14 +572,49 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
+    /// Whether stage `i` names image tags not resolved yet: they are then
+    /// resolved on a thread of their own (a slow registry holds up neither
+    /// the other stages nor Ctrl-C), and the stage is ready again once its
+    /// registry has answered, errors included (fingerprinting reports them).
+    fn resolve_tags_first(&mut self, i: usize, resolving: &mut JoinSet<usize>) -> bool {
+        if self.tags_resolved.contains(&i) {
+            return false;
+        }
+        let tags = self.ctx.tags_to_resolve(i);
+        if tags.is_empty() {
+            return false;
+        }
+        self.tags_resolved.insert(i);
+        let resolver = self.ctx.resolver();
+        let (done, resolved) = tokio::sync::oneshot::channel::<()>();
+        // A thread, not the blocking pool: an interrupted run exits
+        // without waiting for a registry that does not answer.
+        std::thread::spawn(move || {
+            resolver.prefetch(tags.iter().map(String::as_str), false);
+            let _ = done.send(());
+        });
+        resolving.spawn(async move {
+            let _ = resolved.await;
+            i
+        });
+        true
+    }
+
     /// Records items' attempts the moment they end, so a crash loses no
     /// finished item.
-    fn item_attempts(&mut self, attempts: &[ItemAttempt]) -> Result<(), ScheduleError> {
+    async fn item_attempts(&mut self, attempts: Vec<ItemAttempt>) -> Result<(), ScheduleError> {
         if attempts.is_empty() {
             return Ok(());
         }
-        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        ledger.record_item_attempts(attempts)?;
+        let ledger = self.attempts_ledger.clone();
+        let attempts = tokio::task::spawn_blocking(move || {
+            let ledger = ledger
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            ledger.record_item_attempts(&attempts).map(|()| attempts)
+        })
+        .await
+        .map_err(|e| ScheduleError::Task(e.to_string()))??;
         // A plain stage's attempts that end here are those it retries (its
         // last is recorded with its result).
         for attempt in attempts.iter().filter(|a| a.class != RUNNING) {

@@ -247,14 +247,61 @@ pub struct StageTask {
 }
 
 /// The start of every job name of `stage`: `cairn-STAGE-WORKSPACE`, where
-/// WORKSPACE is 8 hex digits of the project root and pipeline name, so two
-/// checkouts of one pipeline sharing a cluster never adopt each other's
-/// jobs.
+/// WORKSPACE is 8 hex digits of the project root, the pipeline name and
+/// the checkout's own id ([`workspace_id`]), so two checkouts of one
+/// pipeline sharing a cluster never adopt each other's jobs, even at the
+/// same path on two machines.
 fn job_prefix(ctx: &Context<'_>, stage: &Stage) -> String {
+    let id = workspace_id(&ctx.manifest.cache_dir());
     let workspace = crate::fingerprint::Digest::of(
-        format!("{}\0{}", ctx.manifest.root.display(), ctx.manifest.name).as_bytes(),
+        format!(
+            "{}\0{}\0{id}",
+            ctx.manifest.root.display(),
+            ctx.manifest.name
+        )
+        .as_bytes(),
     );
     format!("cairn-{}-{}", stage.name, &workspace.hex()[..8])
+}
+
+/// This checkout's own id: made by its first run (from the host, the
+/// process, the time and the root), kept in `cache/workspace-id`, and the
+/// same for every later run of the checkout. Two checkouts at one path on
+/// two machines (CI runners) get two ids. Empty if the cache cannot keep
+/// one (the job names then rest on the path alone).
+fn workspace_id(cache: &Path) -> String {
+    let path = cache.join("workspace-id");
+    let read = |path: &Path| {
+        std::fs::read_to_string(path)
+            .ok()
+            .map(|text| text.trim().to_owned())
+            .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    if let Some(id) = read(&path) {
+        return id;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let seed = format!(
+        "{host}\0{}\0{:?}\0{}",
+        std::process::id(),
+        std::time::SystemTime::now(),
+        cache.display()
+    );
+    let id = crate::fingerprint::Digest::of(seed.as_bytes()).hex()[..32].to_owned();
+    // Written beside, then linked into place: of two runs making one at
+    // once, the first link wins and both read it.
+    let temp = cache.join(format!("workspace-id.{}", std::process::id()));
+    let made = std::fs::create_dir_all(cache)
+        .and_then(|()| std::fs::write(&temp, format!("{id}\n")))
+        .and_then(|()| std::fs::hard_link(&temp, &path));
+    let _ = std::fs::remove_file(&temp);
+    if let Err(error) = made
+        && error.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        tracing::warn!(path = %path.display(), error = %error, "could not keep this checkout's id; job names rest on its path alone");
+        return String::new();
+    }
+    read(&path).unwrap_or_default()
 }
 
 impl StageTask {

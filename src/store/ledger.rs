@@ -219,6 +219,21 @@ impl Ledger {
         Ok(ledger)
     }
 
+    /// A second connection to this ledger, for writes made off the
+    /// scheduler's thread (a run's item attempts, on tokio's blocking pool).
+    /// The ledger is open already: nothing is created or migrated.
+    pub fn another_connection(&self) -> Result<Self, StoreError> {
+        let conn = Connection::open(&self.path).map_err(|e| self.db(e))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .and_then(|()| conn.execute_batch("PRAGMA synchronous=NORMAL;"))
+            .map_err(|e| self.db(e))?;
+        Ok(Self {
+            conn,
+            path: self.path.clone(),
+            pipeline: self.pipeline.clone(),
+        })
+    }
+
     /// Opens an existing ledger for reading `pipeline`'s history; `None`
     /// if there is none yet.
     pub fn open_existing(cache: &Path, pipeline: &PipelineId) -> Result<Option<Self>, StoreError> {
