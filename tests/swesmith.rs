@@ -69,6 +69,21 @@ fn items_run_in(p: &Project, stage: &str, run: i64) -> Vec<String> {
     keys
 }
 
+/// The oracle's verdict on each task: (key, class), in key order.
+fn oracle_verdicts(p: &Project) -> Vec<(String, String)> {
+    let mut verdicts: Vec<(String, String)> = jsonl(p, "state/swesmith-curation/oracle.jsonl")
+        .iter()
+        .map(|r| {
+            (
+                r["key"].as_str().unwrap().to_owned(),
+                r["class"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    verdicts.sort();
+    verdicts
+}
+
 fn jsonl(p: &Project, path: &str) -> Vec<serde_json::Value> {
     p.read(path)
         .lines()
@@ -345,20 +360,7 @@ fn on_the_cluster_profile_each_oracle_and_canary_trial_runs_in_its_tasks_mirrore
     // not change what it computes.
     let local = shipped();
     cairn(&local, &["run"]).success();
-    let verdicts = |p: &Project| -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = jsonl(p, "state/swesmith-curation/oracle.jsonl")
-            .iter()
-            .map(|r| {
-                (
-                    r["key"].as_str().unwrap().to_owned(),
-                    r["class"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(verdicts(&p), verdicts(&local));
+    assert_eq!(oracle_verdicts(&p), oracle_verdicts(&local));
 }
 
 /// Under `--profile ci,slurm`, on the real one-node Slurm cluster that
@@ -438,18 +440,5 @@ fn on_the_slurm_profile_the_oracle_and_canary_run_as_job_arrays_with_this_machin
 
     let local = shipped();
     cairn(&local, &["run"]).success();
-    let verdicts = |p: &Project| -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = jsonl(p, "state/swesmith-curation/oracle.jsonl")
-            .iter()
-            .map(|r| {
-                (
-                    r["key"].as_str().unwrap().to_owned(),
-                    r["class"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(verdicts(&p), verdicts(&local));
+    assert_eq!(oracle_verdicts(&p), oracle_verdicts(&local));
 }

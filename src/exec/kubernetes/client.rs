@@ -135,71 +135,46 @@ impl KubernetesExecutor {
             .map_err(|e| ExecError::Wait(std::io::Error::other(e)))
     }
 
+    /// The Indexed Job `name` as this process's waiters of its indices
+    /// share it.
+    fn indexed_job(&self, name: &str, jobs: &Api<KubeJob>) -> Arc<IndexedJob> {
+        let mut indexed = self
+            .indexed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        indexed.retain(|_, owner| owner.strong_count() > 0);
+        if let Some(shared) = indexed.get(name).and_then(Weak::upgrade) {
+            return shared;
+        }
+        let shared = Arc::new(IndexedJob {
+            jobs: jobs.clone(),
+            name: name.to_owned(),
+            interrupted: AtomicBool::new(false),
+            held: Mutex::new(Some(RemoteJobGuard::new())),
+        });
+        indexed.insert(name.to_owned(), Arc::downgrade(&shared));
+        shared
+    }
+
+    /// The waiter of `job`'s Job, or (`placed`) of its index of an Indexed
+    /// Job.
     fn running(
         &self,
         job: &Job,
+        placed: Option<&Placed>,
         uid: Option<String>,
         jobs: Api<KubeJob>,
         pods: Api<Pod>,
         permit: OwnedSemaphorePermit,
     ) -> Box<dyn Running> {
-        self.running_as(
-            kubernetes_name(&job.name),
-            None,
-            job,
-            uid,
-            jobs,
-            pods,
-            permit,
-        )
-    }
-
-    /// The waiter of index `placed.index` of the Indexed Job `placed.batch`.
-    fn running_index(
-        &self,
-        placed: &Placed,
-        job: &Job,
-        uid: Option<String>,
-        jobs: Api<KubeJob>,
-        pods: Api<Pod>,
-        permit: OwnedSemaphorePermit,
-    ) -> Box<dyn Running> {
-        let name = kubernetes_name(&placed.batch);
-        let shared = {
-            let mut indexed = self
-                .indexed
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            indexed.retain(|_, owner| owner.strong_count() > 0);
-            match indexed.get(&name).and_then(Weak::upgrade) {
-                Some(shared) => shared,
-                None => {
-                    let shared = Arc::new(IndexedJob {
-                        jobs: jobs.clone(),
-                        name: name.clone(),
-                        interrupted: AtomicBool::new(false),
-                        held: Mutex::new(Some(RemoteJobGuard::new())),
-                    });
-                    indexed.insert(name.clone(), Arc::downgrade(&shared));
-                    shared
-                }
+        let (name, index) = match placed {
+            None => (kubernetes_name(&job.name), None),
+            Some(placed) => {
+                let name = kubernetes_name(&placed.batch);
+                let shared = self.indexed_job(&name, &jobs);
+                (name, Some((placed.index, shared)))
             }
         };
-        let index = Some((placed.index, shared));
-        self.running_as(name, index, job, uid, jobs, pods, permit)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn running_as(
-        &self,
-        name: String,
-        index: Option<(usize, Arc<IndexedJob>)>,
-        job: &Job,
-        uid: Option<String>,
-        jobs: Api<KubeJob>,
-        pods: Api<Pod>,
-        permit: OwnedSemaphorePermit,
-    ) -> Box<dyn Running> {
         Box::new(KubernetesRunning {
             name,
             index,
@@ -228,7 +203,7 @@ impl Executor for KubernetesExecutor {
             let (jobs, pods) = self.apis().await?;
             if let Some(batcher) = &self.batcher {
                 let (placed, _) = batcher.submit(self, job).await?;
-                return Ok(self.running_index(&placed, job, None, jobs, pods, permit));
+                return Ok(self.running(job, Some(&placed), None, jobs, pods, permit));
             }
             let object = job_spec(job, &self.settings).map_err(|e| ExecError::Engine {
                 engine: "kubernetes",
@@ -248,7 +223,7 @@ impl Executor for KubernetesExecutor {
                 Err(e) => return Err(engine_error("submit", e)),
             };
             let uid = created.and_then(|j| j.metadata.uid);
-            Ok(self.running(job, uid, jobs, pods, permit))
+            Ok(self.running(job, None, uid, jobs, pods, permit))
         })
     }
 
@@ -301,14 +276,14 @@ impl Executor for KubernetesExecutor {
                     .await
                     .map_err(|e| engine_error("find a job", e))?;
                 return Ok(found.map(|found| {
-                    self.running_index(&placed, job, found.metadata.uid, jobs, pods, permit)
+                    self.running(job, Some(&placed), found.metadata.uid, jobs, pods, permit)
                 }));
             }
             let found = jobs
                 .get_opt(&kubernetes_name(&job.name))
                 .await
                 .map_err(|e| engine_error("find a job", e))?;
-            Ok(found.map(|found| self.running(job, found.metadata.uid, jobs, pods, permit)))
+            Ok(found.map(|found| self.running(job, None, found.metadata.uid, jobs, pods, permit)))
         })
     }
 }
