@@ -247,6 +247,12 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "cairn.toml:4:10",
     ),
     (
+        "a batch of no items",
+        "[pipeline]\nname = \"x\"\n[executors.c]\nkind = \"slurm\"\nbatch = 0\n[stages.a]\nrun = \"true\"\nexecutor = \"c\"\n",
+        "`batch` must be an integer of at least 1, found 0",
+        "cairn.toml:5:9",
+    ),
+    (
         "unknown built-in",
         "[pipeline]\nname = \"x\"\n[stages.a]\nuses = \"frezee\"\n",
         "unknown built-in `frezee`",

@@ -264,6 +264,18 @@ impl<'s> Checker<'s> {
     pub(super) fn count(&mut self, node: &Node, what: &str, min: i64) -> Option<usize> {
         match node.kind {
             NodeKind::Integer(n) if n >= min && n <= u32::MAX as i64 => Some(n as usize),
+            NodeKind::Integer(n) => {
+                let expected = format!("an integer of at least {min}");
+                self.problems.push(
+                    Problem::new(
+                        format!("{what} must be {expected}, found {n}"),
+                        node.span.clone(),
+                        "out of range",
+                    )
+                    .help(format!("write {what} as {expected}")),
+                );
+                None
+            }
             _ => {
                 self.type_error(node, what, &format!("an integer of at least {min}"));
                 None
