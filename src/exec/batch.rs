@@ -191,12 +191,18 @@ impl Batcher {
                 }
             }
             Err(error) => {
-                let detail = match &error {
-                    ExecError::Engine { detail, .. } => detail.clone(),
-                    other => other.to_string(),
+                // Every job of the batch fails as the submission did, in
+                // the engine's own words.
+                let (engine, detail) = match &error {
+                    ExecError::Engine { engine, detail, .. } => (*engine, detail.clone()),
+                    other => ("batch", other.to_string()),
                 };
                 for q in queued {
-                    let _ = q.reply.send(Err(engine_error(&detail)));
+                    let _ = q.reply.send(Err(ExecError::Engine {
+                        engine,
+                        action: "submit",
+                        detail: detail.clone(),
+                    }));
                 }
             }
         }
@@ -406,8 +412,6 @@ pub fn shared_env(batch: &Batch) -> impl Iterator<Item = &(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
 
     fn job(root: &Path, item: &str) -> Job {
@@ -434,7 +438,6 @@ mod tests {
     #[derive(Clone, Default)]
     struct Counting {
         batches: Arc<Mutex<Vec<Vec<String>>>>,
-        cancelled: Arc<AtomicUsize>,
     }
 
     impl BatchEngine for Counting {
@@ -452,7 +455,6 @@ mod tests {
         }
 
         fn cancel_index<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), ExecError>> {
-            self.cancelled.fetch_add(1, Ordering::SeqCst);
             Box::pin(async { Ok(()) })
         }
     }
