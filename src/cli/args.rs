@@ -51,6 +51,15 @@ pub enum Command {
     Show(ShowArgs),
     /// Remove stored objects that no current result references.
     Gc(GcArgs),
+    /// Upload the current results of the targets (and their items) to the
+    /// remote cache.
+    Push(TransferArgs),
+    /// Bring the results the lock file names from the remote cache: record
+    /// them, restore their outputs, run nothing.
+    Pull(TransferArgs),
+    /// This machine's public key (made on first use), for teammates'
+    /// `[cache.remote] trust`.
+    Key(KeyArgs),
     /// Re-hash every output and stored object the records vouch for.
     Audit(AuditArgs),
     /// The chain of recorded results behind an output or stage.
@@ -230,6 +239,36 @@ pub struct RunArgs {
     /// machine's commands stop either way).
     #[arg(long)]
     pub detach: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// Which remote cache a command uses.
+#[derive(Debug, Args, Clone, Default)]
+pub struct RemoteArgs {
+    /// Use this remote cache (an HTTP cache's URL) instead of the
+    /// manifest's `[cache.remote] url`.
+    #[arg(long, value_name = "URL")]
+    pub remote_cache: Option<String>,
+    /// Use no remote cache, even if the manifest names one.
+    #[arg(long, conflicts_with = "remote_cache")]
+    pub no_remote_cache: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TransferArgs {
+    /// Stages to move (default: every stage).
+    #[arg(value_name = "STAGE")]
+    pub targets: Vec<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// Print only the public key.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Args)]

@@ -45,6 +45,7 @@ mod locked;
 mod log;
 mod progress;
 mod provenance;
+mod remote;
 mod render;
 mod run;
 mod show;
@@ -97,6 +98,9 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Log(args) => log::log(&cli.global, args),
         Command::Show(args) => show::show(&cli.global, args),
         Command::Gc(args) => gc::gc(&cli.global, args),
+        Command::Push(args) => remote::push(&cli.global, args),
+        Command::Pull(args) => remote::pull(&cli.global, args),
+        Command::Key(args) => remote::key(&cli.global, args),
         Command::Audit(args) => audit::audit_cmd(&cli.global, args),
         Command::Provenance(args) => provenance::provenance(&cli.global, args),
         Command::Verify(args) => bundle::verify(&cli.global, args),

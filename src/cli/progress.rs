@@ -114,6 +114,10 @@ impl Reporter for HumanReporter {
                         "{}  {stage} (outputs restored from the store)",
                         self.paint("33", "restored")
                     ),
+                    Done::Remote => format!(
+                        "{}  {stage} (from the remote cache)",
+                        self.paint("36", "  remote")
+                    ),
                     Done::Ran => format!(
                         "{}  {stage} in {}",
                         self.paint("32", "      ok"),

@@ -97,6 +97,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         limit: args.limit,
         only: args.only,
         locked: args.locked,
+        remote: super::remote::open(&loaded, &args.remote)?,
     };
 
     // One scheduler thread: it only waits on children and hands work out;
@@ -132,6 +133,15 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
             parts.push(format!("{} not attempted", summary.not_attempted()));
         }
         errln!("{} (run {})", parts.join(", "), summary.run_id);
+        if let Some(remote) = &options.remote {
+            errln!("{}", schedule::remote_summary(remote));
+        }
+    }
+    if summary.uploads_unfinished > 0 {
+        errln!(
+            "warning: {} upload(s) to the remote cache did not finish in time; the results are kept here",
+            summary.uploads_unfinished
+        );
     }
     if summary.interrupted {
         return Err(CliError::Exit(exit::INTERRUPTED));

@@ -143,6 +143,10 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
                 render::time(record.finished_ms),
                 render::elapsed_ms(record.started_ms, record.finished_ms)
             );
+            if let Some(origin) = &record.origin {
+                let from = origin.strip_prefix("remote:").unwrap_or(origin);
+                outln!("origin       the remote cache {from} (signed there, verified here)");
+            }
         }
     }
     if let Some(attempt) = last_attempt.filter(|a| a.status == crate::store::ResultStatus::Failed) {

@@ -7,10 +7,12 @@ use std::time::Duration;
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::model::{
     ClassifyRule, Command, Ended, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest,
-    Named, OutputIndex, PathDecl, ProjectPath, Resource, ResultCheck, Retry, Stage,
+    Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry,
+    Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
+mod cache;
 mod commands;
 mod cross_stage;
 mod executors;
@@ -29,6 +31,7 @@ const TOP_KEYS: &[&str] = &[
     "profiles",
     "resources",
     "executors",
+    "cache",
     "stages",
 ];
 const PIPELINE_KEYS: &[&str] = &["name", "root", "description"];
@@ -191,6 +194,7 @@ impl<'s> Checker<'s> {
         let (name, root) = self.pipeline(entries, tree, manifest_dir);
         let mut params = self.params(entries);
         let resources = self.resources(entries);
+        let remote_cache = self.cache(entries);
         // `--profile ci,cluster`: each applied in turn, a later one winning.
         let selected: Vec<&str> =
             profile.map_or_else(Vec::new, |p| p.split(',').map(str::trim).collect());
@@ -257,6 +261,7 @@ impl<'s> Checker<'s> {
             params,
             resources,
             executors,
+            remote_cache,
             stages,
         }))
     }

@@ -24,8 +24,26 @@ pub struct Manifest {
     /// `[executors]`: name → where the commands of stages that name it run
     /// (after the profile's replacements).
     pub executors: BTreeMap<String, ExecutorSpec>,
+    /// `[cache.remote]`: a cache shared across machines.
+    pub remote_cache: Option<RemoteCacheSpec>,
     /// Stages in document order.
     pub stages: Vec<Stage>,
+}
+
+/// `[cache.remote]`, as written (keys are parsed where they are used).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteCacheSpec {
+    pub url: String,
+    /// Public keys (`ed25519:BASE64`) trusted besides this machine's own.
+    pub trust: Vec<String>,
+    /// The environment variable holding the `Authorization` header value.
+    pub auth: Option<String>,
+    /// The signing key's file, if not the default.
+    pub key: Option<String>,
+    /// Whether results made here are uploaded.
+    pub upload: bool,
+    /// How long one request may take.
+    pub timeout: std::time::Duration,
 }
 
 impl Manifest {

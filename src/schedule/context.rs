@@ -446,6 +446,7 @@ impl<'m> Context<'m> {
                 outputs,
                 outcome,
                 result,
+                inputs,
             });
         }
         if let Some(ledger) = &self.ledger {

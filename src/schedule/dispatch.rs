@@ -10,6 +10,7 @@
 mod evaluate;
 mod interrupts;
 mod record;
+mod remote;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -25,10 +26,12 @@ use super::events::{Done, Event, Reporter};
 use super::executors::Executors;
 use super::items::PlannedItem;
 use super::limits::Limits;
+use super::remote::{UploadWorker, Uploads};
 use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
+use crate::store::remote::{Fetched, RemoteCache};
 use crate::store::{
     ItemAttempt, Ledger, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
     ResultStatus, RunCounts, StoreError, now_ms,
@@ -55,6 +58,9 @@ pub struct RunOptions {
     pub only: Option<Only>,
     /// `--locked`: never rewrite the lock file; report what would change.
     pub locked: bool,
+    /// A cache shared across machines: looked up before a stage or an
+    /// item runs, given what this run validates.
+    pub remote: Option<Arc<RemoteCache>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -75,6 +81,10 @@ pub struct RunSummary {
     /// With `--locked`: stages whose lock-file entry this run would have
     /// changed (the lock file was left as it is).
     pub lock_differs: Vec<String>,
+    /// Stages whose result came from the remote cache.
+    pub from_remote: Vec<String>,
+    /// Uploads to the remote cache still unfinished when the run ended.
+    pub uploads_unfinished: usize,
 }
 
 impl RunSummary {
@@ -95,6 +105,12 @@ enum Slot {
 }
 
 type Joined = (usize, StageKey, Result<TaskResult, ScheduleError>);
+/// A stage's remote lookup: the stage, its key, why it must run if the
+/// remote has nothing, what the remote had.
+type LookedUp = (usize, StageKey, DirtyReason, Option<Fetched>);
+
+/// How long a run waits at its end for its uploads to the remote cache.
+const UPLOADS_WAIT: Duration = Duration::from_secs(120);
 
 /// Runs the selected stages; see the module documentation.
 pub async fn run(
@@ -108,6 +124,11 @@ pub async fn run(
     // jobs are being cancelled on this runtime; let that finish.
     if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {
         tracing::warn!("some remote jobs could not be cancelled in time");
+    }
+    // What this run validated reaches the remote cache before it exits.
+    dispatcher.uploads = None;
+    if let Some(worker) = dispatcher.upload_worker.take() {
+        dispatcher.summary.uploads_unfinished = worker.drain(UPLOADS_WAIT).await;
     }
     match driven {
         Ok(()) => dispatcher.end(),
@@ -149,6 +170,11 @@ struct Dispatcher<'a, 'm> {
     /// Stages whose image tags were resolved off the event loop in this
     /// run (each is resolved once; its fingerprint then reads the answers).
     tags_resolved: HashSet<usize>,
+    /// Stages already looked up in the remote cache in this run.
+    looked_up: HashSet<usize>,
+    /// Uploads of what this run validates, and the worker doing them.
+    uploads: Option<Uploads>,
+    upload_worker: Option<UploadWorker>,
 }
 
 /// How long an interrupted run waits for its remote jobs to be cancelled
@@ -239,6 +265,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         });
         // A lock file that cannot be trusted is rewritten.
         let lock_changed = ctx.lock_problem.is_some();
+        let (uploads, upload_worker) = match &options.remote {
+            Some(remote) if remote.uploads() => {
+                let (uploads, worker) = Uploads::start(remote.clone(), ctx.store.clone());
+                (Some(uploads), Some(worker))
+            }
+            _ => (None, None),
+        };
         Ok(Self {
             ctx,
             options,
@@ -261,6 +294,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             },
             attempts_ledger,
             tags_resolved: HashSet::new(),
+            looked_up: HashSet::new(),
+            uploads,
+            upload_worker,
         })
     }
 
@@ -279,16 +315,19 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         // Stages waiting for their image tags to be resolved (off this
         // thread): each comes back ready when its registry has answered.
         let mut resolving: JoinSet<usize> = JoinSet::new();
+        // Stages being looked up in the remote cache.
+        let mut lookups: JoinSet<LookedUp> = JoinSet::new();
 
         loop {
             self.start_ready(
                 &executors,
                 &mut running,
                 &mut resolving,
+                &mut lookups,
                 &hashed_tx,
                 &attempts_tx,
             )?;
-            if running.is_empty() && (resolving.is_empty() || self.stop) {
+            if running.is_empty() && ((resolving.is_empty() && lookups.is_empty()) || self.stop) {
                 return Ok(());
             }
             // In this order: releasing downstream stages first keeps the
@@ -317,6 +356,19 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
                 }
+                Some(looked) = lookups.join_next(), if !lookups.is_empty() => {
+                    let (i, key, reason, fetched) = looked.map_err(|e| ScheduleError::Task(e.to_string()))?;
+                    let reason = match fetched {
+                        Some(fetched) => match self.adopt_remote(i, &key, fetched)? {
+                            None => continue,
+                            Some(reason) => reason,
+                        },
+                        None => reason,
+                    };
+                    if !self.stop {
+                        self.start(i, key, reason, &executors, &mut running, &hashed_tx, &attempts_tx);
+                    }
+                }
                 Some(resolved) = resolving.join_next(), if !resolving.is_empty() => {
                     // The task cannot panic: it only waits for its thread.
                     if let Ok(i) = resolved {
@@ -325,6 +377,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 }
                 () = interrupt.recv() => {
                     resolving.abort_all();
+                    lookups.abort_all();
                     running.abort_all();
                     while running.join_next().await.is_some() {}
                     // The items' tasks are dropped after their stages'
@@ -371,6 +424,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         executors: &Executors,
         running: &mut JoinSet<Joined>,
         resolving: &mut JoinSet<usize>,
+        lookups: &mut JoinSet<LookedUp>,
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
         attempts: &UnboundedSender<ItemAttempt>,
     ) -> Result<(), ScheduleError> {
@@ -384,81 +438,101 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             let Some((key, reason)) = self.evaluate(i)? else {
                 continue;
             };
-            let stage = &self.ctx.manifest.stages[i];
-            self.reporter.event(Event::StageStarted {
-                stage: &stage.name,
-                reason: &reason,
-            });
-            // Windows held across a cluster, in one order everywhere (two
-            // runs taking two windows in opposite orders would wait for each
-            // other forever).
-            let mut windows: Vec<(String, std::sync::Arc<dyn crate::exec::Executor>)> = stage
-                .resources
-                .iter()
-                .filter_map(|held| {
-                    let across = self
-                        .ctx
-                        .manifest
-                        .resources
-                        .get(&held.name)?
-                        .across
-                        .as_ref()?;
-                    Some((held.name.clone(), executors.named(across)?))
-                })
-                .collect();
-            windows.sort_by(|a, b| a.0.cmp(&b.0));
-            // Each orphan is cancelled on its own engine, which a profile
-            // switch may have made another than the stage's.
-            let orphans = match self.ctx.unwanted_jobs(i, &key.fingerprint()) {
-                Ok(handles) => handles
-                    .into_iter()
-                    .map(|handle| {
-                        let engine = executors.for_handle(&handle);
-                        (handle, engine)
-                    })
-                    .collect(),
-                Err(error) => {
-                    self.fail(i, &super::with_causes(&error), None);
-                    continue;
-                }
+            let Some((key, reason)) = self.look_up_first(i, key, reason, lookups) else {
+                continue;
             };
-            let task = match StageTask::prepare(
-                self.ctx,
-                i,
-                &key.fingerprint(),
-                &self.log_dir,
-                &self.token,
-                self.run_id,
-                self.limits.clone(),
-                self.holds[i].clone(),
-                self.rank[i] as u64,
-            ) {
-                Ok(task) if stage.foreach.is_some() => {
-                    let mut plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
-                    if let Err(message) = self.forget_forced_items(i, &mut plan) {
-                        self.fail(i, &message, None);
-                        continue;
-                    }
-                    task.with_items(stage, plan, self.options.only, self.options.limit)
-                }
-                Ok(task) => task,
-                Err(error) => {
-                    self.fail(i, &super::with_causes(&error), None);
-                    continue;
-                }
-            }
-            .with_orphans(orphans)
-            .with_windows(windows);
-            self.slots[i] = Slot::Running;
-            let links = TaskLinks {
-                stage: i,
-                hashed: hashed.clone(),
-                attempts: attempts.clone(),
-            };
-            let executor = executors.of_stage(i);
-            running.spawn(async move { (i, key, task.run(executor, links).await) });
+            self.start(i, key, reason, executors, running, hashed, attempts);
         }
         Ok(())
+    }
+
+    /// Starts stage `i`, which must run: its task waits for a job slot and
+    /// its resources.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &mut self,
+        i: usize,
+        key: StageKey,
+        reason: DirtyReason,
+        executors: &Executors,
+        running: &mut JoinSet<Joined>,
+        hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+        attempts: &UnboundedSender<ItemAttempt>,
+    ) {
+        let stage = &self.ctx.manifest.stages[i];
+        self.reporter.event(Event::StageStarted {
+            stage: &stage.name,
+            reason: &reason,
+        });
+        // Windows held across a cluster, in one order everywhere (two
+        // runs taking two windows in opposite orders would wait for each
+        // other forever).
+        let mut windows: Vec<(String, std::sync::Arc<dyn crate::exec::Executor>)> = stage
+            .resources
+            .iter()
+            .filter_map(|held| {
+                let across = self
+                    .ctx
+                    .manifest
+                    .resources
+                    .get(&held.name)?
+                    .across
+                    .as_ref()?;
+                Some((held.name.clone(), executors.named(across)?))
+            })
+            .collect();
+        windows.sort_by(|a, b| a.0.cmp(&b.0));
+        // Each orphan is cancelled on its own engine, which a profile
+        // switch may have made another than the stage's.
+        let orphans = match self.ctx.unwanted_jobs(i, &key.fingerprint()) {
+            Ok(handles) => handles
+                .into_iter()
+                .map(|handle| {
+                    let engine = executors.for_handle(&handle);
+                    (handle, engine)
+                })
+                .collect(),
+            Err(error) => {
+                self.fail(i, &super::with_causes(&error), None);
+                return;
+            }
+        };
+        let task = match StageTask::prepare(
+            self.ctx,
+            i,
+            &key.fingerprint(),
+            &self.log_dir,
+            &self.token,
+            self.run_id,
+            self.limits.clone(),
+            self.holds[i].clone(),
+            self.rank[i] as u64,
+        ) {
+            Ok(task) if stage.foreach.is_some() => {
+                let mut plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
+                if let Err(message) = self.forget_forced_items(i, &mut plan) {
+                    self.fail(i, &message, None);
+                    return;
+                }
+                task.with_items(stage, plan, self.options.only, self.options.limit)
+            }
+            Ok(task) => task,
+            Err(error) => {
+                self.fail(i, &super::with_causes(&error), None);
+                return;
+            }
+        }
+        .with_orphans(orphans)
+        .with_windows(windows)
+        .with_remote(self.options.remote.clone(), self.uploads.clone());
+        self.slots[i] = Slot::Running;
+        let links = TaskLinks {
+            stage: i,
+            hashed: hashed.clone(),
+            attempts: attempts.clone(),
+        };
+        let executor = executors.of_stage(i);
+        running.spawn(async move { (i, key, task.run(executor, links).await) });
     }
 
     /// A task's output digests are final: the stage is done for everything

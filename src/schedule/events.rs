@@ -14,6 +14,9 @@ pub enum Done {
     Restored,
     /// The command ran and its result was recorded.
     Ran,
+    /// A remote cache held a valid result made elsewhere; its outputs were
+    /// brought here and nothing ran.
+    Remote,
 }
 
 #[derive(Debug)]

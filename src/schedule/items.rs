@@ -41,6 +41,9 @@ pub struct PlannedItem {
     pub result: Option<serde_json::Value>,
     /// What the item wrote (`item_outputs`), as recorded with that outcome.
     pub outputs: Option<Vec<crate::store::OutputRecord>>,
+    /// The digests of what it reads (with its image), as its fingerprint
+    /// hashed them: the rest of the fingerprint's pre-image.
+    pub inputs: Vec<(String, Digest)>,
 }
 
 /// Counts of a per-item stage's items by state.
@@ -304,6 +307,7 @@ mod tests {
             outcome: Some((ItemClass::Ok, 1)),
             result: None,
             outputs: None,
+            inputs: Vec::new(),
         };
         let a = aggregate(&[planned("b"), planned("a"), planned("c")]);
         let b = aggregate(&[planned("c"), planned("b"), planned("a")]);

@@ -12,8 +12,10 @@ mod item_fields;
 mod item_outputs;
 mod items;
 mod limits;
+mod remote;
 mod status;
 mod task;
+mod transfer;
 
 pub use context::{Context, DirtyReason, Freshness};
 pub use dispatch::{RunOptions, RunSummary, run};
@@ -22,6 +24,7 @@ pub use item_fields::check_item_lists;
 pub use items::{ItemCounts, load_items};
 pub use status::{StageStatus, State, evaluate};
 pub use task::Only;
+pub use transfer::{Pulled, Pushed, pull, push, remote_summary};
 
 use std::path::PathBuf;
 

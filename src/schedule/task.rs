@@ -25,9 +25,11 @@ use super::context::Context;
 use super::item_outputs::ItemOutputs;
 use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
+use super::remote::Uploads;
 use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environment, redact_text};
 use crate::fingerprint::Digest;
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Retry, Stage};
+use crate::store::remote::{Producer, RemoteCache};
 use crate::store::{
     INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms, remove_path,
 };
@@ -244,6 +246,12 @@ pub struct StageTask {
     /// Windows held across a cluster while its items run: (resource, the
     /// executor whose cluster holds it).
     windows: Vec<(String, Arc<dyn Executor>)>,
+    /// The remote cache items are looked up in, and the uploads of what
+    /// they validate.
+    remote: Option<Arc<RemoteCache>>,
+    uploads: Option<Uploads>,
+    /// Who runs its commands, for the entries it uploads.
+    producer: Producer,
 }
 
 /// The start of every job name of `stage`: `cairn-STAGE-WORKSPACE`, where
@@ -398,7 +406,22 @@ impl StageTask {
             run_id,
             orphans: Vec::new(),
             windows: Vec::new(),
+            remote: None,
+            uploads: None,
+            producer: super::remote::producer(ctx.manifest, stage, 0, 0, None),
         })
+    }
+
+    /// Looks its items up in `remote` before they run, and uploads what
+    /// they validate through `uploads`.
+    pub fn with_remote(
+        mut self,
+        remote: Option<Arc<RemoteCache>>,
+        uploads: Option<Uploads>,
+    ) -> Self {
+        self.remote = remote;
+        self.uploads = uploads;
+        self
     }
 
     /// Cancels `orphans`, jobs a dead run left that this run does not want,

@@ -65,6 +65,8 @@ pub struct ResultRecord {
     pub exit_code: Option<i32>,
     pub log_path: Option<String>,
     pub error: Option<String>,
+    /// `remote:URL` if a remote cache supplied it; `None` if it ran here.
+    pub origin: Option<String>,
 }
 
 /// A result about to be recorded.
@@ -84,6 +86,8 @@ pub struct NewResult<'a> {
     /// The attempt of the command that made it (a plain stage's last),
     /// recorded in the same transaction.
     pub attempt: Option<&'a ItemAttempt>,
+    /// `remote:URL` if a remote cache supplied it.
+    pub origin: Option<&'a str>,
 }
 
 /// (item key, item fingerprint) → (class, attempts, JSON result, outputs).
@@ -119,6 +123,9 @@ pub struct ItemAttempt {
     /// The job on its engine (`pid:4242`, `slurm:1234`), once submitted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handle: Option<String>,
+    /// `remote:URL` if a remote cache supplied the outcome (no job ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 impl ItemAttempt {
@@ -148,6 +155,7 @@ impl ItemAttempt {
             code: None,
             outputs: None,
             handle: None,
+            origin: None,
         }
     }
 }
@@ -203,7 +211,7 @@ pub struct Ledger {
 
 /// The columns a [`ResultRecord`] is read from. The key (large: one
 /// component per input) is left out and read on demand by [`Ledger::key`].
-const RESULT_COLUMNS: &str = "id, run_id, stage, fingerprint, status, NULL, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error";
+const RESULT_COLUMNS: &str = "id, run_id, stage, fingerprint, status, NULL, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error, origin";
 
 impl Ledger {
     /// Opens (creating if needed) the ledger in `cache` for `pipeline`,

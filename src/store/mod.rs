@@ -10,6 +10,7 @@ mod live;
 mod lockfile;
 mod objects;
 mod provenance;
+pub mod remote;
 mod workspace_lock;
 
 pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};

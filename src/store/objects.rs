@@ -134,6 +134,29 @@ impl ObjectStore {
         fs::rename(temp, dest).map_err(|e| StoreError::io(dest, e))
     }
 
+    /// A path in the store's temporary area no one else uses (its
+    /// directory made), for bytes arriving from elsewhere.
+    pub fn fresh_temp_path(&self) -> PathBuf {
+        let dir = self.tmp_dir();
+        let _ = fs::create_dir_all(&dir);
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        dir.join(format!("{}-{n}", std::process::id()))
+    }
+
+    /// Makes downloaded, verified files durable and visible: each
+    /// `(temp, dest)` is fsynced, then renamed into place.
+    pub fn publish_downloads(&self, placed: Vec<(PathBuf, PathBuf)>) -> Result<(), StoreError> {
+        for (temp, _) in &placed {
+            File::open(temp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StoreError::io(temp, e))?;
+        }
+        for (temp, dest) in placed {
+            self.rename_into_place(&temp, &dest)?;
+        }
+        Ok(())
+    }
+
     /// Copies one workspace file into a temporary file of the store,
     /// hashing the bytes it copies. Not yet durable nor visible.
     fn copy_in(&self, src: &Path, staged: &mut Staged) -> Result<(Digest, u64), StoreError> {
@@ -313,7 +336,7 @@ impl ObjectStore {
     }
 
     /// Whether the object `digest` is stored with `size` bytes.
-    fn holds(&self, digest: &Digest, size: u64) -> bool {
+    pub fn holds(&self, digest: &Digest, size: u64) -> bool {
         fs::metadata(self.object_path(digest)).is_ok_and(|m| m.len() == size)
     }
 

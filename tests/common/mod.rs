@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod http_cache;
 pub mod kube;
 pub mod registry;
 
@@ -181,9 +182,20 @@ pub fn intoto_errors(statement: &serde_json::Value) -> Vec<String> {
 /// and items keyed without one, no `pipelines` table.
 /// Turns a current ledger back into schema 6: attempts without job handles.
 pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
+    downgrade_to_schema_7(db);
     db.execute_batch(
         "ALTER TABLE item_attempts DROP COLUMN handle;
          PRAGMA user_version = 6;",
+    )
+    .unwrap();
+}
+
+/// Turns a current ledger back into schema 7: no origins.
+pub fn downgrade_to_schema_7(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "ALTER TABLE results DROP COLUMN origin;
+         ALTER TABLE items DROP COLUMN origin;
+         PRAGMA user_version = 7;",
     )
     .unwrap();
 }

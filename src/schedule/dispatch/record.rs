@@ -37,6 +37,7 @@ impl Dispatcher<'_, '_> {
                 log_path: log_path.as_deref(),
                 error: None,
                 attempt,
+                origin: None,
             },
             &inline,
         )?;
@@ -53,7 +54,9 @@ impl Dispatcher<'_, '_> {
             exit_code: attempt.map_or(Some(0), |a| a.exit_code),
             log_path,
             error: None,
+            origin: None,
         };
+        self.upload_result(i, key, &record, inline);
         let name = stage.name.clone();
         tracing::info!(stage = %name, result = id, "recorded");
         self.used
@@ -95,6 +98,7 @@ impl Dispatcher<'_, '_> {
                 log_path: log_path.as_deref(),
                 error: Some(message),
                 attempt,
+                origin: None,
             },
             &[],
         )?;

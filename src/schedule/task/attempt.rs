@@ -22,6 +22,9 @@ pub(super) struct ItemRunner {
     pub(super) attempts: UnboundedSender<ItemAttempt>,
     pub(super) outputs: ItemOutputs,
     pub(super) store: ObjectStore,
+    /// Where final outcomes are uploaded to the remote cache, if anywhere.
+    pub(super) uploads: Option<Uploads>,
+    pub(super) producer: Producer,
 }
 
 impl ItemRunner {
@@ -154,6 +157,8 @@ impl ItemRunner {
             let why_failed = rule
                 .clone()
                 .or_else(|| exit_code.map(|code| format!("exit status {code}")));
+            let (uploaded_rule, uploaded_outputs) =
+                (rule.clone(), outputs.clone().unwrap_or_default());
             let _ = self.attempts.send(ItemAttempt {
                 finished_ms: now_ms(),
                 exit_code,
@@ -171,6 +176,26 @@ impl ItemRunner {
                     // The next attempt would find the run stopped anyway.
                     () = self.limits.stopped() => {}
                 }
+            }
+            if class.is_final()
+                && let Some(uploads) = &self.uploads
+            {
+                let producer = Producer {
+                    started_ms,
+                    finished_ms: now_ms(),
+                    exit_code,
+                    ..self.producer.clone()
+                };
+                let entry = super::super::remote::item_entry(
+                    &self.stage,
+                    planned,
+                    &class,
+                    uploaded_rule,
+                    result.as_ref().map(|r| r.to_string()),
+                    &uploaded_outputs,
+                    producer,
+                );
+                uploads.send(entry, Vec::new());
             }
             let attempts = planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt;
             return Ok(Some(ItemEnd {

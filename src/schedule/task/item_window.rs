@@ -20,6 +20,20 @@ impl StageTask {
             path: items.log_dir.clone(),
             source,
         })?;
+        if let Some(remote) = &self.remote {
+            let reused = super::super::remote::reuse_items(
+                remote,
+                &mut items.plan,
+                &self.store,
+                &links.attempts,
+                self.run_id,
+                &items.name,
+            )
+            .await;
+            if reused > 0 {
+                tracing::info!("{reused} item(s) of `{}` from the remote cache", items.name);
+            }
+        }
         if !items.outputs.is_empty() {
             let restored = items.outputs.prepare(&mut items.plan, &self.store)?;
             if restored > 0 {
@@ -97,6 +111,8 @@ impl StageTask {
             attempts: links.attempts.clone(),
             outputs: items.outputs.clone(),
             store: self.store.clone(),
+            uploads: self.uploads.clone(),
+            producer: self.producer.clone(),
         });
         // A bounded window of item tasks: tens of thousands of waiting
         // futures would cost memory and buy nothing.

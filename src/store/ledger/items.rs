@@ -101,8 +101,8 @@ impl Ledger {
                 .map_err(|e| self.db(e))?;
             let mut upsert = tx
                 .prepare_cached(
-                    "INSERT INTO items (pipeline, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs) VALUES (?10, ?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9)
-                     ON CONFLICT(pipeline, stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8, outputs = ?9",
+                    "INSERT INTO items (pipeline, stage, key, fingerprint, class, attempts, run_id, finished_ms, result, code, outputs, origin) VALUES (?10, ?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?11)
+                     ON CONFLICT(pipeline, stage, key, fingerprint) DO UPDATE SET class = ?4, attempts = attempts + 1, run_id = ?5, finished_ms = ?6, result = ?7, code = ?8, outputs = ?9, origin = ?11",
                 )
                 .map_err(|e| self.db(e))?;
             let mut started = tx
@@ -161,6 +161,7 @@ impl Ledger {
                         code,
                         outputs,
                         self.pipeline.name,
+                        attempt.origin,
                     ])
                     .map_err(|e| self.db(e))?;
             }
@@ -198,6 +199,7 @@ impl Ledger {
                         .and_then(|c| c.parse().ok()),
                     outputs: None,
                     handle: row.get(12)?,
+                    origin: None,
                 })
             })
             .map_err(|e| self.db(e))?;

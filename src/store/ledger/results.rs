@@ -27,8 +27,8 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare_cached(
-                "INSERT INTO results (run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error, pipeline)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                "INSERT INTO results (run_id, stage, fingerprint, status, key_json, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error, pipeline, origin)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             )
             .map_err(|e| self.db(e))?;
         statement
@@ -46,6 +46,7 @@ impl Ledger {
                 result.log_path,
                 result.error,
                 self.pipeline.name,
+                result.origin,
             ])
             .map_err(|e| self.db(e))?;
         drop(statement);
@@ -222,6 +223,7 @@ impl Ledger {
                     exit_code: row.get(10)?,
                     log_path: row.get(11)?,
                     error: row.get(12)?,
+                    origin: row.get(13)?,
                 };
                 Ok((record, outputs_json))
             })

@@ -10,6 +10,7 @@
 //! | 5 | items record their outputs |
 //! | 6 | runs, results, heads, items and item attempts belong to a pipeline (its `[pipeline] name`); `pipelines` records which manifest each name belongs to |
 //! | 7 | an item attempt is recorded when its job starts (class `running`, with the job's handle on its engine) and replaced when it ends; a run that died leaves it `abandoned` |
+//! | 8 | results and item outcomes record their origin (`remote:URL` when a remote cache supplied them, else none) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -17,7 +18,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 7;
+pub const LEDGER_SCHEMA_VERSION: i64 = 8;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -51,7 +52,9 @@ CREATE TABLE IF NOT EXISTS results (
     exit_code INTEGER,
     log_path TEXT,
     error TEXT,
-    pipeline TEXT NOT NULL DEFAULT ''
+    pipeline TEXT NOT NULL DEFAULT '',
+    -- `remote:URL` if a remote cache supplied it; NULL if it ran here.
+    origin TEXT
 );
 CREATE INDEX IF NOT EXISTS results_by_stage ON results(pipeline, stage, fingerprint, status);
 -- The newest successful result and the newest attempt of each stage, kept
@@ -84,6 +87,8 @@ CREATE TABLE IF NOT EXISTS items (
     code TEXT,
     -- The item's outputs (`item_outputs`), as a JSON array of records.
     outputs TEXT,
+    -- `remote:URL` if a remote cache supplied it; NULL if it ran here.
+    origin TEXT,
     PRIMARY KEY (pipeline, stage, key, fingerprint)
 ) WITHOUT ROWID;
 -- Every attempt of every item.
@@ -133,6 +138,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (5, item_outputs),
     (6, pipelines),
     (7, attempts_when_they_start),
+    (8, origins),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -206,6 +212,14 @@ fn pipelines(tx: &Transaction<'_>, pipeline: &str, manifest: &str) -> rusqlite::
 /// 7: an item attempt is recorded when its job starts, with its handle.
 fn attempts_when_they_start(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch("ALTER TABLE item_attempts ADD COLUMN handle TEXT;")
+}
+
+/// 8: results and item outcomes record where they came from.
+fn origins(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE results ADD COLUMN origin TEXT;
+         ALTER TABLE items ADD COLUMN origin TEXT;",
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,182 @@
+//! The remote cache on the command line: which one a command uses,
+//! `cairn push`, `cairn pull` and `cairn key`.
+
+use std::sync::Arc;
+
+use super::args::{Global, KeyArgs, RemoteArgs, TransferArgs};
+use super::error::{CliError, exit};
+use super::workspace::{self, Loaded};
+use crate::manifest::RemoteCacheSpec;
+use crate::schedule::{self, Context};
+use crate::store::remote::{RemoteCache, RemoteSettings, SigningKey};
+use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
+
+/// The remote cache of this command: `--remote-cache URL` (with the
+/// manifest's other settings), else the manifest's; none with
+/// `--no-remote-cache`.
+pub fn open(loaded: &Loaded, args: &RemoteArgs) -> Result<Option<Arc<RemoteCache>>, CliError> {
+    if args.no_remote_cache {
+        return Ok(None);
+    }
+    let spec = match (&args.remote_cache, &loaded.manifest.remote_cache) {
+        (None, None) => return Ok(None),
+        (None, Some(spec)) => spec.clone(),
+        (Some(url), spec) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(CliError::usage(format!(
+                    "`--remote-cache {url}` is not an http:// or https:// address"
+                )));
+            }
+            RemoteCacheSpec {
+                url: url.clone(),
+                ..spec.clone().unwrap_or(RemoteCacheSpec {
+                    url: String::new(),
+                    trust: Vec::new(),
+                    auth: None,
+                    key: None,
+                    upload: true,
+                    timeout: std::time::Duration::from_secs(30),
+                })
+            }
+        }
+    };
+    let settings = RemoteSettings {
+        url: spec.url,
+        trust: spec.trust,
+        auth: spec.auth,
+        key: spec
+            .key
+            .map(|key| loaded.manifest.root.join(expand_home(&key))),
+        upload: spec.upload,
+        timeout: spec.timeout,
+    };
+    let remote = RemoteCache::open(&settings).map_err(|message| CliError::Usage {
+        message: format!("cannot use the remote cache: {message}"),
+        help: Some(
+            "see \"A shared cache\" in docs/cli.md, or run with `--no-remote-cache`".to_owned(),
+        ),
+    })?;
+    Ok(Some(Arc::new(remote)))
+}
+
+/// `~/x` → `$HOME/x`.
+fn expand_home(path: &str) -> std::path::PathBuf {
+    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
+        _ => std::path::PathBuf::from(path),
+    }
+}
+
+fn required(
+    loaded: &Loaded,
+    args: &RemoteArgs,
+    command: &str,
+) -> Result<Arc<RemoteCache>, CliError> {
+    open(loaded, args)?.ok_or_else(|| CliError::Usage {
+        message: format!("`cairn {command}` needs a remote cache, and none is configured"),
+        help: Some(
+            "add `[cache.remote] url = \"http://…\"` to the manifest, or pass `--remote-cache URL`"
+                .to_owned(),
+        ),
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Output)
+}
+
+/// `cairn push [STAGE…]`.
+pub fn push(global: &Global, args: &TransferArgs) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let selected = loaded.selection(&args.targets)?;
+    let remote = required(&loaded, &args.remote, "push")?;
+    let mut ctx = loaded.read_context()?;
+    let pushed = runtime()?.block_on(schedule::push(&mut ctx, &selected, &remote))?;
+    loaded.save_learnt(&mut ctx);
+    outln!(
+        "pushed {} stage result(s) and {} item outcome(s) to {}",
+        pushed.stages,
+        pushed.items,
+        remote.url()
+    );
+    if !pushed.skipped.is_empty() && !global.quiet {
+        errln!(
+            "not pushed (no current result; `cairn run` makes one): {}",
+            pushed.skipped.join(", ")
+        );
+    }
+    if pushed.failed > 0 {
+        errln!(
+            "error: {} upload(s) failed: {}",
+            pushed.failed,
+            schedule::remote_summary(&remote)
+        );
+        return Err(CliError::Exit(exit::STAGE_FAILED));
+    }
+    Ok(())
+}
+
+/// `cairn pull [STAGE…]`.
+pub fn pull(global: &Global, args: &TransferArgs) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let selected = loaded.selection(&args.targets)?;
+    let remote = required(&loaded, &args.remote, "pull")?;
+    let cache = loaded.manifest.cache_dir();
+    let _lock = WorkspaceLock::acquire(&cache, WhenLocked::Wait, |holder| {
+        let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
+        errln!("waiting for another cairn process{who} to release the workspace…");
+    })?;
+    let ledger = Ledger::open(&cache, &PipelineId::of(&loaded.manifest))?;
+    let mut ctx = Context::new(&loaded.manifest, &loaded.dag, Some(ledger))?;
+    if ctx.lock.is_none() {
+        let why = ctx
+            .lock_problem
+            .as_ref()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| format!("there is no `{}`", loaded.manifest.lock_path().display()));
+        return Err(CliError::Usage {
+            message: format!("`cairn pull` brings the results the lock file names, and {why}"),
+            help: Some("commit the lock file where the results were made (`cairn run` writes it), or let `cairn run` look results up in the remote".to_owned()),
+        });
+    }
+    let invocation = std::env::args().collect::<Vec<_>>().join(" ");
+    let pulled = runtime()?.block_on(schedule::pull(&mut ctx, &selected, &remote, &invocation))?;
+    outln!(
+        "pulled {} stage result(s) ({} already here), {} output(s) restored",
+        pulled.pulled.len(),
+        pulled.present.len(),
+        pulled.restored
+    );
+    if !pulled.missing.is_empty() {
+        errln!(
+            "error: not in the remote cache (or refused): {}; {}",
+            pulled.missing.join(", "),
+            schedule::remote_summary(&remote)
+        );
+        return Err(CliError::Exit(exit::STAGE_FAILED));
+    }
+    Ok(())
+}
+
+/// `cairn key`.
+pub fn key(global: &Global, args: &KeyArgs) -> Result<(), CliError> {
+    // The manifest's `[cache.remote] key`, when there is a manifest.
+    let configured = workspace::load(global).ok().and_then(|loaded| {
+        let key = loaded.manifest.remote_cache.as_ref()?.key.clone()?;
+        Some(loaded.manifest.root.join(expand_home(&key)))
+    });
+    let key = SigningKey::load(configured.as_deref()).map_err(CliError::usage)?;
+    if args.quiet {
+        outln!("{}", key.public());
+    } else {
+        outln!("{}", key.public());
+        errln!("signing key: {}", key.source);
+        errln!("teammates trust results signed here with, in their manifest:");
+        errln!("  [cache.remote]");
+        errln!("  trust = [\"{}\"]", key.public());
+    }
+    Ok(())
+}

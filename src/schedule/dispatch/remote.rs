@@ -1,0 +1,135 @@
+//! A stage's remote lookup before it runs, and taking a remote hit as the
+//! stage's result: recorded here with the remote as its origin, its
+//! outputs restored, nothing run.
+
+use super::*;
+
+impl Dispatcher<'_, '_> {
+    /// Whether stage `i`, which must run for `reason`, is looked up in the
+    /// remote cache first: then the lookup goes to `lookups` and `None` is
+    /// returned; the stage comes back when the remote has answered.
+    /// Per-item stages are looked up item by item when they run; `--force`
+    /// means run it here.
+    pub(super) fn look_up_first(
+        &mut self,
+        i: usize,
+        key: StageKey,
+        reason: DirtyReason,
+        lookups: &mut JoinSet<LookedUp>,
+    ) -> Option<(StageKey, DirtyReason)> {
+        let Some(remote) = self.options.remote.clone() else {
+            return Some((key, reason));
+        };
+        let stage = &self.ctx.manifest.stages[i];
+        if stage.foreach.is_some()
+            || reason == DirtyReason::Forced
+            || !remote.is_up()
+            || !self.looked_up.insert(i)
+        {
+            return Some((key, reason));
+        }
+        let store = self.ctx.store.clone();
+        lookups.spawn(async move {
+            let fetched = remote.fetch(&key.fingerprint(), &store).await;
+            (i, key, reason, fetched)
+        });
+        None
+    }
+
+    /// Takes a verified remote entry as stage `i`'s result. `Ok(None)`: the
+    /// stage is done; `Ok(Some(reason))`: its outputs could not be brought
+    /// back after all, and it runs.
+    pub(super) fn adopt_remote(
+        &mut self,
+        i: usize,
+        key: &StageKey,
+        fetched: Fetched,
+    ) -> Result<Option<DirtyReason>, ScheduleError> {
+        let started = Instant::now();
+        let stage = &self.ctx.manifest.stages[i];
+        let Fetched { entry, inline } = fetched;
+        let origin = self
+            .options
+            .remote
+            .as_ref()
+            .map(|remote| format!("remote:{}", remote.url()));
+        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        let command = stage.describe_run();
+        let id = ledger.record(
+            &NewResult {
+                run_id: self.run_id,
+                stage: &stage.name,
+                key,
+                status: ResultStatus::Ok,
+                outputs: &entry.outputs,
+                command: &command,
+                started_ms: entry.producer.started_ms,
+                finished_ms: entry.producer.finished_ms,
+                exit_code: entry.producer.exit_code,
+                log_path: None,
+                error: None,
+                attempt: None,
+                origin: origin.as_deref(),
+            },
+            &inline,
+        )?;
+        let record = ResultRecord {
+            id,
+            run_id: self.run_id,
+            stage: stage.name.clone(),
+            fingerprint: key.fingerprint(),
+            status: ResultStatus::Ok,
+            outputs: entry.outputs,
+            command,
+            started_ms: entry.producer.started_ms,
+            finished_ms: entry.producer.finished_ms,
+            exit_code: entry.producer.exit_code,
+            log_path: None,
+            error: None,
+            origin,
+        };
+        if let Err(reason) = self.bring_back(&record)? {
+            return Ok(Some(reason));
+        }
+        let name = stage.name.clone();
+        tracing::info!(stage = %name, result = id, producer = %entry.producer.host, "from the remote cache");
+        self.summary.counts.restored += 1;
+        self.summary.from_remote.push(name.clone());
+        self.used
+            .insert(i, (record.fingerprint, record.outputs.clone()));
+        self.lock_changed = true;
+        self.ctx.note_outputs(&record.outputs);
+        self.ctx.latest_failure.remove(&name);
+        self.ctx.latest_ok.insert(name, record);
+        self.reporter.event(Event::StageDone {
+            stage: &self.ctx.manifest.stages[i].name,
+            done: Done::Remote,
+            elapsed: started.elapsed(),
+        });
+        self.complete(i);
+        Ok(None)
+    }
+
+    /// Queues the upload of a result this run made.
+    pub(super) fn upload_result(
+        &self,
+        i: usize,
+        key: &StageKey,
+        record: &ResultRecord,
+        inline: Vec<(Digest, Vec<u8>)>,
+    ) {
+        let Some(uploads) = &self.uploads else {
+            return;
+        };
+        let stage = &self.ctx.manifest.stages[i];
+        let producer = super::super::remote::producer(
+            self.ctx.manifest,
+            stage,
+            record.started_ms,
+            record.finished_ms,
+            record.exit_code,
+        );
+        let entry = super::super::remote::stage_entry(&stage.name, key, &record.outputs, producer);
+        uploads.send(entry, inline);
+    }
+}

@@ -1,0 +1,207 @@
+//! The HTTP cache protocol Bazel's HTTP cache, bazel-remote and an nginx
+//! WebDAV server all serve: `GET`/`PUT`/`HEAD` of `/cas/<sha256>` for
+//! bytes and `/ac/<key>` for action entries. The server is trusted with
+//! nothing: every byte read back is checked by the caller.
+
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use sha2::Digest as _;
+use tokio::io::AsyncWriteExt as _;
+
+use crate::fingerprint::Digest;
+
+/// A failure to talk to the remote (not a miss, not a refusal).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(pub String);
+
+#[derive(Clone)]
+pub struct HttpCache {
+    client: reqwest::Client,
+    base: String,
+    /// The `Authorization` header's value; never logged.
+    auth: Option<reqwest::header::HeaderValue>,
+}
+
+impl std::fmt::Debug for HttpCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpCache")
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+/// Bytes downloaded to a file and hashed on the way.
+pub struct Downloaded {
+    pub size: u64,
+    pub blake3: Digest,
+    pub sha256: String,
+}
+
+impl HttpCache {
+    pub fn new(url: &str, auth: Option<String>, timeout: Duration) -> Result<Self, String> {
+        crate::tls::install_provider();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5).min(timeout))
+            .read_timeout(timeout)
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        let auth = match auth {
+            None => None,
+            Some(value) => {
+                let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
+                    "the remote cache's auth value is not a valid header".to_owned()
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(Self {
+            client,
+            base: url.trim_end_matches('/').to_owned(),
+            auth,
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, format!("{}/{path}", self.base));
+        match &self.auth {
+            Some(value) => request.header(reqwest::header::AUTHORIZATION, value.clone()),
+            None => request,
+        }
+    }
+
+    fn failed(&self, what: &str, error: impl std::fmt::Display) -> Unavailable {
+        Unavailable(format!("{what} on {}: {error}", self.base))
+    }
+
+    /// `GET /ac/KEY`: `None` on 404.
+    pub async fn get_entry(&self, key: &str) -> Result<Option<Vec<u8>>, Unavailable> {
+        let path = format!("ac/{key}");
+        let response = self
+            .request(reqwest::Method::GET, &path)
+            .send()
+            .await
+            .map_err(|e| self.failed("GET /ac", e))?;
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            status if status.is_success() => {
+                let bytes = response
+                    .bytes()
+                    .await
+                    .map_err(|e| self.failed("GET /ac", e))?;
+                Ok(Some(bytes.to_vec()))
+            }
+            status => Err(self.failed("GET /ac", status)),
+        }
+    }
+
+    /// `PUT /ac/KEY`.
+    pub async fn put_entry(&self, key: &str, bytes: Vec<u8>) -> Result<(), Unavailable> {
+        self.put(&format!("ac/{key}"), reqwest::Body::from(bytes), "PUT /ac")
+            .await
+    }
+
+    /// `HEAD /cas/SHA256`: whether the remote holds the blob.
+    pub async fn has_blob(&self, sha256: &str) -> Result<bool, Unavailable> {
+        let response = self
+            .request(reqwest::Method::HEAD, &format!("cas/{sha256}"))
+            .send()
+            .await
+            .map_err(|e| self.failed("HEAD /cas", e))?;
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(false),
+            status if status.is_success() => Ok(true),
+            status => Err(self.failed("HEAD /cas", status)),
+        }
+    }
+
+    /// `PUT /cas/SHA256` of the file `path`, streamed.
+    pub async fn put_blob_file(&self, sha256: &str, path: &Path) -> Result<(), Unavailable> {
+        let file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| Unavailable(format!("cannot read `{}`: {e}", path.display())))?;
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
+            file,
+            256 * 1024,
+        ));
+        self.put(&format!("cas/{sha256}"), body, "PUT /cas").await
+    }
+
+    /// `PUT /cas/SHA256` of bytes in memory.
+    pub async fn put_blob_bytes(&self, sha256: &str, bytes: Vec<u8>) -> Result<(), Unavailable> {
+        self.put(
+            &format!("cas/{sha256}"),
+            reqwest::Body::from(bytes),
+            "PUT /cas",
+        )
+        .await
+    }
+
+    async fn put(&self, path: &str, body: reqwest::Body, what: &str) -> Result<(), Unavailable> {
+        let response = self
+            .request(reqwest::Method::PUT, path)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.failed(what, e))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(self.failed(what, response.status()))
+        }
+    }
+
+    /// `GET /cas/SHA256` into the file `dest`, hashing both digests as the
+    /// bytes arrive; `Ok(None)` on 404. At most `limit` bytes are taken: a
+    /// server that sends more is not believed.
+    pub async fn get_blob(
+        &self,
+        sha256: &str,
+        dest: &Path,
+        limit: u64,
+    ) -> Result<Option<Downloaded>, Unavailable> {
+        let mut response = self
+            .request(reqwest::Method::GET, &format!("cas/{sha256}"))
+            .send()
+            .await
+            .map_err(|e| self.failed("GET /cas", e))?;
+        match response.status() {
+            StatusCode::NOT_FOUND => return Ok(None),
+            status if status.is_success() => {}
+            status => return Err(self.failed("GET /cas", status)),
+        }
+        let local =
+            |e: std::io::Error| Unavailable(format!("cannot write `{}`: {e}", dest.display()));
+        let mut out = tokio::fs::File::create(dest).await.map_err(local)?;
+        let mut blake3 = blake3::Hasher::new();
+        let mut sha256_hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| self.failed("GET /cas", e))?
+        {
+            size += chunk.len() as u64;
+            if size > limit {
+                break;
+            }
+            blake3.update(&chunk);
+            sha256_hasher.update(&chunk);
+            out.write_all(&chunk).await.map_err(local)?;
+        }
+        out.flush().await.map_err(local)?;
+        Ok(Some(Downloaded {
+            size,
+            blake3: Digest::from_hash(blake3.finalize()),
+            sha256: crate::fingerprint::hex(&sha256_hasher.finalize()),
+        }))
+    }
+}

@@ -1,0 +1,538 @@
+//! A cache shared across machines: signed action entries and the blobs
+//! they name, on a plain HTTP cache (nginx WebDAV, bazel-remote, Bazel's
+//! HTTP cache protocol).
+//!
+//! Nothing the remote returns is believed: an entry must be signed by a
+//! trusted key, be for the fingerprint it was fetched for and have a
+//! pre-image that hashes to it; every blob is re-hashed (SHA-256, its
+//! name there, and BLAKE3, its name here) before it enters the store. A
+//! remote that is down, slow or returns garbage costs a warning and local
+//! execution, never a wrong result.
+
+mod entry;
+mod http;
+mod signing;
+
+pub use entry::{Blob, ENTRY_FORMAT, Entry, Producer, Refusal, Role, What, action_key};
+pub use http::Unavailable;
+pub use signing::{KEY_FILE_VARIABLE, KEY_VARIABLE, PublicKey, SigningKey};
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+
+use super::objects::ObjectStore;
+use super::{OutputKind, OutputRecord};
+use crate::fingerprint::{Digest, EntryKind, TreeEntry};
+use http::HttpCache;
+
+/// Blobs moved at once for one entry.
+const BLOBS_IN_FLIGHT: usize = 8;
+
+/// How a workspace reaches its remote cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSettings {
+    pub url: String,
+    /// Public keys (`ed25519:BASE64`) whose entries are trusted besides
+    /// this machine's own.
+    pub trust: Vec<String>,
+    /// The environment variable holding the `Authorization` header value.
+    pub auth: Option<String>,
+    /// The signing key's file, if not the default.
+    pub key: Option<PathBuf>,
+    /// Whether results made here are uploaded.
+    pub upload: bool,
+    /// How long one request may take.
+    pub timeout: Duration,
+}
+
+/// What a run did with its remote, for the summary.
+#[derive(Debug, Default)]
+pub struct RemoteStats {
+    pub hits: AtomicUsize,
+    pub misses: AtomicUsize,
+    pub refused: AtomicUsize,
+    pub uploaded: AtomicUsize,
+    pub upload_failures: AtomicUsize,
+}
+
+impl RemoteStats {
+    pub fn count(counter: &AtomicUsize) -> usize {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// An entry fetched and verified, its blobs in the local store (files and
+/// listings published; small files returned, for the ledger).
+#[derive(Debug)]
+pub struct Fetched {
+    pub entry: Entry,
+    pub inline: Vec<(Digest, Vec<u8>)>,
+}
+
+/// Bytes of an inline output, by digest (for uploading).
+pub type InlineBytes = Vec<(Digest, Vec<u8>)>;
+
+pub struct RemoteCache {
+    http: HttpCache,
+    signing: SigningKey,
+    trusted: Vec<PublicKey>,
+    upload: bool,
+    down: AtomicBool,
+    /// The first reason it went down (one warning per run).
+    down_because: Mutex<Option<String>>,
+    pub stats: RemoteStats,
+}
+
+impl std::fmt::Debug for RemoteCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteCache")
+            .field("url", &self.http.base())
+            .finish()
+    }
+}
+
+impl RemoteCache {
+    pub fn open(settings: &RemoteSettings) -> Result<Self, String> {
+        let signing = SigningKey::load(settings.key.as_deref())?;
+        let mut trusted = vec![signing.public()];
+        for text in &settings.trust {
+            trusted.push(PublicKey::parse(text)?);
+        }
+        let auth = match &settings.auth {
+            None => None,
+            Some(variable) => Some(std::env::var(variable).map_err(|_| {
+                format!("the remote cache's `auth` names the environment variable `{variable}`, which is not set")
+            })?),
+        };
+        Ok(Self {
+            http: HttpCache::new(&settings.url, auth, settings.timeout)?,
+            signing,
+            trusted,
+            upload: settings.upload,
+            down: AtomicBool::new(false),
+            down_because: Mutex::new(None),
+            stats: RemoteStats::default(),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        self.http.base()
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        self.signing.public()
+    }
+
+    /// Whether the remote still answers in this run.
+    pub fn is_up(&self) -> bool {
+        !self.down.load(Ordering::Relaxed)
+    }
+
+    pub fn uploads(&self) -> bool {
+        self.upload && self.is_up()
+    }
+
+    /// Why the remote went down in this run, if it did.
+    pub fn down_because(&self) -> Option<String> {
+        self.down_because
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Stops using the remote for the rest of the run; warns once.
+    fn went_down(&self, error: &Unavailable) {
+        if !self.down.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the remote cache does not answer ({}); going on without it",
+                error.0
+            );
+            *self.down_because.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.0.clone());
+        }
+    }
+
+    fn refused(&self, fingerprint: &Digest, refusal: &Refusal) {
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            "refused the remote cache's entry for {fingerprint}: {refusal}; it runs here instead"
+        );
+    }
+
+    /// The entry for `fingerprint`, verified, with its blobs brought into
+    /// `store`; `None` on a miss, a refusal or a remote that is down.
+    pub async fn fetch(&self, fingerprint: &Digest, store: &ObjectStore) -> Option<Fetched> {
+        if !self.is_up() {
+            return None;
+        }
+        let bytes = match self.http.get_entry(&action_key(fingerprint)).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            Err(error) => {
+                self.went_down(&error);
+                return None;
+            }
+        };
+        let entry = match Entry::verify(&bytes, fingerprint, &self.trusted) {
+            Ok(entry) => entry,
+            Err(refusal) => {
+                self.refused(fingerprint, &refusal);
+                return None;
+            }
+        };
+        match self.fetch_blobs(&entry, store).await {
+            Ok(Ok(inline)) => {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                Some(Fetched { entry, inline })
+            }
+            Ok(Err(refusal)) => {
+                self.refused(fingerprint, &refusal);
+                None
+            }
+            Err(error) => {
+                self.went_down(&error);
+                None
+            }
+        }
+    }
+
+    /// Brings every blob the entry's outputs need into `store`: listings
+    /// first (they name the files), then the files it lacks. Nothing is
+    /// published unless every byte checks out.
+    async fn fetch_blobs(
+        &self,
+        entry: &Entry,
+        store: &ObjectStore,
+    ) -> Result<Result<InlineBytes, Refusal>, Unavailable> {
+        let mut needed: Vec<Blob> = Vec::new();
+        let mut inline = Vec::new();
+        let mut placed: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let cleanup = |placed: &[(PathBuf, PathBuf)]| {
+            for (temp, _) in placed {
+                let _ = std::fs::remove_file(temp);
+            }
+        };
+        for output in &entry.outputs {
+            match output.kind {
+                OutputKind::File if output.inline => {
+                    let Some(blob) = entry.blob(&output.digest, Role::Inline) else {
+                        return Ok(Err(Refusal::MissingBlob(output.path.clone())));
+                    };
+                    let temp = store.fresh_temp_path();
+                    let got = self.download(blob, &temp).await;
+                    let bytes = std::fs::read(&temp);
+                    let _ = std::fs::remove_file(&temp);
+                    if let Err(refusal) = got? {
+                        return Ok(Err(refusal));
+                    }
+                    match bytes {
+                        Ok(bytes) => inline.push((blob.blake3, bytes)),
+                        Err(e) => return Err(Unavailable(format!("cannot read a download: {e}"))),
+                    }
+                }
+                OutputKind::File => {
+                    if !store.holds(&output.digest, output.size) {
+                        match entry.blob(&output.digest, Role::Object) {
+                            Some(blob) => needed.push(blob.clone()),
+                            None => return Ok(Err(Refusal::MissingBlob(output.path.clone()))),
+                        }
+                    }
+                }
+                OutputKind::Dir => {
+                    let Some(blob) = entry.blob(&output.digest, Role::Tree) else {
+                        return Ok(Err(Refusal::MissingBlob(output.path.clone())));
+                    };
+                    let entries = match store.tree(&output.digest) {
+                        Ok(entries) => entries,
+                        Err(_) => {
+                            let temp = store.fresh_temp_path();
+                            let got = self.download(blob, &temp).await;
+                            if let Err(refusal) = got? {
+                                cleanup(&placed);
+                                return Ok(Err(refusal));
+                            }
+                            match read_listing(&temp, &output.digest) {
+                                Ok(entries) => {
+                                    placed.push((temp, store.tree_path(&output.digest)));
+                                    entries
+                                }
+                                Err(detail) => {
+                                    let _ = std::fs::remove_file(&temp);
+                                    cleanup(&placed);
+                                    return Ok(Err(Refusal::Blob {
+                                        sha256: blob.sha256.clone(),
+                                        detail,
+                                    }));
+                                }
+                            }
+                        }
+                    };
+                    for file in entries
+                        .iter()
+                        .filter(|e| matches!(e.kind, EntryKind::File | EntryKind::Executable))
+                    {
+                        if store.holds(&file.digest, file.size) {
+                            continue;
+                        }
+                        match entry.blob(&file.digest, Role::Object) {
+                            Some(blob) if blob.size == file.size => needed.push(blob.clone()),
+                            _ => {
+                                cleanup(&placed);
+                                return Ok(Err(Refusal::MissingBlob(format!(
+                                    "{}/{}",
+                                    output.path, file.path
+                                ))));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        needed.sort_by(|a, b| a.blake3.as_bytes().cmp(b.blake3.as_bytes()));
+        needed.dedup_by(|a, b| a.blake3 == b.blake3);
+        let mut downloads = futures::stream::iter(needed.into_iter().map(|blob| async move {
+            let temp = store.fresh_temp_path();
+            let got = self.download(&blob, &temp).await;
+            (blob, temp, got)
+        }))
+        .buffer_unordered(BLOBS_IN_FLIGHT);
+        let mut failure = None;
+        while let Some((blob, temp, got)) = downloads.next().await {
+            match got {
+                Ok(Ok(())) => placed.push((temp, store.object_path(&blob.blake3))),
+                other => {
+                    let _ = std::fs::remove_file(&temp);
+                    if failure.is_none() {
+                        failure = Some(other);
+                    }
+                }
+            }
+        }
+        drop(downloads);
+        if let Some(failure) = failure {
+            cleanup(&placed);
+            return failure.map(|refused| refused.map(|()| Vec::new()));
+        }
+        let store = store.clone();
+        let published = tokio::task::spawn_blocking(move || store.publish_downloads(placed))
+            .await
+            .map_err(|e| Unavailable(e.to_string()))?;
+        published.map_err(|e| Unavailable(format!("cannot store a download: {e}")))?;
+        Ok(Ok(inline))
+    }
+
+    /// Downloads one blob to `temp` and checks its size and both digests.
+    async fn download(&self, blob: &Blob, temp: &Path) -> Result<Result<(), Refusal>, Unavailable> {
+        let refuse = |detail: String| {
+            Ok(Err(Refusal::Blob {
+                sha256: blob.sha256.clone(),
+                detail,
+            }))
+        };
+        let Some(got) = self.http.get_blob(&blob.sha256, temp, blob.size).await? else {
+            return refuse("the remote does not have it".to_owned());
+        };
+        if got.size != blob.size {
+            return refuse(format!("{} bytes, not {}", got.size, blob.size));
+        }
+        if got.sha256 != blob.sha256 {
+            return refuse(format!("its bytes hash to sha256:{}", got.sha256));
+        }
+        // A listing's digest is that of the entries it lists (checked
+        // when it is read), not of its bytes.
+        if blob.role != Role::Tree && got.blake3 != blob.blake3 {
+            return refuse(format!("its bytes hash to {}", got.blake3));
+        }
+        Ok(Ok(()))
+    }
+
+    /// Signs `entry` (its blobs filled in from `store` and `inline`) and
+    /// uploads what the remote lacks: blobs first, the entry last, so an
+    /// entry is never visible before what it names.
+    pub async fn upload(
+        &self,
+        mut entry: Entry,
+        store: &ObjectStore,
+        inline: InlineBytes,
+    ) -> Result<(), Unavailable> {
+        if !self.is_up() {
+            return Err(Unavailable("the remote cache is down".to_owned()));
+        }
+        let outputs = entry.outputs.clone();
+        let local = store.clone();
+        let sources = tokio::task::spawn_blocking(move || local_blobs(&local, &outputs, inline))
+            .await
+            .map_err(|e| Unavailable(e.to_string()))?
+            .map_err(Unavailable)?;
+        entry.blobs = sources.iter().map(|(blob, _)| blob.clone()).collect();
+        let mut uploads =
+            futures::stream::iter(sources.into_iter().map(|(blob, source)| async move {
+                if self.http.has_blob(&blob.sha256).await? {
+                    return Ok(());
+                }
+                match source {
+                    Source::File(path) => self.http.put_blob_file(&blob.sha256, &path).await,
+                    Source::Bytes(bytes) => self.http.put_blob_bytes(&blob.sha256, bytes).await,
+                }
+            }))
+            .buffer_unordered(BLOBS_IN_FLIGHT);
+        while let Some(done) = uploads.next().await {
+            if let Err(error) = done {
+                self.stats.upload_failures.fetch_add(1, Ordering::Relaxed);
+                self.went_down(&error);
+                return Err(error);
+            }
+        }
+        drop(uploads);
+        let signed = entry.sign(&self.signing);
+        match self
+            .http
+            .put_entry(&action_key(&entry.fingerprint), signed)
+            .await
+        {
+            Ok(()) => {
+                self.stats.uploaded.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => {
+                self.stats.upload_failures.fetch_add(1, Ordering::Relaxed);
+                self.went_down(&error);
+                Err(error)
+            }
+        }
+    }
+}
+
+/// Where an uploaded blob's bytes are.
+enum Source {
+    File(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// Every blob `outputs` need, with its SHA-256 (read from the store: the
+/// same bytes a restore would use) and where to read it.
+fn local_blobs(
+    store: &ObjectStore,
+    outputs: &[OutputRecord],
+    inline: InlineBytes,
+) -> Result<Vec<(Blob, Source)>, String> {
+    let mut blobs: Vec<(Blob, Source)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut file = |path: PathBuf, digest: Digest, role: Role, blobs: &mut Vec<(Blob, Source)>| {
+        if !seen.insert((digest, role)) {
+            return Ok(());
+        }
+        let (sha256, size) =
+            sha256_of_file(&path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+        blobs.push((
+            Blob {
+                blake3: digest,
+                sha256,
+                size,
+                role,
+            },
+            Source::File(path),
+        ));
+        Ok::<(), String>(())
+    };
+    for output in outputs {
+        match output.kind {
+            OutputKind::File if output.inline => {
+                let bytes = inline
+                    .iter()
+                    .find(|(d, _)| *d == output.digest)
+                    .map(|(_, b)| b.clone())
+                    .ok_or_else(|| format!("the small output `{}` is not at hand", output.path))?;
+                use sha2::Digest as _;
+                let sha256 = crate::fingerprint::hex(&sha2::Sha256::digest(&bytes));
+                blobs.push((
+                    Blob {
+                        blake3: output.digest,
+                        sha256,
+                        size: bytes.len() as u64,
+                        role: Role::Inline,
+                    },
+                    Source::Bytes(bytes),
+                ));
+            }
+            OutputKind::File => file(
+                store.object_path(&output.digest),
+                output.digest,
+                Role::Object,
+                &mut blobs,
+            )?,
+            OutputKind::Dir => {
+                file(
+                    store.tree_path(&output.digest),
+                    output.digest,
+                    Role::Tree,
+                    &mut blobs,
+                )?;
+                let entries = store.tree(&output.digest).map_err(|e| e.to_string())?;
+                for entry in entries
+                    .iter()
+                    .filter(|e| matches!(e.kind, EntryKind::File | EntryKind::Executable))
+                {
+                    file(
+                        store.object_path(&entry.digest),
+                        entry.digest,
+                        Role::Object,
+                        &mut blobs,
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(blobs)
+}
+
+fn sha256_of_file(path: &Path) -> std::io::Result<(String, u64)> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((crate::fingerprint::hex(&hasher.finalize()), size))
+}
+
+/// A downloaded tree listing, checked against its digest.
+fn read_listing(path: &Path, digest: &Digest) -> Result<Vec<TreeEntry>, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let mut entries: Vec<TreeEntry> =
+        serde_json::from_slice(&bytes).map_err(|e| format!("not a tree listing: {e}"))?;
+    if crate::fingerprint::tree_digest(&mut entries) != *digest {
+        return Err("the listing does not match its digest".to_owned());
+    }
+    for entry in &entries {
+        let path = std::path::Path::new(&entry.path);
+        let plain = !entry.path.is_empty()
+            && path
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(format!("the listing names the path `{}`", entry.path));
+        }
+        if entry.kind == EntryKind::Symlink {
+            return Err(format!(
+                "the listing holds a symbolic link `{}`",
+                entry.path
+            ));
+        }
+    }
+    Ok(entries)
+}

@@ -1,0 +1,475 @@
+//! A cache shared across machines, against a real nginx WebDAV server:
+//! two workspaces share stage and item results, half-validated items run
+//! only the other half, a server killed mid-run costs a warning and local
+//! execution, and every kind of poisoned entry or blob is refused.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::Project;
+use common::http_cache::HttpCache;
+
+/// A machine: its own signing key (outside every workspace) and a log its
+/// commands append to, outside the workspace too.
+struct Machine {
+    home: tempfile::TempDir,
+}
+
+impl Machine {
+    fn new() -> Self {
+        Self {
+            home: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn key_file(&self) -> PathBuf {
+        self.home.path().join("signing-key")
+    }
+
+    fn public_key(&self, p: &Project) -> String {
+        let out = self.cairn(p, &["key", "--quiet"]);
+        out.success();
+        out.stdout().trim().to_owned()
+    }
+
+    fn cairn(&self, p: &Project, args: &[&str]) -> common::Run {
+        let output = p
+            .command(args)
+            .env("CAIRN_SIGNING_KEY_FILE", self.key_file())
+            .env("HOME", self.home.path())
+            .env_remove("CAIRN_SIGNING_KEY")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        common::Run { output }
+    }
+}
+
+/// A plain stage writing a file too big to keep inline, a small file and
+/// a directory, and a per-item stage writing one entry per item. Every
+/// command appends `STAGE ITEM` to `ran` (outside the workspace).
+fn manifest(url: &str, ran: &Path, trust: &[String]) -> String {
+    let trust = trust
+        .iter()
+        .map(|k| format!("\"{k}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"
+[pipeline]
+name = "shared"
+
+[cache.remote]
+url = "{url}"
+trust = [{trust}]
+
+[stages.make]
+run = "echo make - >> {ran}; seq 1 20000 > {{out.big}}; wc -l < data/in.txt > {{out.small}}; mkdir -p {{out.tree}}/sub; echo a > {{out.tree}}/a; seq 5 9000 > {{out.tree}}/sub/b"
+inputs = ["data/in.txt"]
+outputs = {{ big = "build/big.txt", small = "build/small.txt", tree = "build/tree" }}
+
+[stages.items]
+run = "echo items {{item.id}} >> {ran}; seq 1 {{item.n}} > build/items/{{item.id}}; mkdir -p scratch; echo '{{{{\"n\": {{item.n}}}}}}' > scratch/{{item.id}}.json"
+foreach = {{ items = "data/items.jsonl", key = "id" }}
+item_outputs = {{ out = "{{item.id}}" }}
+item_result = "scratch/{{item.id}}.json"
+outputs = {{ out = "build/items", results = "build/items.jsonl" }}
+needs = ["make"]
+"#,
+        ran = ran.display()
+    )
+}
+
+fn workspace(url: &str, ran: &Path, items: usize, trust: &[String]) -> Project {
+    let p = Project::new();
+    p.file("cairn.toml", &manifest(url, ran, trust));
+    p.file("data/in.txt", "one\ntwo\nthree\n");
+    let list: String = (1..=items)
+        .map(|n| format!("{{\"id\": \"i{n}\", \"n\": {}}}\n", n * 1000))
+        .collect();
+    p.file("data/items.jsonl", &list);
+    p
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Each file under `rel`, with the SHA-256 of its bytes.
+fn files_under(root: &Path, rel: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let base = root.join(rel);
+    let mut stack = vec![base.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let name = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                use sha2::Digest as _;
+                let digest = sha2::Sha256::digest(std::fs::read(&path).unwrap());
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                out.push((name, hex));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn outputs(p: &Project) -> Vec<(String, String)> {
+    files_under(p.root(), "build")
+}
+
+#[test]
+fn a_second_workspace_reuses_stage_and_item_results_and_runs_no_command() {
+    let cache = HttpCache::start();
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let machine = Machine::new();
+    let a = workspace(&cache.url(), &ran, 4, &[]);
+    let first = machine.cairn(&a, &["run"]);
+    first.success();
+    assert!(first.stderr().contains("uploaded"), "{}", first.stderr());
+    assert_eq!(read_lines(&ran).len(), 5, "make and four items ran in A");
+    // The server holds entries and blobs under the protocol's two roots.
+    assert!(!cache.files("ac").is_empty() && !cache.files("cas").is_empty());
+
+    // Another checkout, its cache empty: the same key (the same machine).
+    let b = workspace(&cache.url(), &ran, 4, &[]);
+    let second = machine.cairn(&b, &["run"]);
+    second.success();
+    assert_eq!(
+        read_lines(&ran).len(),
+        5,
+        "nothing ran in B: {}",
+        second.stderr()
+    );
+    assert!(
+        second.stderr().contains("make (from the remote cache)"),
+        "{}",
+        second.stderr()
+    );
+    assert_eq!(
+        outputs(&a),
+        outputs(&b),
+        "B's outputs are A's, byte for byte"
+    );
+    let shown = machine.cairn(&b, &["show", "make"]);
+    shown.success();
+    assert!(
+        shown
+            .stdout()
+            .contains(&format!("origin       the remote cache {}", cache.url())),
+        "{}",
+        shown.stdout()
+    );
+    let item = machine.cairn(&b, &["show", "items/i2"]);
+    item.success();
+    assert!(item.stdout().contains("remote:"), "{}", item.stdout());
+    let status = machine.cairn(&b, &["status"]);
+    status.success();
+    assert!(
+        status.stdout().contains("all 2 stage(s) fresh"),
+        "{}",
+        status.stdout()
+    );
+    assert!(status.stdout().contains("4 ok"), "{}", status.stdout());
+    // And B on its own from now on: a no-op, nothing fetched.
+    let again = machine.cairn(&b, &["run", "--no-remote-cache"]);
+    again.success();
+    assert!(
+        again.stderr().contains("0 ran, 2 fresh"),
+        "{}",
+        again.stderr()
+    );
+    // The outputs can be re-verified from B's own store.
+    machine.cairn(&b, &["audit"]).success();
+}
+
+#[test]
+fn a_per_item_stage_half_validated_elsewhere_runs_only_the_other_half() {
+    let cache = HttpCache::start();
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let machine = Machine::new();
+    let a = workspace(&cache.url(), &ran, 5, &[]);
+    machine.cairn(&a, &["run"]).success();
+    let b = workspace(&cache.url(), &ran, 10, &[]);
+    std::fs::remove_file(&ran).unwrap();
+    machine.cairn(&b, &["run"]).success();
+    let mut ran_in_b = read_lines(&ran);
+    ran_in_b.sort();
+    let expected: Vec<String> = {
+        let mut e: Vec<String> = (6..=10).map(|n| format!("items i{n}")).collect();
+        e.sort();
+        e
+    };
+    assert_eq!(ran_in_b, expected, "only the items A never validated ran");
+    for n in 1..=10 {
+        assert_eq!(
+            b.read(&format!("build/items/i{n}")).lines().count(),
+            n * 1000,
+            "item i{n}'s output is whole"
+        );
+    }
+    let merged = b.read("build/items.jsonl");
+    assert_eq!(merged.lines().count(), 10, "{merged}");
+}
+
+#[test]
+fn entries_signed_by_an_untrusted_key_are_refused_until_its_key_is_trusted() {
+    let cache = HttpCache::start();
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let (alice, bob) = (Machine::new(), Machine::new());
+    let a = workspace(&cache.url(), &ran, 2, &[]);
+    alice.cairn(&a, &["run"]).success();
+    let before = read_lines(&ran).len();
+
+    let b = workspace(&cache.url(), &ran, 2, &[]);
+    let untrusted = bob.cairn(&b, &["run"]);
+    untrusted.success();
+    assert_eq!(
+        read_lines(&ran).len(),
+        before + 3,
+        "all ran again on Bob's machine"
+    );
+    assert!(
+        untrusted
+            .stderr()
+            .contains("a key this workspace does not trust"),
+        "{}",
+        untrusted.stderr()
+    );
+    assert!(
+        untrusted.stderr().contains("refused"),
+        "{}",
+        untrusted.stderr()
+    );
+
+    // Bob trusts Alice's key: a third checkout reuses her results (and his).
+    let trusted = [alice.public_key(&a)];
+    let c = workspace(&cache.url(), &ran, 2, &trusted);
+    let reused = bob.cairn(&c, &["run"]);
+    reused.success();
+    assert_eq!(
+        read_lines(&ran).len(),
+        before + 3,
+        "nothing ran: {}",
+        reused.stderr()
+    );
+    assert_eq!(outputs(&a), outputs(&c));
+}
+
+/// The file the server keeps for the blob whose bytes are `bytes`.
+fn blob_holding(cache: &HttpCache, bytes: &[u8]) -> PathBuf {
+    use sha2::Digest as _;
+    let hex: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = cache.root().join("cas").join(hex);
+    assert!(path.exists(), "the server holds the blob");
+    path
+}
+
+/// Runs A, damages the remote with `damage`, then runs B (same key):
+/// `make` must run in B, its outputs must be right, and the refusal
+/// must be said and counted.
+fn refused_after(damage: impl FnOnce(&HttpCache, &Project), says: &str) {
+    let cache = HttpCache::start();
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let machine = Machine::new();
+    let a = workspace(&cache.url(), &ran, 1, &[]);
+    machine.cairn(&a, &["run"]).success();
+    damage(&cache, &a);
+    let b = workspace(&cache.url(), &ran, 1, &[]);
+    std::fs::remove_file(&ran).unwrap();
+    let run = machine.cairn(&b, &["run"]);
+    run.success();
+    assert!(
+        read_lines(&ran).contains(&"make -".to_owned()),
+        "make ran in B: {}",
+        run.stderr()
+    );
+    assert!(
+        run.stderr().contains(says),
+        "expected `{says}` in\n{}",
+        run.stderr()
+    );
+    assert!(run.stderr().contains("1 refused"), "{}", run.stderr());
+    assert_eq!(outputs(&a), outputs(&b), "nothing wrong was restored");
+    machine.cairn(&b, &["audit"]).success();
+}
+
+#[test]
+fn a_truncated_blob_is_refused() {
+    refused_after(
+        |cache, a| {
+            let blob = blob_holding(cache, &std::fs::read(a.path("build/big.txt")).unwrap());
+            let bytes = std::fs::read(&blob).unwrap();
+            std::fs::write(&blob, &bytes[..bytes.len() / 2]).unwrap();
+        },
+        "bytes, not",
+    );
+}
+
+#[test]
+fn a_blob_whose_bytes_are_not_its_digests_is_refused() {
+    refused_after(
+        |cache, a| {
+            let blob = blob_holding(cache, &std::fs::read(a.path("build/big.txt")).unwrap());
+            let mut bytes = std::fs::read(&blob).unwrap();
+            // The same length, one byte flipped.
+            bytes[100] ^= 0x01;
+            std::fs::write(&blob, bytes).unwrap();
+        },
+        "its bytes hash to sha256:",
+    );
+}
+
+/// The entry the server holds for stage `make` (the one naming its big
+/// output), as text.
+fn make_entry(cache: &HttpCache) -> (PathBuf, String) {
+    cache
+        .files("ac")
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            (path, text)
+        })
+        .find(|(_, text)| text.contains("\"kind\":\"stage\"") && text.contains("build/big.txt"))
+        .expect("an entry for `make`")
+}
+
+#[test]
+fn a_forged_entry_is_refused() {
+    refused_after(
+        |cache, _| {
+            let (path, text) = make_entry(cache);
+            // Claim another size for the small output: signed bytes changed.
+            let forged = text.replacen("\"host\":\"", "\"host\":\"forged-", 1);
+            assert_ne!(forged, text);
+            std::fs::write(path, forged).unwrap();
+        },
+        "its signature does not verify",
+    );
+}
+
+#[test]
+fn an_unsigned_entry_is_refused() {
+    refused_after(
+        |cache, _| {
+            let (path, text) = make_entry(cache);
+            let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let entry = value["entry"].take();
+            std::fs::write(
+                path,
+                serde_json::to_vec(&serde_json::json!({ "entry": entry })).unwrap(),
+            )
+            .unwrap();
+        },
+        "it is not a signed cairn cache entry",
+    );
+}
+
+#[test]
+fn an_entry_moved_under_another_fingerprints_key_is_refused() {
+    refused_after(
+        |cache, _| {
+            // Every entry on the server replaced by the one of an item: a
+            // validly signed entry, for another fingerprint.
+            let (make, _) = make_entry(cache);
+            let other = cache
+                .files("ac")
+                .into_iter()
+                .find(|path| {
+                    std::fs::read_to_string(path)
+                        .unwrap()
+                        .contains("\"kind\":\"item\"")
+                })
+                .unwrap();
+            std::fs::copy(other, make).unwrap();
+        },
+        "it is for blake3:",
+    );
+}
+
+#[test]
+fn a_server_killed_mid_run_costs_one_warning_and_the_run_succeeds_locally() {
+    let mut cache = HttpCache::start();
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let machine = Machine::new();
+    let p = workspace(&cache.url(), &ran, 30, &[]);
+    // Each item takes a moment, so the run is surely under way when the
+    // server goes.
+    let text = p
+        .read("cairn.toml")
+        .replace("echo items {item.id}", "sleep 0.1; echo items {item.id}");
+    p.file("cairn.toml", &text);
+    let mut child = p.command(&["run", "-j", "2"]);
+    child
+        .env("CAIRN_SIGNING_KEY_FILE", machine.key_file())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = child.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_lines(&ran).len() < 4 {
+        assert!(Instant::now() < deadline, "the run never got going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cache.kill();
+    let out = common::output_within(child, Duration::from_secs(120), "the run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr.matches("does not answer").count(),
+        1,
+        "one warning:\n{stderr}"
+    );
+    assert_eq!(p.read("build/items.jsonl").lines().count(), 30);
+    // With the server gone from the start, too.
+    let q = workspace(&cache.url(), &ran, 2, &[]);
+    let alone = machine.cairn(&q, &["run"]);
+    alone.success();
+    assert_eq!(
+        alone.stderr().matches("does not answer").count(),
+        1,
+        "{}",
+        alone.stderr()
+    );
+}
+
+#[test]
+fn a_bad_remote_cache_setting_is_located_in_the_manifest() {
+    let side = tempfile::tempdir().unwrap();
+    let p = workspace(
+        "ftp://cache",
+        &side.path().join("ran"),
+        1,
+        &["ed25519:AAAA".to_owned()],
+    );
+    let out = p.cairn(&["status"]);
+    out.code_is(2);
+    let stderr = out.stderr();
+    assert!(
+        stderr.contains("`url` must be an http:// or https:// address, found `ftp://cache`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("`ed25519:AAAA` holds 3 bytes, not 32"),
+        "{stderr}"
+    );
+}
