@@ -442,3 +442,69 @@ fn on_the_slurm_profile_the_oracle_and_canary_run_as_job_arrays_with_this_machin
     cairn(&local, &["run"]).success();
     assert_eq!(oracle_verdicts(&p), oracle_verdicts(&local));
 }
+
+/// A cairn command in `p` signing and trusting with the key at `key`.
+fn cairn_keyed(p: &Project, key: &Path, args: &[&str]) -> common::Run {
+    let mut all = vec!["-f", "pipelines/swesmith-curation.toml", "--profile", "ci"];
+    all.extend_from_slice(args);
+    let output = p
+        .command(&all)
+        .env("CAIRN_SIGNING_KEY_FILE", key)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    common::Run { output }
+}
+
+#[test]
+fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pulled() {
+    let cache = common::http_cache::HttpCache::start();
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("signing-key");
+    let url = cache.url();
+
+    // Where the freeze is made: run, then push every current result.
+    let made = shipped();
+    cairn_keyed(&made, &key, &["run"]).success();
+    let pushed = cairn_keyed(&made, &key, &["push", "--remote-cache", &url]);
+    pushed.success();
+    assert!(
+        pushed.stdout().contains("pushed 22 stage result(s)"),
+        "{}",
+        pushed.stdout()
+    );
+
+    // A fresh checkout with the committed lock file (another machine: no
+    // cache, no outputs), pulled and verified without running anything.
+    let gpu = shipped();
+    std::fs::copy(
+        made.path("pipelines/swesmith-curation.lock"),
+        gpu.path("pipelines/swesmith-curation.lock"),
+    )
+    .unwrap();
+    let pulled = cairn_keyed(&gpu, &key, &["pull", "--remote-cache", &url]);
+    pulled.success();
+    assert!(
+        pulled.stdout().contains("pulled 22 stage result(s) (0 already here)"),
+        "{}",
+        pulled.stdout()
+    );
+    gpu.cairn(&["verify", "dist/swesmith-rl.tar.zst"]).success();
+    gpu.cairn(&["-f", "pipelines/swesmith-curation.toml", "verify", "--lock"])
+        .success();
+    assert_eq!(
+        made.read("dist/swesmith-rl.tar.zst.sha256"),
+        gpu.read("dist/swesmith-rl.tar.zst.sha256")
+    );
+    let run = cairn_keyed(&gpu, &key, &["run"]);
+    run.success();
+    assert!(run.stderr().contains("0 ran, 22 fresh"), "{}", run.stderr());
+    // Pulled again: everything is here already, nothing is fetched.
+    let again = cairn_keyed(&gpu, &key, &["pull", "--remote-cache", &url]);
+    again.success();
+    assert!(
+        again.stdout().contains("pulled 0 stage result(s) (22 already here)"),
+        "{}",
+        again.stdout()
+    );
+}
