@@ -473,3 +473,105 @@ fn a_bad_remote_cache_setting_is_located_in_the_manifest() {
         "{stderr}"
     );
 }
+
+/// `value` as canonical JSON: keys sorted at every depth, compact.
+fn canonical(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let body: Vec<String> = keys
+                .iter()
+                .map(|k| {
+                    format!(
+                        "{}:{}",
+                        serde_json::to_string(k).unwrap(),
+                        canonical(&map[*k])
+                    )
+                })
+                .collect();
+            format!("{{{}}}", body.join(","))
+        }
+        serde_json::Value::Array(items) => {
+            format!(
+                "[{}]",
+                items.iter().map(canonical).collect::<Vec<_>>().join(",")
+            )
+        }
+        other => serde_json::to_string(other).unwrap(),
+    }
+}
+
+/// Re-signs `entry` with the machine's own key, as a trusted signer gone
+/// rogue (or whose key leaked) would.
+fn signed_by(machine: &Machine, entry: serde_json::Value) -> Vec<u8> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let text = std::fs::read_to_string(machine.key_file()).unwrap();
+    let seed = b64
+        .decode(text.trim().strip_prefix("ed25519-seed:").unwrap())
+        .unwrap();
+    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).unwrap();
+    let mut message = b"cairn.cache-entry/1\0".to_vec();
+    message.extend_from_slice(canonical(&entry).as_bytes());
+    let signature = b64.encode(pair.sign(&message).as_ref());
+    use ring::signature::KeyPair as _;
+    let key = format!("ed25519:{}", b64.encode(pair.public_key().as_ref()));
+    serde_json::to_vec(&serde_json::json!({
+        "entry": entry,
+        "signature": { "key": key, "ed25519": signature },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn even_a_trusted_signer_cannot_make_a_result_write_outside_the_stages_outputs() {
+    let cache = HttpCache::start();
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let machine = Machine::new();
+    let a = workspace(&cache.url(), &ran, 1, &[]);
+    machine.cairn(&a, &["run"]).success();
+    // The stage entry, its big output moved outside the workspace; and the
+    // item entry, its output moved out of its directory.
+    let (path, text) = make_entry(&cache);
+    let mut envelope: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut entry = envelope["entry"].take();
+    for output in entry["outputs"].as_array_mut().unwrap() {
+        if output["path"] == "build/big.txt" {
+            output["path"] = "../escaped.txt".into();
+        }
+    }
+    std::fs::write(&path, signed_by(&machine, entry)).unwrap();
+    let item = cache
+        .files("ac")
+        .into_iter()
+        .find(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .contains("\"kind\":\"item\"")
+        })
+        .unwrap();
+    let mut envelope: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&item).unwrap()).unwrap();
+    let mut entry = envelope["entry"].take();
+    entry["outputs"][0]["path"] = "build/items/../../escaped-item".into();
+    std::fs::write(&item, signed_by(&machine, entry)).unwrap();
+
+    let b = workspace(&cache.url(), &ran, 1, &[]);
+    std::fs::remove_file(&ran).unwrap();
+    let run = machine.cairn(&b, &["run"]);
+    run.success();
+    assert!(
+        run.stderr()
+            .contains("names outputs the stage does not declare"),
+        "{}",
+        run.stderr()
+    );
+    let mut lines = read_lines(&ran);
+    lines.sort();
+    assert_eq!(lines, ["items i1", "make -"], "both ran here instead");
+    assert!(!b.root().parent().unwrap().join("escaped.txt").exists());
+    assert!(!b.root().parent().unwrap().join("escaped-item").exists());
+    assert_eq!(outputs(&a), outputs(&b));
+}

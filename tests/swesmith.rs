@@ -485,7 +485,9 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     let pulled = cairn_keyed(&gpu, &key, &["pull", "--remote-cache", &url]);
     pulled.success();
     assert!(
-        pulled.stdout().contains("pulled 22 stage result(s) (0 already here)"),
+        pulled
+            .stdout()
+            .contains("pulled 22 stage result(s) (0 already here) and "),
         "{}",
         pulled.stdout()
     );
@@ -496,6 +498,10 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
         made.read("dist/swesmith-rl.tar.zst.sha256"),
         gpu.read("dist/swesmith-rl.tar.zst.sha256")
     );
+    // Its items came along: none is pending.
+    let status = cairn_keyed(&gpu, &key, &["status"]);
+    status.success();
+    assert!(!status.stdout().contains("pending"), "{}", status.stdout());
     let run = cairn_keyed(&gpu, &key, &["run"]);
     run.success();
     assert!(run.stderr().contains("0 ran, 22 fresh"), "{}", run.stderr());
@@ -503,7 +509,9 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     let again = cairn_keyed(&gpu, &key, &["pull", "--remote-cache", &url]);
     again.success();
     assert!(
-        again.stdout().contains("pulled 0 stage result(s) (22 already here)"),
+        again
+            .stdout()
+            .contains("pulled 0 stage result(s) (22 already here) and 0 item outcome(s)"),
         "{}",
         again.stdout()
     );

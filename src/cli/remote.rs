@@ -145,9 +145,10 @@ pub fn pull(global: &Global, args: &TransferArgs) -> Result<(), CliError> {
     let invocation = std::env::args().collect::<Vec<_>>().join(" ");
     let pulled = runtime()?.block_on(schedule::pull(&mut ctx, &selected, &remote, &invocation))?;
     outln!(
-        "pulled {} stage result(s) ({} already here), {} output(s) restored",
+        "pulled {} stage result(s) ({} already here) and {} item outcome(s), {} output(s) restored",
         pulled.pulled.len(),
         pulled.present.len(),
+        pulled.items,
         pulled.restored
     );
     if !pulled.missing.is_empty() {

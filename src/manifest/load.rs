@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::model::{
-    ClassifyRule, Command, Ended, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Manifest,
+    ClassifyRule, Command, Ended, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Link, Manifest,
     Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry,
     Stage,
 };
@@ -194,7 +194,7 @@ impl<'s> Checker<'s> {
         let (name, root) = self.pipeline(entries, tree, manifest_dir);
         let mut params = self.params(entries);
         let resources = self.resources(entries);
-        let remote_cache = self.cache(entries);
+        let (link, remote_cache) = self.cache(entries);
         // `--profile ci,cluster`: each applied in turn, a later one winning.
         let selected: Vec<&str> =
             profile.map_or_else(Vec::new, |p| p.split(',').map(str::trim).collect());
@@ -262,6 +262,7 @@ impl<'s> Checker<'s> {
             resources,
             executors,
             remote_cache,
+            link,
             stages,
         }))
     }

@@ -20,7 +20,7 @@ pub use image::{ImageRef, PinnedImage, sha256_digest};
 pub use load::{load, load_str};
 pub use model::{
     ClassifyRule, Command, Ended, EnvValue, ExecutorSpec, Expect, Foreach, ItemClass, ItemOutput,
-    KubernetesSettings, Manifest, Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec,
+    KubernetesSettings, Link, Manifest, Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec,
     Resource, ResultCheck, Retry, RootVolume, SlurmSettings, Stage, Toleration, Uses, is_per_item,
     lock_path_of,
 };

@@ -26,8 +26,22 @@ pub struct Manifest {
     pub executors: BTreeMap<String, ExecutorSpec>,
     /// `[cache.remote]`: a cache shared across machines.
     pub remote_cache: Option<RemoteCacheSpec>,
+    /// `[cache] link`: how stored files and workspace copies share the disk.
+    pub link: Link,
     /// Stages in document order.
     pub stages: Vec<Stage>,
+}
+
+/// `[cache] link`: how a stored file and its workspace copy share the disk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Link {
+    /// Two copies.
+    #[default]
+    Copy,
+    /// One set of blocks, copied on write, where the file system can.
+    Reflink,
+    /// One inode, made read-only.
+    Hardlink,
 }
 
 /// `[cache.remote]`, as written (keys are parsed where they are used).

@@ -216,7 +216,7 @@ impl<'m> Context<'m> {
             manifest,
             dag,
             outputs: OutputIndex::new(&manifest.stages),
-            store: ObjectStore::new(&manifest.cache_dir()),
+            store: ObjectStore::new(&manifest.cache_dir()).with_link(manifest.link),
             ledger,
             stat,
             latest_ok,

@@ -128,7 +128,13 @@ pub async fn run(
     // What this run validated reaches the remote cache before it exits.
     dispatcher.uploads = None;
     if let Some(worker) = dispatcher.upload_worker.take() {
-        dispatcher.summary.uploads_unfinished = worker.drain(UPLOADS_WAIT).await;
+        // An interrupted run is not kept waiting long.
+        let wait = if dispatcher.summary.interrupted {
+            Duration::from_secs(5)
+        } else {
+            UPLOADS_WAIT
+        };
+        dispatcher.summary.uploads_unfinished = worker.drain(wait).await;
     }
     match driven {
         Ok(()) => dispatcher.end(),

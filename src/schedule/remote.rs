@@ -9,6 +9,7 @@ use futures::StreamExt as _;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 
+use super::item_outputs::ItemOutputs;
 use super::items::PlannedItem;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::{ExecutorSpec, ItemClass, Manifest, Stage};
@@ -187,6 +188,7 @@ impl UploadWorker {
 pub async fn reuse_items(
     remote: &RemoteCache,
     plan: &mut [PlannedItem],
+    outputs: &ItemOutputs,
     store: &ObjectStore,
     record: &UnboundedSender<ItemAttempt>,
     run_id: i64,
@@ -225,7 +227,17 @@ pub async fn reuse_items(
         };
         let planned = &mut plan[n];
         let class = ItemClass::parse(&class);
-        if item != planned.item.key || !class.is_final() {
+        // Its outputs must be exactly this item's entries of the stage's
+        // item outputs: nothing is restored anywhere else.
+        let expected = outputs.paths(&planned.item).unwrap_or_default();
+        // (An item that is not `ok` may have written only some of them.)
+        let own = (class != ItemClass::Ok || entry.outputs.len() == expected.len())
+            && entry.outputs.iter().all(|o| {
+                expected
+                    .iter()
+                    .any(|(name, path, _)| *name == o.name && *path == o.path)
+            });
+        if item != planned.item.key || !class.is_final() || !own {
             continue;
         }
         let now = now_ms();

@@ -12,7 +12,8 @@ use futures::StreamExt as _;
 
 use super::ScheduleError;
 use super::context::Context;
-use super::remote::{item_entry, producer, stage_entry};
+use super::item_outputs::ItemOutputs;
+use super::remote::{item_entry, producer, reuse_items, stage_entry};
 use crate::fingerprint::StatCache;
 use crate::store::remote::{RemoteCache, RemoteStats, What};
 use crate::store::{NewResult, OutputKind, OutputRecord, ResultStatus};
@@ -128,35 +129,38 @@ pub struct Pulled {
     pub missing: Vec<String>,
     /// Outputs rewritten in the workspace.
     pub restored: usize,
+    /// Item outcomes brought with their stages.
+    pub items: usize,
 }
 
-/// Brings the results the lock file names for the selected stages.
+/// Brings the results the lock file names for the selected stages, and
+/// the outcomes of their items where this checkout can plan them.
 pub async fn pull(
     ctx: &mut Context<'_>,
     selected: &[bool],
     remote: &RemoteCache,
     invocation: &str,
 ) -> Result<Pulled, ScheduleError> {
+    let (manifest, dag) = (ctx.manifest, ctx.dag);
     let lock = ctx
         .lock
         .clone()
-        .unwrap_or_else(|| crate::store::LockFile::new(&ctx.manifest.name));
-    let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        .unwrap_or_else(|| crate::store::LockFile::new(&manifest.name));
     let token = format!("{}-{}", std::process::id(), crate::store::now_ms());
-    let run_id = ledger.begin_run(invocation, ctx.manifest.profile.as_deref(), &token)?;
+    let run_id = ledger(ctx)?.begin_run(invocation, manifest.profile.as_deref(), &token)?;
     let origin = format!("remote:{}", remote.url());
     let mut pulled = Pulled::default();
     let mut stat = StatCache::default();
-    for &i in ctx.dag.order() {
+    for &i in dag.order() {
         if !selected[i] {
             continue;
         }
-        let stage = &ctx.manifest.stages[i];
+        let stage = &manifest.stages[i];
         let Some(locked) = lock.stages.get(&stage.name) else {
             pulled.missing.push(stage.name.clone());
             continue;
         };
-        let local = ledger
+        let local = ledger(ctx)?
             .find_ok(&stage.name, &locked.fingerprint)?
             .filter(|record| record.outputs.iter().all(|o| ctx.store.is_complete(o)));
         let outputs = match local {
@@ -186,7 +190,7 @@ pub async fn pull(
                     continue;
                 }
                 let producer = &fetched.entry.producer;
-                ledger.record(
+                ledger(ctx)?.record(
                     &NewResult {
                         run_id,
                         stage: &stage.name,
@@ -209,15 +213,43 @@ pub async fn pull(
             }
         };
         for output in &outputs {
-            let abs = ctx.manifest.root.join(&output.path);
+            let abs = manifest.root.join(&output.path);
             if stat
                 .content(&abs)
                 .is_ok_and(|c| c.digest() == output.digest)
             {
                 continue;
             }
-            ctx.store.restore(output, &abs, Some(ledger))?;
+            ctx.store.restore(output, &abs, ctx.ledger.as_ref())?;
             pulled.restored += 1;
+        }
+        ctx.note_outputs(&outputs);
+        // Its items too, so that `status` counts them and an edit re-runs
+        // only the items it reaches; skipped where the inputs that plan
+        // them are not here.
+        if stage.foreach.is_some()
+            && ctx.key_of(i).is_ok()
+            && let Some(mut plan) = ctx.item_plans.remove(&i)
+        {
+            let (record, mut recorded) = tokio::sync::mpsc::unbounded_channel();
+            let item_outputs = ItemOutputs::of(stage, &manifest.root);
+            let store = ctx.store.clone();
+            pulled.items += reuse_items(
+                remote,
+                &mut plan,
+                &item_outputs,
+                &store,
+                &record,
+                run_id,
+                &stage.name,
+            )
+            .await;
+            drop(record);
+            let mut attempts = Vec::new();
+            while let Ok(attempt) = recorded.try_recv() {
+                attempts.push(attempt);
+            }
+            ledger(ctx)?.record_item_attempts(&attempts)?;
         }
     }
     let counts = crate::store::RunCounts {
@@ -230,8 +262,12 @@ pub async fn pull(
     } else {
         "failed"
     };
-    ledger.finish_run(run_id, status, counts)?;
+    ledger(ctx)?.finish_run(run_id, status, counts)?;
     Ok(pulled)
+}
+
+fn ledger<'c>(ctx: &'c Context<'_>) -> Result<&'c crate::store::Ledger, ScheduleError> {
+    ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)
 }
 
 /// Whether `outputs` are exactly the outputs `locked` records.

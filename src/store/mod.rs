@@ -4,8 +4,10 @@
 mod attestation;
 mod audit;
 mod current;
+mod gc;
 mod ledger;
 mod ledger_health;
+pub mod link;
 mod live;
 mod lockfile;
 mod objects;
@@ -16,6 +18,7 @@ mod workspace_lock;
 pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
 pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
 pub use current::{Current, current_ok, current_results, read_lock};
+pub use gc::{Collected, collect_garbage};
 pub use ledger::{
     COMMAND_ITEM, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId,
     RUNNING, ResultRecord, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, UnreadableResult,

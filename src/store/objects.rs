@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::ledger::Ledger;
+use super::link::{self, Link};
 use crate::fingerprint::{
     Content, Digest, EntryKind, StatCache, TreeEntry, open_regular, refuse_special, tree_digest,
 };
@@ -76,6 +77,8 @@ pub enum OutputKind {
 #[derive(Debug, Clone)]
 pub struct ObjectStore {
     cache: PathBuf,
+    /// How stored files and workspace copies share the disk.
+    link: Link,
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -84,7 +87,14 @@ impl ObjectStore {
     pub fn new(cache: &Path) -> Self {
         Self {
             cache: cache.to_owned(),
+            link: Link::Copy,
         }
+    }
+
+    /// Stores and restores files by `link` (see [`super::link`]).
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = link;
+        self
     }
 
     pub fn object_path(&self, digest: &Digest) -> PathBuf {
@@ -160,6 +170,24 @@ impl ObjectStore {
     /// Copies one workspace file into a temporary file of the store,
     /// hashing the bytes it copies. Not yet durable nor visible.
     fn copy_in(&self, src: &Path, staged: &mut Staged) -> Result<(Digest, u64), StoreError> {
+        if self.link != Link::Copy {
+            let temp = self.fresh_temp_path();
+            let linked = match self.link {
+                Link::Hardlink => link::hardlink(src, &temp),
+                _ => link::reflink(src, &temp, 0o644),
+            }
+            .map_err(|e| StoreError::io(src, e))?;
+            if linked {
+                // The bytes stored are the ones hashed: the temp file's.
+                let size = fs::metadata(&temp)
+                    .map_err(|e| StoreError::io(&temp, e))?
+                    .len();
+                let digest = crate::fingerprint::hash_file(&temp, size, true)
+                    .map_err(|e| StoreError::io(&temp, e))?;
+                staged.pending.push((temp, self.object_path(&digest)));
+                return Ok((digest, size));
+            }
+        }
         let mut input = open_regular(src).map_err(|e| StoreError::io(src, e))?;
         let (temp, mut out) = self.temp_file()?;
         let mut hasher = blake3::Hasher::new();
@@ -559,6 +587,9 @@ impl ObjectStore {
         executable: bool,
     ) -> Result<(), StoreError> {
         let source = self.object_path(digest);
+        if self.link != Link::Copy && self.link_verified(&source, digest, dest, executable)? {
+            return Ok(());
+        }
         let bytes = fs::read(&source).map_err(|e| StoreError::io(&source, e))?;
         let written = write_verified(&bytes, digest, &source, dest, executable);
         if let Err(StoreError::Corrupt { .. }) = &written {
@@ -567,6 +598,49 @@ impl ObjectStore {
             let _ = fs::remove_file(&source);
         }
         written
+    }
+}
+
+impl ObjectStore {
+    /// Restores `dest` as a link of the object `source` if it hashes to
+    /// `digest` (damaged: removed, and `Corrupt`). `Ok(false)`: no link
+    /// could be made (or a hard link would give the object another mode),
+    /// copy instead.
+    fn link_verified(
+        &self,
+        source: &Path,
+        digest: &Digest,
+        dest: &Path,
+        executable: bool,
+    ) -> Result<bool, StoreError> {
+        let io = |e| StoreError::io(source, e);
+        let size = fs::metadata(source).map_err(io)?.len();
+        let linked = match self.link {
+            Link::Hardlink => {
+                if link::is_executable(source).map_err(io)? != executable {
+                    return Ok(false);
+                }
+                link::hardlink(source, dest).map_err(io)?
+            }
+            _ => {
+                let mode = if executable { 0o755 } else { 0o644 };
+                link::reflink(source, dest, mode).map_err(io)?
+            }
+        };
+        if !linked {
+            return Ok(false);
+        }
+        // What is in place now is what is checked.
+        let found = crate::fingerprint::hash_file(dest, size, true).map_err(io)?;
+        if found != *digest {
+            let _ = fs::remove_file(dest);
+            let _ = fs::remove_file(source);
+            return Err(StoreError::Corrupt {
+                path: source.to_owned(),
+                detail: format!("content does not hash to {digest}"),
+            });
+        }
+        Ok(true)
     }
 }
 

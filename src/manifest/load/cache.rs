@@ -1,16 +1,37 @@
-//! `[cache.remote]`: the shared cache a workspace reads results from and
-//! writes them to.
+//! `[cache]`: how stored files share the disk with the workspace (`link`),
+//! and the shared cache a workspace reads results from and writes them to
+//! (`[cache.remote]`).
 
 use super::*;
 
-const CACHE_KEYS: &[&str] = &["remote"];
+const CACHE_KEYS: &[&str] = &["link", "remote"];
 const REMOTE_KEYS: &[&str] = &["url", "trust", "auth", "key", "upload", "timeout"];
 
 impl Checker<'_> {
-    pub(super) fn cache(&mut self, entries: &[Entry]) -> Option<RemoteCacheSpec> {
-        let entry = find(entries, "cache")?;
-        let table = self.expect_table(&entry.value, "`cache`")?;
+    pub(super) fn cache(&mut self, entries: &[Entry]) -> (Link, Option<RemoteCacheSpec>) {
+        let Some(entry) = find(entries, "cache") else {
+            return (Link::Copy, None);
+        };
+        let Some(table) = self.expect_table(&entry.value, "`cache`") else {
+            return (Link::Copy, None);
+        };
         self.unknown_keys(table, CACHE_KEYS, "`[cache]`");
+        let link = match find(table, "link").map(|e| (&e.value, e.value.as_str())) {
+            None | Some((_, Some("copy"))) => Link::Copy,
+            Some((_, Some("reflink"))) => Link::Reflink,
+            Some((_, Some("hardlink"))) => Link::Hardlink,
+            Some((node, _)) => {
+                self.problems.push(
+                    Problem::new("`link` must be \"copy\", \"reflink\" or \"hardlink\"", node.span.clone(), "here")
+                        .help("\"copy\" keeps two copies; \"reflink\" shares blocks where the file system can (else copies); \"hardlink\" shares one read-only file (see docs/manifest.md)"),
+                );
+                Link::Copy
+            }
+        };
+        (link, self.remote(table))
+    }
+
+    fn remote(&mut self, table: &[Entry]) -> Option<RemoteCacheSpec> {
         let remote = find(table, "remote")?;
         let spec = self.expect_table(&remote.value, "`cache.remote`")?;
         self.unknown_keys(spec, REMOTE_KEYS, "`[cache.remote]`");

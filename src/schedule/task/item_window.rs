@@ -24,6 +24,7 @@ impl StageTask {
             let reused = super::super::remote::reuse_items(
                 remote,
                 &mut items.plan,
+                &items.outputs,
                 &self.store,
                 &links.attempts,
                 self.run_id,

@@ -156,10 +156,18 @@ impl RemoteCache {
     }
 
     fn refused(&self, fingerprint: &Digest, refusal: &Refusal) {
-        self.stats.refused.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(
-            "refused the remote cache's entry for {fingerprint}: {refusal}; it runs here instead"
-        );
+        /// Refusals shown one by one; the rest are counted.
+        const SHOWN: usize = 3;
+        let before = self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        if before < SHOWN {
+            tracing::warn!(
+                "refused the remote cache's entry for {fingerprint}: {refusal}; it runs here instead"
+            );
+        } else if before == SHOWN {
+            tracing::warn!(
+                "refused another entry ({refusal}); further refusals are counted, not shown"
+            );
+        }
     }
 
     /// The entry for `fingerprint`, verified, with its blobs brought into
