@@ -79,6 +79,9 @@ pub struct ObjectStore {
     cache: PathBuf,
     /// How stored files and workspace copies share the disk.
     link: Link,
+    /// Objects this process wrote and hashed as it wrote them (downloads):
+    /// a restore need not read them a second time.
+    hashed_here: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<Digest>>>,
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -88,6 +91,7 @@ impl ObjectStore {
         Self {
             cache: cache.to_owned(),
             link: Link::Copy,
+            hashed_here: Default::default(),
         }
     }
 
@@ -155,7 +159,13 @@ impl ObjectStore {
 
     /// Makes downloaded, verified files durable and visible: each
     /// `(temp, dest)` is fsynced, then renamed into place.
-    pub fn publish_downloads(&self, placed: Vec<(PathBuf, PathBuf)>) -> Result<(), StoreError> {
+    /// `hashed` names the objects among them (each hashed as it was
+    /// written).
+    pub fn publish_downloads(
+        &self,
+        placed: Vec<(PathBuf, PathBuf)>,
+        hashed: Vec<Digest>,
+    ) -> Result<(), StoreError> {
         for (temp, _) in &placed {
             File::open(temp)
                 .and_then(|f| f.sync_all())
@@ -164,7 +174,20 @@ impl ObjectStore {
         for (temp, dest) in placed {
             self.rename_into_place(&temp, &dest)?;
         }
+        self.hashed_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(hashed);
         Ok(())
+    }
+
+    /// Whether this process wrote object `digest` and hashed it then
+    /// (taken once: a later restore reads it again).
+    fn just_hashed(&self, digest: &Digest) -> bool {
+        self.hashed_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(digest)
     }
 
     /// Copies one workspace file into a temporary file of the store,
@@ -590,14 +613,26 @@ impl ObjectStore {
         if self.link != Link::Copy && self.link_verified(&source, digest, dest, executable)? {
             return Ok(());
         }
-        let bytes = fs::read(&source).map_err(|e| StoreError::io(&source, e))?;
-        let written = write_verified(&bytes, digest, &source, dest, executable);
-        if let Err(StoreError::Corrupt { .. }) = &written {
+        // Copied by the kernel, then the copy in place is what is checked
+        // (unless the object was hashed as this process wrote it).
+        let io = |e| StoreError::io(&source, e);
+        let size = fs::copy(&source, dest).map_err(io)?;
+        if !self.just_hashed(digest)
+            && crate::fingerprint::hash_file(dest, size, true).map_err(io)? != *digest
+        {
+            let _ = fs::remove_file(dest);
             // A damaged object must not be taken for a stored one: gone,
             // the stage that re-runs stores it afresh.
             let _ = fs::remove_file(&source);
+            return Err(StoreError::Corrupt {
+                path: source.clone(),
+                detail: format!("content does not hash to {digest}"),
+            });
         }
-        written
+        let mode = if executable { 0o755 } else { 0o644 };
+        fs::set_permissions(dest, fs::Permissions::from_mode(mode))
+            .and_then(|()| File::open(dest)?.sync_all())
+            .map_err(|e| StoreError::io(dest, e))
     }
 }
 
@@ -630,9 +665,11 @@ impl ObjectStore {
         if !linked {
             return Ok(false);
         }
-        // What is in place now is what is checked.
-        let found = crate::fingerprint::hash_file(dest, size, true).map_err(io)?;
-        if found != *digest {
+        // What is in place now is what is checked (unless the object was
+        // hashed as this process wrote it).
+        if !self.just_hashed(digest)
+            && crate::fingerprint::hash_file(dest, size, true).map_err(io)? != *digest
+        {
             let _ = fs::remove_file(dest);
             let _ = fs::remove_file(source);
             return Err(StoreError::Corrupt {

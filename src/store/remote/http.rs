@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use sha2::Digest as _;
-use tokio::io::AsyncWriteExt as _;
 
 use crate::fingerprint::Digest;
 
@@ -178,30 +177,59 @@ impl HttpCache {
             status if status.is_success() => {}
             status => return Err(self.failed("GET /cas", status)),
         }
-        let local =
-            |e: std::io::Error| Unavailable(format!("cannot write `{}`: {e}", dest.display()));
-        let mut out = tokio::fs::File::create(dest).await.map_err(local)?;
-        let mut blake3 = blake3::Hasher::new();
-        let mut sha256_hasher = sha2::Sha256::new();
-        let mut size = 0u64;
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| self.failed("GET /cas", e))?
-        {
-            size += chunk.len() as u64;
-            if size > limit {
-                break;
+        // Hashed and written on a thread of the blocking pool, as the
+        // chunks arrive: several downloads hash on several cores, and the
+        // event loop only moves bytes.
+        let (chunks, mut arriving) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
+        let path = dest.to_owned();
+        let writer = tokio::task::spawn_blocking(move || -> std::io::Result<Downloaded> {
+            use std::io::Write as _;
+            let mut out = std::fs::File::create(&path)?;
+            let mut blake3 = blake3::Hasher::new();
+            let mut sha256 = sha2::Sha256::new();
+            let mut size = 0u64;
+            while let Some(chunk) = arriving.blocking_recv() {
+                blake3.update(&chunk);
+                sha256.update(&chunk);
+                out.write_all(&chunk)?;
+                size += chunk.len() as u64;
             }
-            blake3.update(&chunk);
-            sha256_hasher.update(&chunk);
-            out.write_all(&chunk).await.map_err(local)?;
+            Ok(Downloaded {
+                size,
+                blake3: Digest::from_hash(blake3.finalize()),
+                sha256: crate::fingerprint::hex(&sha256.finalize()),
+            })
+        });
+        let mut size = 0u64;
+        let mut failed = None;
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    size += chunk.len() as u64;
+                    // More than promised is not believed (nor kept).
+                    if size > limit || chunks.send(chunk).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(self.failed("GET /cas", e));
+                    break;
+                }
+            }
         }
-        out.flush().await.map_err(local)?;
+        drop(chunks);
+        let written = writer
+            .await
+            .map_err(|e| Unavailable(e.to_string()))?
+            .map_err(|e| Unavailable(format!("cannot write `{}`: {e}", dest.display())))?;
+        if let Some(failed) = failed {
+            return Err(failed);
+        }
         Ok(Some(Downloaded {
-            size,
-            blake3: Digest::from_hash(blake3.finalize()),
-            sha256: crate::fingerprint::hex(&sha256_hasher.finalize()),
+            // A server that sent more than the limit is told apart by size.
+            size: size.max(written.size),
+            ..written
         }))
     }
 }

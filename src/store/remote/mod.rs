@@ -311,9 +311,13 @@ impl RemoteCache {
         }))
         .buffer_unordered(BLOBS_IN_FLIGHT);
         let mut failure = None;
+        let mut hashed = Vec::new();
         while let Some((blob, temp, got)) = downloads.next().await {
             match got {
-                Ok(Ok(())) => placed.push((temp, store.object_path(&blob.blake3))),
+                Ok(Ok(())) => {
+                    placed.push((temp, store.object_path(&blob.blake3)));
+                    hashed.push(blob.blake3);
+                }
                 other => {
                     let _ = std::fs::remove_file(&temp);
                     if failure.is_none() {
@@ -328,9 +332,10 @@ impl RemoteCache {
             return failure.map(|refused| refused.map(|()| Vec::new()));
         }
         let store = store.clone();
-        let published = tokio::task::spawn_blocking(move || store.publish_downloads(placed))
-            .await
-            .map_err(|e| Unavailable(e.to_string()))?;
+        let published =
+            tokio::task::spawn_blocking(move || store.publish_downloads(placed, hashed))
+                .await
+                .map_err(|e| Unavailable(e.to_string()))?;
         published.map_err(|e| Unavailable(format!("cannot store a download: {e}")))?;
         Ok(Ok(inline))
     }
