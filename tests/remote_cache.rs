@@ -575,3 +575,35 @@ fn even_a_trusted_signer_cannot_make_a_result_write_outside_the_stages_outputs()
     assert!(!b.root().parent().unwrap().join("escaped-item").exists());
     assert_eq!(outputs(&a), outputs(&b));
 }
+
+#[test]
+fn a_schema_7_ledger_gains_origins_and_keeps_its_history() {
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let p = workspace("http://127.0.0.1:9/unused", &ran, 2, &[]);
+    p.cairn(&["run", "--no-remote-cache"]).success();
+    {
+        let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+        common::downgrade_to_schema_7(&db);
+    }
+    let again = p.cairn(&["run", "--no-remote-cache"]);
+    again.success();
+    assert!(
+        again.stderr().contains("0 ran, 2 fresh"),
+        "{}",
+        again.stderr()
+    );
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let version: i64 = db
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, cairn::store::LEDGER_SCHEMA_VERSION);
+    let local: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM results WHERE origin IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(local >= 2, "the results made here have no origin");
+}

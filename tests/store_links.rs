@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use common::Project;
 
 fn project(link: &str) -> Project {
-    let p = Project::new();
+    project_in(link, None)
+}
+
+fn project_in(link: &str, parent: Option<&std::path::Path>) -> Project {
+    let p = parent.map_or_else(Project::new, Project::new_in);
     p.file(
         "cairn.toml",
         &format!(
@@ -115,4 +119,65 @@ fn an_unknown_link_kind_is_located_in_the_manifest() {
         "{}",
         out.stderr()
     );
+}
+
+/// The file system `scripts/test` mounts for this (XFS with reflinks, in a
+/// loop-mounted image), named by `CAIRN_TEST_REFLINK_DIR`.
+fn reflink_dir() -> PathBuf {
+    let dir = std::env::var_os("CAIRN_TEST_REFLINK_DIR").map(PathBuf::from);
+    assert!(
+        dir.as_ref().is_some_and(|d| d.is_dir()),
+        "CAIRN_TEST_REFLINK_DIR names no directory: run the tests with `scripts/test`, which mounts a file system with reflinks"
+    );
+    dir.unwrap()
+}
+
+/// Whether every extent of `path` is shared with another file (FIEMAP,
+/// through `filefrag -v`).
+fn all_extents_shared(path: &std::path::Path) -> bool {
+    common::require_tool("filefrag");
+    let out = std::process::Command::new("filefrag")
+        .arg("-v")
+        .arg(path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let extents: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.trim_start()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+                && l.contains(':')
+        })
+        .collect();
+    !extents.is_empty() && extents.iter().all(|l| l.contains("shared"))
+}
+
+#[test]
+fn reflinked_outputs_share_their_blocks_with_the_store_where_the_file_system_can() {
+    let p = project_in("reflink", Some(&reflink_dir()));
+    p.cairn(&["run"]).success();
+    let big = p.path("build/big.txt");
+    let bytes = std::fs::read(&big).unwrap();
+    let object = object_of(&p, &bytes);
+    assert!(all_extents_shared(&big), "the output shares its blocks");
+    assert!(all_extents_shared(&object), "the stored object shares them");
+    assert_ne!(
+        std::fs::metadata(&big).unwrap().ino(),
+        std::fs::metadata(&object).unwrap().ino(),
+        "two files, not one"
+    );
+    // Restored, the copy shares the object's blocks again, and an edit of
+    // it leaves the object as it was.
+    std::fs::remove_file(&big).unwrap();
+    p.cairn(&["run"]).success();
+    assert!(all_extents_shared(&big));
+    std::fs::write(&big, b"edited").unwrap();
+    assert_eq!(std::fs::read(&object).unwrap(), bytes);
+    let again = p.cairn(&["run"]);
+    again.success();
+    assert_eq!(std::fs::read(&big).unwrap(), bytes);
+    p.cairn(&["audit"]).success();
 }

@@ -113,6 +113,13 @@ impl Project {
         }
     }
 
+    /// A project in a temp dir under `parent` (another file system).
+    pub fn new_in(parent: &Path) -> Self {
+        Self {
+            dir: tempfile::tempdir_in(parent).expect("temp dir"),
+        }
+    }
+
     pub fn root(&self) -> &Path {
         self.dir.path()
     }

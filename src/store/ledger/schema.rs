@@ -214,12 +214,20 @@ fn attempts_when_they_start(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite:
     tx.execute_batch("ALTER TABLE item_attempts ADD COLUMN handle TEXT;")
 }
 
-/// 8: results and item outcomes record where they came from.
+/// 8: results and item outcomes record where they came from. (A table
+/// that migration 6 rebuilt from [`SCHEMA`] has the column already.)
 fn origins(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
-    tx.execute_batch(
-        "ALTER TABLE results ADD COLUMN origin TEXT;
-         ALTER TABLE items ADD COLUMN origin TEXT;",
-    )
+    for table in ["results", "items"] {
+        let has: bool = tx.query_row(
+            &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = 'origin'"),
+            [],
+            |row| row.get(0),
+        )?;
+        if !has {
+            tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN origin TEXT;"))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
