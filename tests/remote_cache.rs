@@ -130,27 +130,66 @@ fn outputs(p: &Project) -> Vec<(String, String)> {
     files_under(p.root(), "build")
 }
 
+/// A cache, a machine, and a first workspace `a` that ran there.
+struct Scene {
+    cache: HttpCache,
+    _side: tempfile::TempDir,
+    ran: PathBuf,
+    machine: Machine,
+    a: Project,
+    first: common::Run,
+}
+
+impl Scene {
+    fn with_items(items: usize) -> Self {
+        let cache = HttpCache::start();
+        let side = tempfile::tempdir().unwrap();
+        let ran = side.path().join("ran");
+        let machine = Machine::new();
+        let a = workspace(&cache.url(), &ran, items, &[]);
+        let first = machine.cairn(&a, &["run"]);
+        first.success();
+        Self {
+            cache,
+            _side: side,
+            ran,
+            machine,
+            a,
+            first,
+        }
+    }
+
+    /// Another checkout on the same machine, its commands' log emptied.
+    fn second(&self, items: usize) -> Project {
+        let _ = std::fs::remove_file(&self.ran);
+        workspace(&self.cache.url(), &self.ran, items, &[])
+    }
+
+    fn ran(&self) -> Vec<String> {
+        read_lines(&self.ran)
+    }
+}
+
 #[test]
 fn a_second_workspace_reuses_stage_and_item_results_and_runs_no_command() {
-    let cache = HttpCache::start();
-    let side = tempfile::tempdir().unwrap();
-    let ran = side.path().join("ran");
-    let machine = Machine::new();
-    let a = workspace(&cache.url(), &ran, 4, &[]);
-    let first = machine.cairn(&a, &["run"]);
-    first.success();
-    assert!(first.stderr().contains("uploaded"), "{}", first.stderr());
-    assert_eq!(read_lines(&ran).len(), 5, "make and four items ran in A");
+    let scene = Scene::with_items(4);
+    let (cache, machine, a) = (&scene.cache, &scene.machine, &scene.a);
+    assert!(
+        scene.first.stderr().contains("uploaded"),
+        "{}",
+        scene.first.stderr()
+    );
+    assert_eq!(scene.ran().len(), 5, "make and four items ran in A");
     // The server holds entries and blobs under the protocol's two roots.
     assert!(!cache.files("ac").is_empty() && !cache.files("cas").is_empty());
 
     // Another checkout, its cache empty: the same key (the same machine).
-    let b = workspace(&cache.url(), &ran, 4, &[]);
+    let b = scene.second(4);
     let second = machine.cairn(&b, &["run"]);
     second.success();
     assert_eq!(
-        read_lines(&ran).len(),
-        5,
+        scene.ran().len(),
+        0,
         "nothing ran in B: {}",
         second.stderr()
     );
@@ -160,7 +199,7 @@ fn a_second_workspace_reuses_stage_and_item_results_and_runs_no_command() {
         second.stderr()
     );
     assert_eq!(
-        outputs(&a),
+        outputs(a),
         outputs(&b),
         "B's outputs are A's, byte for byte"
     );
@@ -198,16 +237,10 @@ fn a_second_workspace_reuses_stage_and_item_results_and_runs_no_command() {
 
 #[test]
 fn a_per_item_stage_half_validated_elsewhere_runs_only_the_other_half() {
-    let cache = HttpCache::start();
-    let side = tempfile::tempdir().unwrap();
-    let ran = side.path().join("ran");
-    let machine = Machine::new();
-    let a = workspace(&cache.url(), &ran, 5, &[]);
-    machine.cairn(&a, &["run"]).success();
-    let b = workspace(&cache.url(), &ran, 10, &[]);
-    std::fs::remove_file(&ran).unwrap();
-    machine.cairn(&b, &["run"]).success();
-    let mut ran_in_b = read_lines(&ran);
+    let scene = Scene::with_items(5);
+    let b = scene.second(10);
+    scene.machine.cairn(&b, &["run"]).success();
+    let mut ran_in_b = scene.ran();
     ran_in_b.sort();
     let expected: Vec<String> = {
         let mut e: Vec<String> = (6..=10).map(|n| format!("items i{n}")).collect();
@@ -287,19 +320,14 @@ fn blob_holding(cache: &HttpCache, bytes: &[u8]) -> PathBuf {
 /// `make` must run in B, its outputs must be right, and the refusal
 /// must be said and counted.
 fn refused_after(damage: impl FnOnce(&HttpCache, &Project), says: &str) {
-    let cache = HttpCache::start();
-    let side = tempfile::tempdir().unwrap();
-    let ran = side.path().join("ran");
-    let machine = Machine::new();
-    let a = workspace(&cache.url(), &ran, 1, &[]);
-    machine.cairn(&a, &["run"]).success();
-    damage(&cache, &a);
-    let b = workspace(&cache.url(), &ran, 1, &[]);
-    std::fs::remove_file(&ran).unwrap();
+    let scene = Scene::with_items(1);
+    let (machine, a) = (&scene.machine, &scene.a);
+    damage(&scene.cache, a);
+    let b = scene.second(1);
     let run = machine.cairn(&b, &["run"]);
     run.success();
     assert!(
-        read_lines(&ran).contains(&"make -".to_owned()),
+        scene.ran().contains(&"make -".to_owned()),
         "make ran in B: {}",
         run.stderr()
     );
@@ -309,7 +337,7 @@ fn refused_after(damage: impl FnOnce(&HttpCache, &Project), says: &str) {
         run.stderr()
     );
     assert!(run.stderr().contains("1 refused"), "{}", run.stderr());
-    assert_eq!(outputs(&a), outputs(&b), "nothing wrong was restored");
+    assert_eq!(outputs(a), outputs(&b), "nothing wrong was restored");
     machine.cairn(&b, &["audit"]).success();
 }
 
@@ -526,15 +554,11 @@ fn signed_by(machine: &Machine, entry: serde_json::Value) -> Vec<u8> {
 
 #[test]
 fn even_a_trusted_signer_cannot_make_a_result_write_outside_the_stages_outputs() {
-    let cache = HttpCache::start();
-    let side = tempfile::tempdir().unwrap();
-    let ran = side.path().join("ran");
-    let machine = Machine::new();
-    let a = workspace(&cache.url(), &ran, 1, &[]);
-    machine.cairn(&a, &["run"]).success();
+    let scene = Scene::with_items(1);
+    let (cache, machine, a) = (&scene.cache, &scene.machine, &scene.a);
     // The stage entry, its big output moved outside the workspace; and the
     // item entry, its output moved out of its directory.
-    let (path, text) = make_entry(&cache);
+    let (path, text) = make_entry(cache);
     let mut envelope: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut entry = envelope["entry"].take();
     for output in entry["outputs"].as_array_mut().unwrap() {
@@ -542,7 +566,7 @@ fn even_a_trusted_signer_cannot_make_a_result_write_outside_the_stages_outputs()
             output["path"] = "../escaped.txt".into();
         }
     }
-    std::fs::write(&path, signed_by(&machine, entry)).unwrap();
+    std::fs::write(&path, signed_by(machine, entry)).unwrap();
     let item = cache
         .files("ac")
         .into_iter()
@@ -556,10 +580,9 @@ fn even_a_trusted_signer_cannot_make_a_result_write_outside_the_stages_outputs()
         serde_json::from_str(&std::fs::read_to_string(&item).unwrap()).unwrap();
     let mut entry = envelope["entry"].take();
     entry["outputs"][0]["path"] = "build/items/../../escaped-item".into();
-    std::fs::write(&item, signed_by(&machine, entry)).unwrap();
+    std::fs::write(&item, signed_by(machine, entry)).unwrap();
 
-    let b = workspace(&cache.url(), &ran, 1, &[]);
-    std::fs::remove_file(&ran).unwrap();
+    let b = scene.second(1);
     let run = machine.cairn(&b, &["run"]);
     run.success();
     assert!(
@@ -568,12 +591,12 @@ fn even_a_trusted_signer_cannot_make_a_result_write_outside_the_stages_outputs()
         "{}",
         run.stderr()
     );
-    let mut lines = read_lines(&ran);
+    let mut lines = scene.ran();
     lines.sort();
     assert_eq!(lines, ["items i1", "make -"], "both ran here instead");
     assert!(!b.root().parent().unwrap().join("escaped.txt").exists());
     assert!(!b.root().parent().unwrap().join("escaped-item").exists());
-    assert_eq!(outputs(&a), outputs(&b));
+    assert_eq!(outputs(a), outputs(&b));
 }
 
 #[test]

@@ -3,9 +3,23 @@
 
 use super::*;
 
+/// A successful result about to be recorded.
+pub(super) struct Made<'a> {
+    pub(super) outputs: Vec<OutputRecord>,
+    pub(super) inline: &'a [(Digest, Vec<u8>)],
+    pub(super) started_ms: i64,
+    pub(super) finished_ms: i64,
+    pub(super) exit_code: Option<i32>,
+    pub(super) log_path: Option<String>,
+    /// The attempt of the command that made it (a plain stage's last).
+    pub(super) attempt: Option<&'a ItemAttempt>,
+    /// `remote:URL` when a remote cache supplied it.
+    pub(super) origin: Option<String>,
+}
+
 impl Dispatcher<'_, '_> {
-    /// Records a successful result, with its inline objects, in one
-    /// transaction.
+    /// Records a successful result this run made, with its inline
+    /// objects, in one transaction; then queues its upload.
     pub(super) fn commit(
         &mut self,
         i: usize,
@@ -15,31 +29,55 @@ impl Dispatcher<'_, '_> {
         log: &std::path::Path,
         attempt: Option<&ItemAttempt>,
     ) -> Result<(), ScheduleError> {
-        let stage = &self.ctx.manifest.stages[i];
         let Published { records, inline } = published;
+        let record = self.record_ok(
+            i,
+            key,
+            Made {
+                outputs: records,
+                inline: &inline,
+                started_ms,
+                finished_ms: now_ms(),
+                // A rule may have accepted another exit status.
+                exit_code: attempt.map_or(Some(0), |a| a.exit_code),
+                // Quiet stages leave no log file; a path only if there is one.
+                log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
+                attempt,
+                origin: None,
+            },
+        )?;
+        self.upload_result(i, key, &record, inline);
+        Ok(())
+    }
+
+    /// Records a successful result of stage `i` and makes it the one this
+    /// run uses (downstream keys, the lock file).
+    pub(super) fn record_ok(
+        &mut self,
+        i: usize,
+        key: &StageKey,
+        made: Made<'_>,
+    ) -> Result<ResultRecord, ScheduleError> {
+        let stage = &self.ctx.manifest.stages[i];
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        let finished_ms = now_ms();
         let command = stage.describe_run();
-        // Quiet stages leave no log file; record a path only if there is one.
-        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
         let id = ledger.record(
             &NewResult {
                 run_id: self.run_id,
                 stage: &stage.name,
                 key,
                 status: ResultStatus::Ok,
-                outputs: &records,
+                outputs: &made.outputs,
                 command: &command,
-                started_ms,
-                finished_ms,
-                // A rule may have accepted another exit status.
-                exit_code: attempt.map_or(Some(0), |a| a.exit_code),
-                log_path: log_path.as_deref(),
+                started_ms: made.started_ms,
+                finished_ms: made.finished_ms,
+                exit_code: made.exit_code,
+                log_path: made.log_path.as_deref(),
                 error: None,
-                attempt,
-                origin: None,
+                attempt: made.attempt,
+                origin: made.origin.as_deref(),
             },
-            &inline,
+            made.inline,
         )?;
         let record = ResultRecord {
             id,
@@ -47,16 +85,15 @@ impl Dispatcher<'_, '_> {
             stage: stage.name.clone(),
             fingerprint: key.fingerprint(),
             status: ResultStatus::Ok,
-            outputs: records,
+            outputs: made.outputs,
             command,
-            started_ms,
-            finished_ms,
-            exit_code: attempt.map_or(Some(0), |a| a.exit_code),
-            log_path,
+            started_ms: made.started_ms,
+            finished_ms: made.finished_ms,
+            exit_code: made.exit_code,
+            log_path: made.log_path,
             error: None,
-            origin: None,
+            origin: made.origin,
         };
-        self.upload_result(i, key, &record, inline);
         let name = stage.name.clone();
         tracing::info!(stage = %name, result = id, "recorded");
         self.used
@@ -64,8 +101,8 @@ impl Dispatcher<'_, '_> {
         self.lock_changed = true;
         self.ctx.note_outputs(&record.outputs);
         self.ctx.latest_failure.remove(&name);
-        self.ctx.latest_ok.insert(name, record);
-        Ok(())
+        self.ctx.latest_ok.insert(name, record.clone());
+        Ok(record)
     }
 
     /// Records a failed result (with the command's attempt that failed, if

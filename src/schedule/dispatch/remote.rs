@@ -71,54 +71,27 @@ impl Dispatcher<'_, '_> {
             .remote
             .as_ref()
             .map(|remote| format!("remote:{}", remote.url()));
-        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        let command = stage.describe_run();
-        let id = ledger.record(
-            &NewResult {
-                run_id: self.run_id,
-                stage: &stage.name,
-                key,
-                status: ResultStatus::Ok,
-                outputs: &entry.outputs,
-                command: &command,
+        let producer = entry.producer.host.clone();
+        let record = self.record_ok(
+            i,
+            key,
+            super::record::Made {
+                outputs: entry.outputs,
+                inline: &inline,
                 started_ms: entry.producer.started_ms,
                 finished_ms: entry.producer.finished_ms,
                 exit_code: entry.producer.exit_code,
                 log_path: None,
-                error: None,
                 attempt: None,
-                origin: origin.as_deref(),
+                origin,
             },
-            &inline,
         )?;
-        let record = ResultRecord {
-            id,
-            run_id: self.run_id,
-            stage: stage.name.clone(),
-            fingerprint: key.fingerprint(),
-            status: ResultStatus::Ok,
-            outputs: entry.outputs,
-            command,
-            started_ms: entry.producer.started_ms,
-            finished_ms: entry.producer.finished_ms,
-            exit_code: entry.producer.exit_code,
-            log_path: None,
-            error: None,
-            origin,
-        };
         if let Err(reason) = self.bring_back(&record)? {
             return Ok(Some(reason));
         }
-        let name = stage.name.clone();
-        tracing::info!(stage = %name, result = id, producer = %entry.producer.host, "from the remote cache");
+        tracing::info!(stage = %record.stage, %producer, "from the remote cache");
         self.summary.counts.restored += 1;
-        self.summary.from_remote.push(name.clone());
-        self.used
-            .insert(i, (record.fingerprint, record.outputs.clone()));
-        self.lock_changed = true;
-        self.ctx.note_outputs(&record.outputs);
-        self.ctx.latest_failure.remove(&name);
-        self.ctx.latest_ok.insert(name, record);
+        self.summary.from_remote.push(record.stage);
         self.reporter.event(Event::StageDone {
             stage: &self.ctx.manifest.stages[i].name,
             done: Done::Remote,
