@@ -137,11 +137,14 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
             errln!("{}", schedule::remote_summary(remote));
         }
     }
-    if summary.uploads_unfinished > 0 {
-        errln!(
-            "warning: {} upload(s) to the remote cache did not finish in time; the results are kept here",
-            summary.uploads_unfinished
-        );
+    match summary.uploads_unfinished {
+        0 => {}
+        usize::MAX => {
+            errln!("warning: uploads to the remote cache were cut short; the results are kept here")
+        }
+        left => errln!(
+            "warning: {left} upload(s) to the remote cache did not finish in time; the results are kept here"
+        ),
     }
     if summary.interrupted {
         return Err(CliError::Exit(exit::INTERRUPTED));

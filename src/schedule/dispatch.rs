@@ -134,7 +134,11 @@ pub async fn run(
         } else {
             UPLOADS_WAIT
         };
-        dispatcher.summary.uploads_unfinished = worker.drain(wait).await;
+        // Ctrl-C gives up on them at once.
+        dispatcher.summary.uploads_unfinished = tokio::select! {
+            left = worker.drain(wait) => left,
+            _ = tokio::signal::ctrl_c() => usize::MAX,
+        };
     }
     match driven {
         Ok(()) => dispatcher.end(),
@@ -530,7 +534,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
         .with_orphans(orphans)
         .with_windows(windows)
-        .with_remote(self.options.remote.clone(), self.uploads.clone());
+        .with_remote(
+            // `--force` means here: nothing of the stage is looked up.
+            self.options
+                .remote
+                .clone()
+                .filter(|_| !self.options.forced.contains(&i)),
+            self.uploads.clone(),
+        );
         self.slots[i] = Slot::Running;
         let links = TaskLinks {
             stage: i,

@@ -169,6 +169,8 @@ impl Uploads {
 impl UploadWorker {
     /// Waits up to `deadline` for the queued uploads (every [`Uploads`]
     /// must be dropped first); returns how many were left unfinished.
+    /// (Dropped before it returns, it leaves the uploads to the runtime's
+    /// end.)
     pub async fn drain(self, deadline: Duration) -> usize {
         let mut handle = self.handle;
         match tokio::time::timeout(deadline, &mut handle).await {

@@ -177,13 +177,20 @@ pub async fn pull(
                     pulled.missing.push(stage.name.clone());
                     continue;
                 };
-                if !matches_lock(&fetched.entry.outputs, locked) {
+                let declared = fetched.entry.outputs.len() == stage.outputs.len()
+                    && fetched.entry.outputs.iter().all(|o| {
+                        stage
+                            .outputs
+                            .iter()
+                            .any(|d| d.name == o.name && d.path.as_str() == o.path)
+                    });
+                if !declared || !matches_lock(&fetched.entry.outputs, locked) {
                     remote
                         .stats
                         .refused
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(
-                        "the remote's result for `{}` has outputs other than the lock file records; not taken",
+                        "the remote's result for `{}` has outputs other than the manifest declares and the lock file records; not taken",
                         stage.name
                     );
                     pulled.missing.push(stage.name.clone());

@@ -23,6 +23,8 @@ pub fn reflink(src: &Path, dest: &Path, mode: u32) -> io::Result<bool> {
         .open(dest)?;
     match rustix::fs::ioctl_ficlone(&to, &from) {
         Ok(()) => {
+            // The mode asked for, whatever the umask.
+            fs::set_permissions(dest, fs::Permissions::from_mode(mode))?;
             to.sync_all()?;
             Ok(true)
         }
@@ -38,9 +40,16 @@ pub fn reflink(src: &Path, dest: &Path, mode: u32) -> io::Result<bool> {
 /// read-only first: an edit in place of either would change both.
 /// `Ok(false)` if they are on two file systems (or links are refused).
 pub fn hardlink(src: &Path, dest: &Path) -> io::Result<bool> {
-    read_only(src)?;
+    // Only a regular file is linked (a link to a symbolic link would be
+    // stored as one).
+    if !fs::symlink_metadata(src)?.is_file() {
+        return Ok(false);
+    }
     match fs::hard_link(src, dest) {
-        Ok(()) => Ok(true),
+        Ok(()) => {
+            read_only(dest)?;
+            Ok(true)
+        }
         Err(e)
             if matches!(
                 e.raw_os_error(),
@@ -53,9 +62,10 @@ pub fn hardlink(src: &Path, dest: &Path) -> io::Result<bool> {
     }
 }
 
-/// Clears the write bits of `path`'s inode.
+/// Clears the write bits of `path`'s inode (not following a symbolic
+/// link: the callers pass regular files).
 pub fn read_only(path: &Path) -> io::Result<()> {
-    let mode = fs::metadata(path)?.permissions().mode();
+    let mode = fs::symlink_metadata(path)?.permissions().mode();
     if mode & 0o222 != 0 {
         fs::set_permissions(path, fs::Permissions::from_mode(mode & !0o222))?;
     }

@@ -86,8 +86,25 @@ impl Dispatcher<'_, '_> {
                 origin,
             },
         )?;
-        if let Err(reason) = self.bring_back(&record)? {
-            return Ok(Some(reason));
+        match self.bring_back(&record) {
+            Ok(Ok(_)) => {}
+            Ok(Err(reason)) => return Ok(Some(reason)),
+            // Its outputs cannot be written here (a full disk, say): the
+            // stage runs, and fails or succeeds on its own.
+            Err(error) => {
+                tracing::warn!(
+                    "cannot restore `{}` from the remote cache ({}); it runs here instead",
+                    record.stage,
+                    super::super::with_causes(&error)
+                );
+                return Ok(Some(DirtyReason::StoreIncomplete {
+                    output: record
+                        .outputs
+                        .first()
+                        .map(|o| o.name.clone())
+                        .unwrap_or_default(),
+                }));
+            }
         }
         tracing::info!(stage = %record.stage, %producer, "from the remote cache");
         self.summary.counts.restored += 1;

@@ -20,14 +20,25 @@ pub struct Unavailable(pub String);
 pub struct HttpCache {
     client: reqwest::Client,
     base: String,
+    /// `base` without any `user:password@`: what messages and the ledger
+    /// name.
+    shown: String,
     /// The `Authorization` header's value; never logged.
     auth: Option<reqwest::header::HeaderValue>,
+    /// How long a request may take in all (a blob's: more by its size).
+    timeout: Duration,
 }
+
+/// The largest entry believed: an entry names outputs, not their bytes.
+const ENTRY_LIMIT: u64 = 16 << 20;
+
+/// The slowest transfer a blob is allowed (beyond the request timeout).
+const MIN_RATE: u64 = 1 << 20;
 
 impl std::fmt::Debug for HttpCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpCache")
-            .field("base", &self.base)
+            .field("base", &self.shown)
             .finish()
     }
 }
@@ -61,16 +72,35 @@ impl HttpCache {
         Ok(Self {
             client,
             base: url.trim_end_matches('/').to_owned(),
+            shown: without_credentials(url.trim_end_matches('/')),
             auth,
+            timeout,
         })
     }
 
-    pub fn base(&self) -> &str {
-        &self.base
+    /// The address, without credentials.
+    pub fn shown(&self) -> &str {
+        &self.shown
     }
 
+    /// A request that must be over, body and all, within the timeout (a
+    /// blob of `size` bytes: plus a second a MiB), however slowly a server
+    /// trickles its bytes.
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = self.client.request(method, format!("{}/{path}", self.base));
+        self.request_for(method, path, 0)
+    }
+
+    fn request_for(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        size: u64,
+    ) -> reqwest::RequestBuilder {
+        let allowed = self.timeout + Duration::from_secs(size / MIN_RATE);
+        let request = self
+            .client
+            .request(method, format!("{}/{path}", self.base))
+            .timeout(allowed);
         match &self.auth {
             Some(value) => request.header(reqwest::header::AUTHORIZATION, value.clone()),
             None => request,
@@ -78,25 +108,41 @@ impl HttpCache {
     }
 
     fn failed(&self, what: &str, error: impl std::fmt::Display) -> Unavailable {
-        Unavailable(format!("{what} on {}: {error}", self.base))
+        Unavailable(format!("{what} on {}: {error}", self.shown))
     }
 
     /// `GET /ac/KEY`: `None` on 404.
     pub async fn get_entry(&self, key: &str) -> Result<Option<Vec<u8>>, Unavailable> {
         let path = format!("ac/{key}");
-        let response = self
+        let mut response = self
             .request(reqwest::Method::GET, &path)
             .send()
             .await
-            .map_err(|e| self.failed("GET /ac", e))?;
+            .map_err(|e| self.failed("GET /ac", e.without_url()))?;
         match response.status() {
             StatusCode::NOT_FOUND => Ok(None),
             status if status.is_success() => {
-                let bytes = response
-                    .bytes()
+                let too_big = || {
+                    self.failed(
+                        "GET /ac",
+                        format!("an entry of more than {ENTRY_LIMIT} bytes"),
+                    )
+                };
+                if response.content_length().is_some_and(|n| n > ENTRY_LIMIT) {
+                    return Err(too_big());
+                }
+                let mut bytes = Vec::new();
+                while let Some(chunk) = response
+                    .chunk()
                     .await
-                    .map_err(|e| self.failed("GET /ac", e))?;
-                Ok(Some(bytes.to_vec()))
+                    .map_err(|e| self.failed("GET /ac", e.without_url()))?
+                {
+                    if (bytes.len() + chunk.len()) as u64 > ENTRY_LIMIT {
+                        return Err(too_big());
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                Ok(Some(bytes))
             }
             status => Err(self.failed("GET /ac", status)),
         }
@@ -114,7 +160,7 @@ impl HttpCache {
             .request(reqwest::Method::HEAD, &format!("cas/{sha256}"))
             .send()
             .await
-            .map_err(|e| self.failed("HEAD /cas", e))?;
+            .map_err(|e| self.failed("HEAD /cas", e.without_url()))?;
         match response.status() {
             StatusCode::NOT_FOUND => Ok(false),
             status if status.is_success() => Ok(true),
@@ -123,15 +169,20 @@ impl HttpCache {
     }
 
     /// `PUT /cas/SHA256` of the file `path`, streamed.
-    pub async fn put_blob_file(&self, sha256: &str, path: &Path) -> Result<(), Unavailable> {
-        let file = tokio::fs::File::open(path)
-            .await
-            .map_err(|e| Unavailable(format!("cannot read `{}`: {e}", path.display())))?;
+    pub async fn put_blob_file(
+        &self,
+        sha256: &str,
+        path: &Path,
+        size: u64,
+    ) -> Result<Result<(), Unavailable>, std::io::Error> {
+        let file = tokio::fs::File::open(path).await?;
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
             file,
             256 * 1024,
         ));
-        self.put(&format!("cas/{sha256}"), body, "PUT /cas").await
+        Ok(self
+            .put_sized(&format!("cas/{sha256}"), body, "PUT /cas", size)
+            .await)
     }
 
     /// `PUT /cas/SHA256` of bytes in memory.
@@ -145,12 +196,22 @@ impl HttpCache {
     }
 
     async fn put(&self, path: &str, body: reqwest::Body, what: &str) -> Result<(), Unavailable> {
+        self.put_sized(path, body, what, 0).await
+    }
+
+    async fn put_sized(
+        &self,
+        path: &str,
+        body: reqwest::Body,
+        what: &str,
+        size: u64,
+    ) -> Result<(), Unavailable> {
         let response = self
-            .request(reqwest::Method::PUT, path)
+            .request_for(reqwest::Method::PUT, path, size)
             .body(body)
             .send()
             .await
-            .map_err(|e| self.failed(what, e))?;
+            .map_err(|e| self.failed(what, e.without_url()))?;
         if response.status().is_success() {
             Ok(())
         } else {
@@ -168,10 +229,10 @@ impl HttpCache {
         limit: u64,
     ) -> Result<Option<Downloaded>, Unavailable> {
         let mut response = self
-            .request(reqwest::Method::GET, &format!("cas/{sha256}"))
+            .request_for(reqwest::Method::GET, &format!("cas/{sha256}"), limit)
             .send()
             .await
-            .map_err(|e| self.failed("GET /cas", e))?;
+            .map_err(|e| self.failed("GET /cas", e.without_url()))?;
         match response.status() {
             StatusCode::NOT_FOUND => return Ok(None),
             status if status.is_success() => {}
@@ -184,7 +245,10 @@ impl HttpCache {
         let path = dest.to_owned();
         let writer = tokio::task::spawn_blocking(move || -> std::io::Result<Downloaded> {
             use std::io::Write as _;
-            let mut out = std::fs::File::create(&path)?;
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)?;
             let mut blake3 = blake3::Hasher::new();
             let mut sha256 = sha2::Sha256::new();
             let mut size = 0u64;
@@ -213,7 +277,7 @@ impl HttpCache {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    failed = Some(self.failed("GET /cas", e));
+                    failed = Some(self.failed("GET /cas", e.without_url()));
                     break;
                 }
             }
@@ -231,5 +295,32 @@ impl HttpCache {
             size: size.max(written.size),
             ..written
         }))
+    }
+}
+
+/// `scheme://user:password@host/…` → `scheme://host/…`.
+fn without_credentials(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn credentials_in_an_address_are_never_shown() {
+        assert_eq!(
+            without_credentials("https://ci:s3cret@cache.internal:8080/cairn"),
+            "https://cache.internal:8080/cairn"
+        );
+        assert_eq!(without_credentials("http://cache/a@b"), "http://cache/a@b");
+        assert_eq!(without_credentials("http://cache"), "http://cache");
     }
 }

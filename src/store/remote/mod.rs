@@ -82,6 +82,8 @@ pub struct RemoteCache {
     trusted: Vec<PublicKey>,
     upload: bool,
     down: AtomicBool,
+    /// Set when an upload fails: lookups go on, uploads stop.
+    uploads_down: AtomicBool,
     /// The first reason it went down (one warning per run).
     down_because: Mutex<Option<String>>,
     pub stats: RemoteStats,
@@ -90,7 +92,7 @@ pub struct RemoteCache {
 impl std::fmt::Debug for RemoteCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteCache")
-            .field("url", &self.http.base())
+            .field("url", &self.http.shown())
             .finish()
     }
 }
@@ -114,13 +116,14 @@ impl RemoteCache {
             trusted,
             upload: settings.upload,
             down: AtomicBool::new(false),
+            uploads_down: AtomicBool::new(false),
             down_because: Mutex::new(None),
             stats: RemoteStats::default(),
         })
     }
 
     pub fn url(&self) -> &str {
-        self.http.base()
+        self.http.shown()
     }
 
     pub fn public_key(&self) -> PublicKey {
@@ -133,7 +136,7 @@ impl RemoteCache {
     }
 
     pub fn uploads(&self) -> bool {
-        self.upload && self.is_up()
+        self.upload && self.is_up() && !self.uploads_down.load(Ordering::Relaxed)
     }
 
     /// Why the remote went down in this run, if it did.
@@ -212,7 +215,8 @@ impl RemoteCache {
 
     /// Brings every blob the entry's outputs need into `store`: listings
     /// first (they name the files), then the files it lacks. Nothing is
-    /// published unless every byte checks out.
+    /// published unless every byte checks out; every temporary file is
+    /// removed on the way out otherwise.
     async fn fetch_blobs(
         &self,
         entry: &Entry,
@@ -220,59 +224,45 @@ impl RemoteCache {
     ) -> Result<Result<InlineBytes, Refusal>, Unavailable> {
         let mut needed: Vec<Blob> = Vec::new();
         let mut inline = Vec::new();
-        let mut placed: Vec<(PathBuf, PathBuf)> = Vec::new();
-        let cleanup = |placed: &[(PathBuf, PathBuf)]| {
-            for (temp, _) in placed {
-                let _ = std::fs::remove_file(temp);
-            }
-        };
+        let mut placing = Placing::default();
         for output in &entry.outputs {
-            match output.kind {
-                OutputKind::File if output.inline => {
-                    let Some(blob) = entry.blob(&output.digest, Role::Inline) else {
-                        return Ok(Err(Refusal::MissingBlob(output.path.clone())));
-                    };
-                    let temp = store.fresh_temp_path();
-                    let got = self.download(blob, &temp).await;
-                    let bytes = std::fs::read(&temp);
-                    let _ = std::fs::remove_file(&temp);
-                    if let Err(refusal) = got? {
+            let role = match output.kind {
+                OutputKind::File if output.inline => Role::Inline,
+                OutputKind::File => Role::Object,
+                OutputKind::Dir => Role::Tree,
+            };
+            let Some(blob) = entry.blob(&output.digest, role) else {
+                return Ok(Err(Refusal::MissingBlob(output.path.clone())));
+            };
+            match role {
+                Role::Inline => {
+                    let temp = placing.temp(store);
+                    if let Err(refusal) = self.download(blob, &temp).await? {
                         return Ok(Err(refusal));
                     }
-                    match bytes {
-                        Ok(bytes) => inline.push((blob.blake3, bytes)),
-                        Err(e) => return Err(Unavailable(format!("cannot read a download: {e}"))),
-                    }
+                    let bytes = std::fs::read(&temp)
+                        .map_err(|e| Unavailable(format!("cannot read a download: {e}")))?;
+                    inline.push((blob.blake3, bytes));
                 }
-                OutputKind::File => {
+                Role::Object => {
                     if !store.holds(&output.digest, output.size) {
-                        match entry.blob(&output.digest, Role::Object) {
-                            Some(blob) => needed.push(blob.clone()),
-                            None => return Ok(Err(Refusal::MissingBlob(output.path.clone()))),
-                        }
+                        needed.push(blob.clone());
                     }
                 }
-                OutputKind::Dir => {
-                    let Some(blob) = entry.blob(&output.digest, Role::Tree) else {
-                        return Ok(Err(Refusal::MissingBlob(output.path.clone())));
-                    };
+                Role::Tree => {
                     let entries = match store.tree(&output.digest) {
                         Ok(entries) => entries,
                         Err(_) => {
-                            let temp = store.fresh_temp_path();
-                            let got = self.download(blob, &temp).await;
-                            if let Err(refusal) = got? {
-                                cleanup(&placed);
+                            let temp = placing.temp(store);
+                            if let Err(refusal) = self.download(blob, &temp).await? {
                                 return Ok(Err(refusal));
                             }
                             match read_listing(&temp, &output.digest) {
                                 Ok(entries) => {
-                                    placed.push((temp, store.tree_path(&output.digest)));
+                                    placing.publish_as(temp, store.tree_path(&output.digest));
                                     entries
                                 }
                                 Err(detail) => {
-                                    let _ = std::fs::remove_file(&temp);
-                                    cleanup(&placed);
                                     return Ok(Err(Refusal::Blob {
                                         sha256: blob.sha256.clone(),
                                         detail,
@@ -291,7 +281,6 @@ impl RemoteCache {
                         match entry.blob(&file.digest, Role::Object) {
                             Some(blob) if blob.size == file.size => needed.push(blob.clone()),
                             _ => {
-                                cleanup(&placed);
                                 return Ok(Err(Refusal::MissingBlob(format!(
                                     "{}/{}",
                                     output.path, file.path
@@ -304,38 +293,37 @@ impl RemoteCache {
         }
         needed.sort_by(|a, b| a.blake3.as_bytes().cmp(b.blake3.as_bytes()));
         needed.dedup_by(|a, b| a.blake3 == b.blake3);
-        let mut downloads = futures::stream::iter(needed.into_iter().map(|blob| async move {
-            let temp = store.fresh_temp_path();
-            let got = self.download(&blob, &temp).await;
-            (blob, temp, got)
-        }))
-        .buffer_unordered(BLOBS_IN_FLIGHT);
-        let mut failure = None;
+        let jobs: Vec<(Blob, PathBuf)> = needed
+            .into_iter()
+            .map(|blob| (blob, placing.temp(store)))
+            .collect();
+        let mut downloads =
+            futures::stream::iter(jobs.into_iter().map(|(blob, temp)| async move {
+                let got = self.download(&blob, &temp).await;
+                (blob, temp, got)
+            }))
+            .buffer_unordered(BLOBS_IN_FLIGHT);
         let mut hashed = Vec::new();
         while let Some((blob, temp, got)) = downloads.next().await {
             match got {
                 Ok(Ok(())) => {
-                    placed.push((temp, store.object_path(&blob.blake3)));
+                    placing.publish_as(temp, store.object_path(&blob.blake3));
                     hashed.push(blob.blake3);
                 }
-                other => {
-                    let _ = std::fs::remove_file(&temp);
-                    if failure.is_none() {
-                        failure = Some(other);
-                    }
-                }
+                // The first failure ends it: the other downloads are
+                // dropped, and every temporary file removed.
+                Ok(Err(refusal)) => return Ok(Err(refusal)),
+                Err(error) => return Err(error),
             }
         }
         drop(downloads);
-        if let Some(failure) = failure {
-            cleanup(&placed);
-            return failure.map(|refused| refused.map(|()| Vec::new()));
-        }
         let store = store.clone();
-        let published =
-            tokio::task::spawn_blocking(move || store.publish_downloads(placed, hashed))
-                .await
-                .map_err(|e| Unavailable(e.to_string()))?;
+        let published = tokio::task::spawn_blocking(move || {
+            let placed = placing.take();
+            store.publish_downloads(placed, hashed)
+        })
+        .await
+        .map_err(|e| Unavailable(e.to_string()))?;
         published.map_err(|e| Unavailable(format!("cannot store a download: {e}")))?;
         Ok(Ok(inline))
     }
@@ -367,39 +355,63 @@ impl RemoteCache {
 
     /// Signs `entry` (its blobs filled in from `store` and `inline`) and
     /// uploads what the remote lacks: blobs first, the entry last, so an
-    /// entry is never visible before what it names.
+    /// entry is never visible before what it names. A remote that refuses
+    /// or fails stops this run's uploads (its lookups go on); a stored
+    /// object that no longer hashes to its name is not uploaded at all.
     pub async fn upload(
         &self,
         mut entry: Entry,
         store: &ObjectStore,
         inline: InlineBytes,
-    ) -> Result<(), Unavailable> {
-        if !self.is_up() {
-            return Err(Unavailable("the remote cache is down".to_owned()));
+    ) -> Result<(), String> {
+        if !self.uploads() {
+            return Err("uploads to the remote cache have stopped".to_owned());
         }
+        let failed = |why: String| {
+            self.stats.upload_failures.fetch_add(1, Ordering::Relaxed);
+            why
+        };
         let outputs = entry.outputs.clone();
         let local = store.clone();
         let sources = tokio::task::spawn_blocking(move || local_blobs(&local, &outputs, inline))
             .await
-            .map_err(|e| Unavailable(e.to_string()))?
-            .map_err(Unavailable)?;
+            .map_err(|e| failed(e.to_string()))?
+            .map_err(|why| {
+                tracing::warn!("not uploading {}: {why}", entry.fingerprint);
+                failed(why)
+            })?;
         entry.blobs = sources.iter().map(|(blob, _)| blob.clone()).collect();
         let mut uploads =
             futures::stream::iter(sources.into_iter().map(|(blob, source)| async move {
                 if self.http.has_blob(&blob.sha256).await? {
-                    return Ok(());
+                    return Ok(Ok(()));
                 }
                 match source {
-                    Source::File(path) => self.http.put_blob_file(&blob.sha256, &path).await,
-                    Source::Bytes(bytes) => self.http.put_blob_bytes(&blob.sha256, bytes).await,
+                    Source::File(path) => {
+                        match self
+                            .http
+                            .put_blob_file(&blob.sha256, &path, blob.size)
+                            .await
+                        {
+                            Ok(sent) => sent.map(Ok),
+                            // Gone meanwhile (collected): a local matter.
+                            Err(e) => Ok(Err(format!("cannot read `{}`: {e}", path.display()))),
+                        }
+                    }
+                    Source::Bytes(bytes) => {
+                        self.http.put_blob_bytes(&blob.sha256, bytes).await.map(Ok)
+                    }
                 }
             }))
             .buffer_unordered(BLOBS_IN_FLIGHT);
         while let Some(done) = uploads.next().await {
-            if let Err(error) = done {
-                self.stats.upload_failures.fetch_add(1, Ordering::Relaxed);
-                self.went_down(&error);
-                return Err(error);
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => return Err(failed(why)),
+                Err(error) => {
+                    self.uploads_stopped(&error);
+                    return Err(failed(error.0));
+                }
             }
         }
         drop(uploads);
@@ -414,10 +426,54 @@ impl RemoteCache {
                 Ok(())
             }
             Err(error) => {
-                self.stats.upload_failures.fetch_add(1, Ordering::Relaxed);
-                self.went_down(&error);
-                Err(error)
+                self.uploads_stopped(&error);
+                Err(failed(error.0))
             }
+        }
+    }
+
+    /// Stops this run's uploads; warns once.
+    fn uploads_stopped(&self, error: &Unavailable) {
+        if !self.uploads_down.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the remote cache takes no uploads ({}); results stay here",
+                error.0
+            );
+        }
+    }
+}
+
+/// Temporary files of one fetch: those to publish (temp, destination),
+/// and every one made, removed when dropped unless published.
+#[derive(Default)]
+struct Placing {
+    made: Vec<PathBuf>,
+    publish: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Placing {
+    fn temp(&mut self, store: &ObjectStore) -> PathBuf {
+        let temp = store.fresh_temp_path();
+        self.made.push(temp.clone());
+        temp
+    }
+
+    fn publish_as(&mut self, temp: PathBuf, dest: PathBuf) {
+        self.publish.push((temp, dest));
+    }
+
+    /// The files to publish; the others are removed now.
+    fn take(mut self) -> Vec<(PathBuf, PathBuf)> {
+        let publish = std::mem::take(&mut self.publish);
+        self.made.retain(|m| !publish.iter().any(|(t, _)| t == m));
+        publish
+    }
+}
+
+impl Drop for Placing {
+    fn drop(&mut self) {
+        for temp in &self.made {
+            let _ = std::fs::remove_file(temp);
         }
     }
 }
@@ -441,8 +497,15 @@ fn local_blobs(
         if !seen.insert((digest, role)) {
             return Ok(());
         }
-        let (sha256, size) =
-            sha256_of_file(&path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+        let (sha256, found, size) =
+            digests_of_file(&path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+        // A listing's digest is that of its entries (checked by reading it).
+        if role != Role::Tree && found != digest {
+            return Err(format!(
+                "the stored object `{}` no longer hashes to its name",
+                path.display()
+            ));
+        }
         blobs.push((
             Blob {
                 blake3: digest,
@@ -505,11 +568,13 @@ fn local_blobs(
     Ok(blobs)
 }
 
-fn sha256_of_file(path: &Path) -> std::io::Result<(String, u64)> {
+/// A file's SHA-256 and BLAKE3 digests and size, in one pass.
+fn digests_of_file(path: &Path) -> std::io::Result<(String, Digest, u64)> {
     use sha2::Digest as _;
     use std::io::Read as _;
     let mut file = std::fs::File::open(path)?;
-    let mut hasher = sha2::Sha256::new();
+    let mut sha256 = sha2::Sha256::new();
+    let mut blake3 = blake3::Hasher::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut size = 0u64;
     loop {
@@ -517,10 +582,15 @@ fn sha256_of_file(path: &Path) -> std::io::Result<(String, u64)> {
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
+        sha256.update(&buf[..n]);
+        blake3.update(&buf[..n]);
         size += n as u64;
     }
-    Ok((crate::fingerprint::hex(&hasher.finalize()), size))
+    Ok((
+        crate::fingerprint::hex(&sha256.finalize()),
+        Digest::from_hash(blake3.finalize()),
+        size,
+    ))
 }
 
 /// A downloaded tree listing, checked against its digest.

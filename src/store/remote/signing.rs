@@ -129,11 +129,15 @@ impl SigningKey {
             std::fs::create_dir_all(dir)
                 .map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
         }
-        let temp = path.with_extension("tmp");
+        // A name of its own: two processes making a key at once each write
+        // theirs, and the first link wins for both.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let temp = path.with_extension(format!("tmp.{}.{nanos}", std::process::id()));
         let written = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&temp)
             .and_then(|mut file| {
@@ -148,6 +152,7 @@ impl SigningKey {
                 tracing::info!("made a new signing key at {}", path.display());
                 Self::from_text(&text, &path.display().to_string())
             }
+            // Another process made one first: that one is the key.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     format!("cannot read the signing key `{}`: {e}", path.display())
