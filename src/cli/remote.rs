@@ -15,6 +15,16 @@ use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 /// manifest's other settings), else the manifest's; none with
 /// `--no-remote-cache`.
 pub fn open(loaded: &Loaded, args: &RemoteArgs) -> Result<Option<Arc<RemoteCache>>, CliError> {
+    open_for(loaded, args, false)
+}
+
+/// As [`open`]; `pushing`: uploads are what the command is for, whatever
+/// `upload` says (it is about runs).
+fn open_for(
+    loaded: &Loaded,
+    args: &RemoteArgs,
+    pushing: bool,
+) -> Result<Option<Arc<RemoteCache>>, CliError> {
     if args.no_remote_cache {
         return Ok(None);
     }
@@ -47,16 +57,63 @@ pub fn open(loaded: &Loaded, args: &RemoteArgs) -> Result<Option<Arc<RemoteCache
         key: spec
             .key
             .map(|key| loaded.manifest.root.join(expand_home(&key))),
-        upload: spec.upload,
+        upload: spec.upload || pushing,
         timeout: spec.timeout,
     };
     let remote = RemoteCache::open(&settings).map_err(|message| CliError::Usage {
         message: format!("cannot use the remote cache: {message}"),
         help: Some(
-            "see \"A shared cache\" in docs/cli.md, or run with `--no-remote-cache`".to_owned(),
+            "see \"A shared cache\" in docs/cli.md (`cairn run --no-remote-cache` runs without it)"
+                .to_owned(),
         ),
     })?;
     Ok(Some(Arc::new(remote)))
+}
+
+/// The command line as the ledger records it: an address's credentials
+/// (`--remote-cache https://user:password@…`) left out.
+pub fn invocation() -> String {
+    std::env::args()
+        .map(|arg| {
+            if arg.contains("://") {
+                crate::store::remote::without_credentials(&arg)
+            } else {
+                arg
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `[cache.remote] key` of the manifest at `path` (relative to the
+/// manifest's directory and its `[pipeline] root`), if it names one.
+fn configured_key(path: &std::path::Path) -> Result<Option<std::path::PathBuf>, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|source| {
+        CliError::Manifest(crate::manifest::LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })
+    })?;
+    let Ok(value) = text.parse::<toml::Table>() else {
+        // `cairn status` reports what is wrong with it; the key is the one
+        // named outside the manifest.
+        return Ok(None);
+    };
+    let Some(key) = value
+        .get("cache")
+        .and_then(|c| c.get("remote"))
+        .and_then(|r| r.get("key"))
+        .and_then(|k| k.as_str())
+    else {
+        return Ok(None);
+    };
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    let root = value
+        .get("pipeline")
+        .and_then(|p| p.get("root"))
+        .and_then(|r| r.as_str())
+        .map_or_else(|| dir.to_owned(), |root| dir.join(root));
+    Ok(Some(root.join(expand_home(key))))
 }
 
 /// `~/x` → `$HOME/x`.
@@ -72,7 +129,12 @@ fn required(
     args: &RemoteArgs,
     command: &str,
 ) -> Result<Arc<RemoteCache>, CliError> {
-    open(loaded, args)?.ok_or_else(|| CliError::Usage {
+    if args.no_remote_cache {
+        return Err(CliError::usage(format!(
+            "`cairn {command} --no-remote-cache` has nothing to do: it moves results to or from the remote cache"
+        )));
+    }
+    open_for(loaded, args, command == "push")?.ok_or_else(|| CliError::Usage {
         message: format!("`cairn {command}` needs a remote cache, and none is configured"),
         help: Some(
             "add `[cache.remote] url = \"http://…\"` to the manifest, or pass `--remote-cache URL`"
@@ -110,9 +172,12 @@ pub fn push(global: &Global, args: &TransferArgs) -> Result<(), CliError> {
     }
     if pushed.failed > 0 {
         errln!(
-            "error: {} upload(s) failed: {}",
+            "error: {} result(s) not uploaded ({})",
             pushed.failed,
-            schedule::remote_summary(&remote)
+            remote
+                .down_because()
+                .or_else(|| remote.uploads_stopped_because())
+                .unwrap_or_else(|| "see the warnings".to_owned())
         );
         return Err(CliError::Exit(exit::STAGE_FAILED));
     }
@@ -142,7 +207,7 @@ pub fn pull(global: &Global, args: &TransferArgs) -> Result<(), CliError> {
             help: Some("commit the lock file where the results were made (`cairn run` writes it), or let `cairn run` look results up in the remote".to_owned()),
         });
     }
-    let invocation = std::env::args().collect::<Vec<_>>().join(" ");
+    let invocation = invocation();
     let pulled = runtime()?.block_on(schedule::pull(&mut ctx, &selected, &remote, &invocation))?;
     outln!(
         "pulled {} stage result(s) ({} already here) and {} item outcome(s), {} output(s) restored",
@@ -164,11 +229,13 @@ pub fn pull(global: &Global, args: &TransferArgs) -> Result<(), CliError> {
 
 /// `cairn key`.
 pub fn key(global: &Global, args: &KeyArgs) -> Result<(), CliError> {
-    // The manifest's `[cache.remote] key`, when there is a manifest.
-    let configured = workspace::load(global).ok().and_then(|loaded| {
-        let key = loaded.manifest.remote_cache.as_ref()?.key.clone()?;
-        Some(loaded.manifest.root.join(expand_home(&key)))
-    });
+    // The manifest's `[cache.remote] key`, when there is a manifest: read
+    // from its TOML alone, so that a manifest that does not load here (its
+    // inputs absent, say) still names the key it signs with.
+    let configured = match workspace::manifest_path(global) {
+        Err(_) => None,
+        Ok(path) => configured_key(&path)?,
+    };
     let key = SigningKey::load(configured.as_deref()).map_err(CliError::usage)?;
     if args.quiet {
         outln!("{}", key.public());

@@ -93,7 +93,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         forced: forced.stages,
         forced_items: forced.items,
         selected,
-        invocation: std::env::args().collect::<Vec<_>>().join(" "),
+        invocation: super::remote::invocation(),
         limit: args.limit,
         only: args.only,
         locked: args.locked,

@@ -130,11 +130,9 @@ impl Uploads {
                         Some((entry, inline)) => {
                             let (remote, store, left) = (remote.clone(), store.clone(), left.clone());
                             running.push(async move {
-                                if remote.uploads() {
-                                    let fingerprint = entry.fingerprint;
-                                    if let Err(error) = remote.upload(entry, &store, inline).await {
-                                        tracing::debug!(%fingerprint, "upload failed: {error}");
-                                    }
+                                let fingerprint = entry.fingerprint;
+                                if let Err(error) = remote.upload(entry, &store, inline).await {
+                                    tracing::debug!(%fingerprint, "not uploaded: {error}");
                                 }
                                 left.fetch_sub(1, Ordering::Relaxed);
                             });

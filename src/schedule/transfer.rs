@@ -304,7 +304,7 @@ pub fn remote_summary(remote: &RemoteCache) -> String {
     }
     let failures = RemoteStats::count(&stats.upload_failures);
     if failures > 0 {
-        parts.push(format!("{failures} upload(s) failed"));
+        parts.push(format!("{failures} result(s) not uploaded"));
     }
     if let Some(why) = remote.down_because() {
         parts.push(format!("unreachable: {why}"));

@@ -118,6 +118,10 @@ impl Checker<'_> {
 /// Whether `text` reads as `ed25519:BASE64` of 32 bytes.
 fn check_public_key(text: &str) -> Result<(), String> {
     use base64::Engine as _;
+    if text.starts_with("ed25519-seed:") {
+        // Not echoed: it is a secret.
+        return Err("this is a signing key's seed, a secret, not a public key: take it out of the manifest (and make a new key; `cairn key` prints the public half of one)".to_owned());
+    }
     let body = text
         .strip_prefix("ed25519:")
         .ok_or_else(|| format!("`{text}` is not an ed25519 public key"))?;

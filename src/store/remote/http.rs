@@ -107,8 +107,29 @@ impl HttpCache {
         }
     }
 
+    /// What went wrong with a request, with its causes (a refused
+    /// connection, a timeout), never with credentials.
     fn failed(&self, what: &str, error: impl std::fmt::Display) -> Unavailable {
         Unavailable(format!("{what} on {}: {error}", self.shown))
+    }
+
+    fn failed_request(&self, what: &str, error: reqwest::Error) -> Unavailable {
+        let error = error.without_url();
+        let mut text = if error.is_timeout() {
+            "timed out".to_owned()
+        } else {
+            error.to_string()
+        };
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            let cause = cause.to_string();
+            if !text.contains(&cause) {
+                text.push_str(": ");
+                text.push_str(&cause);
+            }
+            source = cause_of(source);
+        }
+        self.failed(what, text)
     }
 
     /// `GET /ac/KEY`: `None` on 404.
@@ -118,7 +139,7 @@ impl HttpCache {
             .request(reqwest::Method::GET, &path)
             .send()
             .await
-            .map_err(|e| self.failed("GET /ac", e.without_url()))?;
+            .map_err(|e| self.failed_request("GET /ac", e))?;
         match response.status() {
             StatusCode::NOT_FOUND => Ok(None),
             status if status.is_success() => {
@@ -135,7 +156,7 @@ impl HttpCache {
                 while let Some(chunk) = response
                     .chunk()
                     .await
-                    .map_err(|e| self.failed("GET /ac", e.without_url()))?
+                    .map_err(|e| self.failed_request("GET /ac", e))?
                 {
                     if (bytes.len() + chunk.len()) as u64 > ENTRY_LIMIT {
                         return Err(too_big());
@@ -160,7 +181,7 @@ impl HttpCache {
             .request(reqwest::Method::HEAD, &format!("cas/{sha256}"))
             .send()
             .await
-            .map_err(|e| self.failed("HEAD /cas", e.without_url()))?;
+            .map_err(|e| self.failed_request("HEAD /cas", e))?;
         match response.status() {
             StatusCode::NOT_FOUND => Ok(false),
             status if status.is_success() => Ok(true),
@@ -211,7 +232,7 @@ impl HttpCache {
             .body(body)
             .send()
             .await
-            .map_err(|e| self.failed(what, e.without_url()))?;
+            .map_err(|e| self.failed_request(what, e))?;
         if response.status().is_success() {
             Ok(())
         } else {
@@ -232,7 +253,7 @@ impl HttpCache {
             .request_for(reqwest::Method::GET, &format!("cas/{sha256}"), limit)
             .send()
             .await
-            .map_err(|e| self.failed("GET /cas", e.without_url()))?;
+            .map_err(|e| self.failed_request("GET /cas", e))?;
         match response.status() {
             StatusCode::NOT_FOUND => return Ok(None),
             status if status.is_success() => {}
@@ -277,7 +298,7 @@ impl HttpCache {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    failed = Some(self.failed("GET /cas", e.without_url()));
+                    failed = Some(self.failed_request("GET /cas", e));
                     break;
                 }
             }
@@ -299,7 +320,7 @@ impl HttpCache {
 }
 
 /// `scheme://user:password@host/…` → `scheme://host/…`.
-fn without_credentials(url: &str) -> String {
+pub fn without_credentials(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -323,4 +344,10 @@ mod tests {
         assert_eq!(without_credentials("http://cache/a@b"), "http://cache/a@b");
         assert_eq!(without_credentials("http://cache"), "http://cache");
     }
+}
+
+fn cause_of<'e>(
+    error: Option<&'e (dyn std::error::Error + 'static)>,
+) -> Option<&'e (dyn std::error::Error + 'static)> {
+    error.and_then(std::error::Error::source)
 }

@@ -14,7 +14,7 @@ mod http;
 mod signing;
 
 pub use entry::{Blob, ENTRY_FORMAT, Entry, Producer, Refusal, Role, What, action_key};
-pub use http::Unavailable;
+pub use http::{Unavailable, without_credentials};
 pub use signing::{KEY_FILE_VARIABLE, KEY_VARIABLE, PublicKey, SigningKey};
 
 use std::path::{Path, PathBuf};
@@ -151,7 +151,7 @@ impl RemoteCache {
     fn went_down(&self, error: &Unavailable) {
         if !self.down.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                "the remote cache does not answer ({}); going on without it",
+                "the remote cache cannot be used ({}); going on without it",
                 error.0
             );
             *self.down_because.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.0.clone());
@@ -365,6 +365,8 @@ impl RemoteCache {
         inline: InlineBytes,
     ) -> Result<(), String> {
         if !self.uploads() {
+            // Counted: the summary says how many results stayed here.
+            self.stats.upload_failures.fetch_add(1, Ordering::Relaxed);
             return Err("uploads to the remote cache have stopped".to_owned());
         }
         let failed = |why: String| {
@@ -430,6 +432,13 @@ impl RemoteCache {
                 Err(failed(error.0))
             }
         }
+    }
+
+    /// Why uploads stopped in this run, if they did.
+    pub fn uploads_stopped_because(&self) -> Option<String> {
+        self.uploads_down
+            .load(Ordering::Relaxed)
+            .then(|| "the remote cache took no more uploads".to_owned())
     }
 
     /// Stops this run's uploads; warns once.

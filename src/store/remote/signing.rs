@@ -105,7 +105,14 @@ impl SigningKey {
             .and_then(|body| BASE64.decode(body).ok())
             .filter(|seed| seed.len() == 32)
             .ok_or_else(|| {
-                format!("the signing key in {source} is not `ed25519-seed:BASE64` (32 bytes) (move it aside and `cairn key` makes a new one)")
+                let fix = if source.starts_with('$') {
+                    format!("set {source} to the text of a key file, or unset it")
+                } else {
+                    "move it aside and `cairn key` makes a new one".to_owned()
+                };
+                format!(
+                    "the signing key in {source} is not `ed25519-seed:BASE64` (32 bytes); {fix}"
+                )
             })?;
         let pair = Ed25519KeyPair::from_seed_unchecked(&seed)
             .map_err(|_| format!("the signing key in {source} is not a valid ed25519 seed"))?;
