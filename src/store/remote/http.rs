@@ -331,6 +331,12 @@ pub fn without_credentials(url: &str) -> String {
     }
 }
 
+fn cause_of<'e>(
+    error: Option<&'e (dyn std::error::Error + 'static)>,
+) -> Option<&'e (dyn std::error::Error + 'static)> {
+    error.and_then(std::error::Error::source)
+}
+
 #[cfg(test)]
 mod tests {
     use super::without_credentials;
@@ -344,10 +350,4 @@ mod tests {
         assert_eq!(without_credentials("http://cache/a@b"), "http://cache/a@b");
         assert_eq!(without_credentials("http://cache"), "http://cache");
     }
-}
-
-fn cause_of<'e>(
-    error: Option<&'e (dyn std::error::Error + 'static)>,
-) -> Option<&'e (dyn std::error::Error + 'static)> {
-    error.and_then(std::error::Error::source)
 }
