@@ -825,3 +825,17 @@ fn push_uploads_even_where_runs_do_not() {
     );
     assert_eq!(cache.files("ac").len(), 4);
 }
+
+#[test]
+fn a_remote_address_with_a_query_is_refused_where_it_is_written() {
+    let side = tempfile::tempdir().unwrap();
+    let p = workspace("http://cache/cairn?x=1", &side.path().join("ran"), 1, &[]);
+    let out = p.cairn(&["status"]);
+    out.code_is(2);
+    assert!(
+        out.stderr()
+            .contains("`url` must not hold a query or a fragment"),
+        "{}",
+        out.stderr()
+    );
+}

@@ -264,12 +264,9 @@ pub struct TransferArgs {
     pub remote: RemoteArgs,
 }
 
+/// `cairn key` (with `-q`: the public key alone).
 #[derive(Debug, Args)]
-pub struct KeyArgs {
-    /// Print only the public key.
-    #[arg(long)]
-    pub quiet: bool,
-}
+pub struct KeyArgs {}
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {

@@ -228,7 +228,7 @@ pub fn pull(global: &Global, args: &TransferArgs) -> Result<(), CliError> {
 }
 
 /// `cairn key`.
-pub fn key(global: &Global, args: &KeyArgs) -> Result<(), CliError> {
+pub fn key(global: &Global, _: &KeyArgs) -> Result<(), CliError> {
     // The manifest's `[cache.remote] key`, when there is a manifest: read
     // from its TOML alone, so that a manifest that does not load here (its
     // inputs absent, say) still names the key it signs with.
@@ -237,7 +237,7 @@ pub fn key(global: &Global, args: &KeyArgs) -> Result<(), CliError> {
         Ok(path) => configured_key(&path)?,
     };
     let key = SigningKey::load(configured.as_deref()).map_err(CliError::usage)?;
-    if args.quiet {
+    if global.quiet {
         outln!("{}", key.public());
     } else {
         outln!("{}", key.public());

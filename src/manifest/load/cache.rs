@@ -50,8 +50,16 @@ impl Checker<'_> {
                         Problem::new(format!("`url` must be an http:// or https:// address, found `{url}`"), e.value.span.clone(), "here")
                             .help("a remote cache speaks HTTP: `GET`/`PUT` of `/cas/…` and `/ac/…` under this address"),
                     );
+                    return false;
                 }
-                http
+                if url.contains(['?', '#']) {
+                    self.problems.push(
+                        Problem::new("`url` must not hold a query or a fragment (`?`, `#`)", e.value.span.clone(), "here")
+                            .help("`/cas/…` and `/ac/…` are appended to the address's path"),
+                    );
+                    return false;
+                }
+                true
             }),
         };
         let mut trust = Vec::new();
