@@ -275,14 +275,15 @@ impl Ledger {
             true,
         )
         .map_err(|e| StoreError::db(&path, e))?;
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |row| row.get(0))
-            .map_err(|e| StoreError::db(&path, e))?;
-        let tables: i64 = conn
+        // Both in one statement, so one snapshot: read apart, another
+        // process creating the ledger in between would look like damage
+        // (no version yet, then its tables).
+        let (version, tables): (i64, i64) = conn
             .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                "SELECT (SELECT user_version FROM pragma_user_version),
+                        (SELECT count(*) FROM sqlite_master WHERE type = 'table')",
                 [],
-                |row| row.get(0),
+                |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .map_err(|e| StoreError::db(&path, e))?;
         let migrate = (OLDEST_MIGRATED..LEDGER_SCHEMA_VERSION).contains(&version);
