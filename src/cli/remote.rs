@@ -8,7 +8,7 @@ use super::error::{CliError, exit};
 use super::workspace::{self, Loaded};
 use crate::manifest::RemoteCacheSpec;
 use crate::schedule::{self, Context};
-use crate::store::remote::{RemoteCache, RemoteSettings, SigningKey};
+use crate::store::remote::{RemoteCache, SigningKey};
 use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 /// The remote cache of this command: `--remote-cache URL` (with the
@@ -39,34 +39,25 @@ fn open_for(
             }
             RemoteCacheSpec {
                 url: url.clone(),
-                ..spec.clone().unwrap_or(RemoteCacheSpec {
-                    url: String::new(),
-                    trust: Vec::new(),
-                    auth: None,
-                    key: None,
-                    upload: true,
-                    timeout: std::time::Duration::from_secs(30),
-                })
+                ..spec.clone().unwrap_or_else(|| RemoteCacheSpec::at(url))
             }
         }
     };
-    let settings = RemoteSettings {
-        url: spec.url,
-        trust: spec.trust,
-        auth: spec.auth,
-        key: spec
-            .key
-            .map(|key| loaded.manifest.root.join(expand_home(&key))),
-        upload: spec.upload || pushing,
-        timeout: spec.timeout,
-    };
-    let remote = RemoteCache::open(&settings).map_err(|message| CliError::Usage {
+    let key_file = spec
+        .key
+        .as_ref()
+        .map(|key| loaded.manifest.root.join(expand_home(key)));
+    let remote = RemoteCache::open(&spec, key_file.as_deref(), spec.upload || pushing).map_err(
+        |message| {
+            CliError::Usage {
         message: format!("cannot use the remote cache: {message}"),
         help: Some(
             "see \"A shared cache\" in docs/cli.md (`cairn run --no-remote-cache` runs without it)"
                 .to_owned(),
         ),
-    })?;
+    }
+        },
+    )?;
     Ok(Some(Arc::new(remote)))
 }
 

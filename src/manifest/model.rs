@@ -60,6 +60,23 @@ pub struct RemoteCacheSpec {
     pub timeout: std::time::Duration,
 }
 
+impl RemoteCacheSpec {
+    /// How long a request may take when the manifest does not say.
+    pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// A cache at `url` with every other setting at its default.
+    pub fn at(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            trust: Vec::new(),
+            auth: None,
+            key: None,
+            upload: true,
+            timeout: Self::DEFAULT_TIMEOUT,
+        }
+    }
+}
+
 impl Manifest {
     /// The image `stage`'s commands run in, as written (it may hold
     /// `{item.FIELD}`), and whether it must be given by digest; `None` for

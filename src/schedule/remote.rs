@@ -56,6 +56,18 @@ fn host_name() -> String {
         .unwrap_or_default()
 }
 
+/// Whether `outputs` are exactly `stage`'s declared outputs, by name and
+/// path: a result taken from elsewhere writes nowhere else.
+pub fn are_declared(stage: &Stage, outputs: &[OutputRecord]) -> bool {
+    outputs.len() == stage.outputs.len()
+        && outputs.iter().all(|o| {
+            stage
+                .outputs
+                .iter()
+                .any(|d| d.name == o.name && d.path.as_str() == o.path)
+        })
+}
+
 /// The entry of a stage's result.
 pub fn stage_entry(
     stage: &str,

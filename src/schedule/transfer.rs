@@ -13,7 +13,7 @@ use futures::StreamExt as _;
 use super::ScheduleError;
 use super::context::Context;
 use super::item_outputs::ItemOutputs;
-use super::remote::{item_entry, producer, reuse_items, stage_entry};
+use super::remote::{are_declared, item_entry, producer, reuse_items, stage_entry};
 use crate::fingerprint::StatCache;
 use crate::store::remote::{RemoteCache, RemoteStats, What};
 use crate::store::{NewResult, OutputKind, OutputRecord, ResultStatus};
@@ -177,13 +177,7 @@ pub async fn pull(
                     pulled.missing.push(stage.name.clone());
                     continue;
                 };
-                let declared = fetched.entry.outputs.len() == stage.outputs.len()
-                    && fetched.entry.outputs.iter().all(|o| {
-                        stage
-                            .outputs
-                            .iter()
-                            .any(|d| d.name == o.name && d.path.as_str() == o.path)
-                    });
+                let declared = are_declared(stage, &fetched.entry.outputs);
                 if !declared || !matches_lock(&fetched.entry.outputs, locked) {
                     remote
                         .stats

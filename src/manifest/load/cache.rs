@@ -111,7 +111,7 @@ impl Checker<'_> {
         };
         let timeout = find(spec, "timeout")
             .and_then(|e| self.timeout(&e.value))
-            .unwrap_or(Duration::from_secs(30));
+            .unwrap_or(RemoteCacheSpec::DEFAULT_TIMEOUT);
         Some(RemoteCacheSpec {
             url: url?,
             trust,

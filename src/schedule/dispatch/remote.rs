@@ -48,17 +48,9 @@ impl Dispatcher<'_, '_> {
         let started = Instant::now();
         let stage = &self.ctx.manifest.stages[i];
         let Fetched { entry, inline } = fetched;
-        // Its outputs must be the stage's own, by name and path: a result
-        // restores only where this manifest says the stage writes.
-        let declared = |o: &crate::store::OutputRecord| {
-            stage
-                .outputs
-                .iter()
-                .any(|d| d.name == o.name && d.path.as_str() == o.path)
-        };
+        // Its outputs must be the stage's own, by name and path.
         if !matches!(entry.what, crate::store::remote::What::Stage { .. })
-            || entry.outputs.len() != stage.outputs.len()
-            || !entry.outputs.iter().all(declared)
+            || !super::super::remote::are_declared(stage, &entry.outputs)
         {
             tracing::warn!(
                 "the remote cache's result for `{}` names outputs the stage does not declare; it runs here instead",

@@ -157,15 +157,38 @@ impl ItemRunner {
             let why_failed = rule
                 .clone()
                 .or_else(|| exit_code.map(|code| format!("exit status {code}")));
-            let (uploaded_rule, uploaded_outputs) =
-                (rule.clone(), outputs.clone().unwrap_or_default());
+            let result_text = result.as_ref().map(|r| r.to_string());
+            // A final outcome is shared (once the attempt is not retried):
+            // its entry is made before the record takes the values.
+            let upload = self
+                .uploads
+                .as_ref()
+                .filter(|_| class.is_final())
+                .map(|uploads| {
+                    let producer = Producer {
+                        started_ms,
+                        finished_ms: now_ms(),
+                        exit_code,
+                        ..self.producer.clone()
+                    };
+                    let entry = super::super::remote::item_entry(
+                        &self.stage,
+                        planned,
+                        &class,
+                        rule.clone(),
+                        result_text.clone(),
+                        outputs.as_deref().unwrap_or_default(),
+                        producer,
+                    );
+                    (uploads, entry)
+                });
             let _ = self.attempts.send(ItemAttempt {
                 finished_ms: now_ms(),
                 exit_code,
                 class: class.name().to_owned(),
                 rule,
                 log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
-                result: result.as_ref().map(|r| r.to_string()),
+                result: result_text,
                 outputs,
                 handle,
                 ..self.attempt_record(planned, attempt, started_ms)
@@ -177,24 +200,7 @@ impl ItemRunner {
                     () = self.limits.stopped() => {}
                 }
             }
-            if class.is_final()
-                && let Some(uploads) = &self.uploads
-            {
-                let producer = Producer {
-                    started_ms,
-                    finished_ms: now_ms(),
-                    exit_code,
-                    ..self.producer.clone()
-                };
-                let entry = super::super::remote::item_entry(
-                    &self.stage,
-                    planned,
-                    &class,
-                    uploaded_rule,
-                    result.as_ref().map(|r| r.to_string()),
-                    &uploaded_outputs,
-                    producer,
-                );
+            if let Some((uploads, entry)) = upload {
                 uploads.send(entry, Vec::new());
             }
             let attempts = planned.outcome.as_ref().map_or(0, |(_, n)| *n) + attempt;

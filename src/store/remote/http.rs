@@ -127,7 +127,7 @@ impl HttpCache {
                 text.push_str(": ");
                 text.push_str(&cause);
             }
-            source = cause_of(source);
+            source = source.and_then(std::error::Error::source);
         }
         self.failed(what, text)
     }
@@ -329,12 +329,6 @@ pub fn without_credentials(url: &str) -> String {
         Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
         None => url.to_owned(),
     }
-}
-
-fn cause_of<'e>(
-    error: Option<&'e (dyn std::error::Error + 'static)>,
-) -> Option<&'e (dyn std::error::Error + 'static)> {
-    error.and_then(std::error::Error::source)
 }
 
 #[cfg(test)]

@@ -20,34 +20,17 @@ pub use signing::{KEY_FILE_VARIABLE, KEY_VARIABLE, PublicKey, SigningKey};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use futures::StreamExt as _;
 
 use super::objects::ObjectStore;
 use super::{OutputKind, OutputRecord};
 use crate::fingerprint::{Digest, EntryKind, TreeEntry};
+use crate::manifest::RemoteCacheSpec;
 use http::HttpCache;
 
 /// Blobs moved at once for one entry.
 const BLOBS_IN_FLIGHT: usize = 8;
-
-/// How a workspace reaches its remote cache.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteSettings {
-    pub url: String,
-    /// Public keys (`ed25519:BASE64`) whose entries are trusted besides
-    /// this machine's own.
-    pub trust: Vec<String>,
-    /// The environment variable holding the `Authorization` header value.
-    pub auth: Option<String>,
-    /// The signing key's file, if not the default.
-    pub key: Option<PathBuf>,
-    /// Whether results made here are uploaded.
-    pub upload: bool,
-    /// How long one request may take.
-    pub timeout: Duration,
-}
 
 /// What a run did with its remote, for the summary.
 #[derive(Debug, Default)]
@@ -98,8 +81,15 @@ impl std::fmt::Debug for RemoteCache {
 }
 
 impl RemoteCache {
-    pub fn open(settings: &RemoteSettings) -> Result<Self, String> {
-        let signing = SigningKey::load(settings.key.as_deref())?;
+    /// The remote `settings` describe, signing with the key in `key_file`
+    /// (resolved against the project root; `None`: the default sources)
+    /// and uploading if `upload`.
+    pub fn open(
+        settings: &RemoteCacheSpec,
+        key_file: Option<&Path>,
+        upload: bool,
+    ) -> Result<Self, String> {
+        let signing = SigningKey::load(key_file)?;
         let mut trusted = vec![signing.public()];
         for text in &settings.trust {
             trusted.push(PublicKey::parse(text)?);
@@ -114,7 +104,7 @@ impl RemoteCache {
             http: HttpCache::new(&settings.url, auth, settings.timeout)?,
             signing,
             trusted,
-            upload: settings.upload,
+            upload,
             down: AtomicBool::new(false),
             uploads_down: AtomicBool::new(false),
             down_because: Mutex::new(None),
