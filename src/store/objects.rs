@@ -10,7 +10,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +20,10 @@ use super::link::{self, Link};
 use crate::fingerprint::{
     Content, Digest, EntryKind, StatCache, TreeEntry, open_regular, refuse_special, tree_digest,
 };
+
+/// Files of one directory restored at once: restoring is mostly waiting for
+/// the disk (fsync), so more than the cores.
+const RESTORE_THREADS: usize = 8;
 
 /// Outputs copied and hashed into the store's temporary area, waiting for
 /// [`ObjectStore::publish`]. Dropped unpublished, its files are removed.
@@ -157,20 +161,15 @@ impl ObjectStore {
         dir.join(format!("{}-{n}", std::process::id()))
     }
 
-    /// Makes downloaded, verified files durable and visible: each
-    /// `(temp, dest)` is fsynced, then renamed into place.
-    /// `hashed` names the objects among them (each hashed as it was
+    /// Makes downloaded, verified files visible: each `(temp, dest)`,
+    /// already fsynced by the download that wrote it, is renamed into
+    /// place. `hashed` names the objects among them (each hashed as it was
     /// written).
     pub fn publish_downloads(
         &self,
         placed: Vec<(PathBuf, PathBuf)>,
         hashed: Vec<Digest>,
     ) -> Result<(), StoreError> {
-        for (temp, _) in &placed {
-            File::open(temp)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| StoreError::io(temp, e))?;
-        }
         for (temp, dest) in placed {
             self.rename_into_place(&temp, &dest)?;
         }
@@ -502,62 +501,94 @@ impl ObjectStore {
             OutputKind::Dir => {
                 let entries = self.tree(&record.digest)?;
                 fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
-                // Every damaged object is found (and removed) in this one
-                // pass, so the re-run that follows stores them all afresh.
-                let mut damaged = Vec::new();
-                for entry in &entries {
-                    let target = staging.join(&entry.path);
-                    match entry.kind {
-                        EntryKind::Dir => {
-                            fs::create_dir_all(&target).map_err(|e| StoreError::io(&target, e))?
-                        }
-                        EntryKind::File | EntryKind::Executable => {
-                            if let Some(p) = target.parent() {
-                                fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
-                            }
-                            match self.copy_verified(
-                                &entry.digest,
-                                &target,
-                                entry.kind == EntryKind::Executable,
-                            ) {
-                                Ok(()) => {}
-                                Err(StoreError::Corrupt { .. }) => {
-                                    damaged.push(entry.path.as_str())
-                                }
-                                Err(other) => {
-                                    let _ = remove_path(&staging);
-                                    return Err(other);
-                                }
-                            }
-                        }
-                        EntryKind::Symlink => {
-                            let _ = remove_path(&staging);
-                            return Err(StoreError::Corrupt {
-                                path: dest.to_owned(),
-                                detail: format!(
-                                    "cannot restore symlink `{}` from the store",
-                                    entry.path
-                                ),
-                            });
-                        }
-                    }
-                }
-                if !damaged.is_empty() {
+                if let Err(error) = self.restore_entries(&entries, &staging, dest, record) {
                     let _ = remove_path(&staging);
-                    return Err(StoreError::Corrupt {
-                        path: self.objects_dir(),
-                        detail: format!(
-                            "{} stored file(s) of `{}` do not hash to their names: {}",
-                            damaged.len(),
-                            record.path,
-                            damaged.join(", ")
-                        ),
-                    });
+                    return Err(error);
                 }
             }
         }
         remove_path(dest).map_err(|e| StoreError::io(dest, e))?;
         fs::rename(&staging, dest).map_err(|e| StoreError::io(dest, e))
+    }
+
+    /// Restores a directory's entries under `staging`: the directories
+    /// first, then the files, several at a time (each copy waits on the
+    /// disk for its fsync). Every damaged object is found (and removed) in
+    /// this one pass, so the re-run that follows stores them all afresh.
+    fn restore_entries(
+        &self,
+        entries: &[TreeEntry],
+        staging: &Path,
+        dest: &Path,
+        record: &OutputRecord,
+    ) -> Result<(), StoreError> {
+        let mut files = Vec::new();
+        for entry in entries {
+            let target = staging.join(&entry.path);
+            match entry.kind {
+                EntryKind::Dir => {
+                    fs::create_dir_all(&target).map_err(|e| StoreError::io(&target, e))?
+                }
+                EntryKind::File | EntryKind::Executable => {
+                    if let Some(p) = target.parent() {
+                        fs::create_dir_all(p).map_err(|e| StoreError::io(p, e))?;
+                    }
+                    files.push((entry, target));
+                }
+                EntryKind::Symlink => {
+                    return Err(StoreError::Corrupt {
+                        path: dest.to_owned(),
+                        detail: format!("cannot restore symlink `{}` from the store", entry.path),
+                    });
+                }
+            }
+        }
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let restore_files = || -> Result<Vec<&str>, StoreError> {
+            let mut damaged = Vec::new();
+            while let Some((entry, target)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
+                if failed.load(Ordering::Relaxed) {
+                    break;
+                }
+                let executable = entry.kind == EntryKind::Executable;
+                match self.copy_verified(&entry.digest, target, executable) {
+                    Ok(()) => {}
+                    Err(StoreError::Corrupt { .. }) => damaged.push(entry.path.as_str()),
+                    Err(other) => {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err(other);
+                    }
+                }
+            }
+            Ok(damaged)
+        };
+        let mut damaged = Vec::new();
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..RESTORE_THREADS.min(files.len()))
+                .map(|_| scope.spawn(restore_files))
+                .collect();
+            for worker in workers {
+                match worker.join() {
+                    Ok(found) => damaged.extend(found?),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            Ok::<(), StoreError>(())
+        })?;
+        if damaged.is_empty() {
+            return Ok(());
+        }
+        damaged.sort_unstable();
+        Err(StoreError::Corrupt {
+            path: self.objects_dir(),
+            detail: format!(
+                "{} stored file(s) of `{}` do not hash to their names: {}",
+                damaged.len(),
+                record.path,
+                damaged.join(", ")
+            ),
+        })
     }
 
     /// Re-stores object `digest` from `source` if `source` still holds

@@ -241,7 +241,7 @@ impl HttpCache {
     }
 
     /// `GET /cas/SHA256` into the file `dest`, hashing both digests as the
-    /// bytes arrive; `Ok(None)` on 404. At most `limit` bytes are taken: a
+    /// bytes arrive, and fsynced once complete; `Ok(None)` on 404. At most `limit` bytes are taken: a
     /// server that sends more is not believed.
     pub async fn get_blob(
         &self,
@@ -279,6 +279,9 @@ impl HttpCache {
                 out.write_all(&chunk)?;
                 size += chunk.len() as u64;
             }
+            // Durable before it may be published: synced here, by the
+            // thread that wrote it, while other downloads still arrive.
+            out.sync_all()?;
             Ok(Downloaded {
                 size,
                 blake3: Digest::from_hash(blake3.finalize()),

@@ -30,7 +30,7 @@ use crate::manifest::RemoteCacheSpec;
 use http::HttpCache;
 
 /// Blobs moved at once for one entry.
-const BLOBS_IN_FLIGHT: usize = 8;
+const BLOBS_IN_FLIGHT: usize = 32;
 
 /// What a run did with its remote, for the summary.
 #[derive(Debug, Default)]
