@@ -51,6 +51,9 @@ pub enum Command {
     Show(ShowArgs),
     /// Remove stored objects that no current result references.
     Gc(GcArgs),
+    /// Draw samples of a sampled stage anew in the next run (recorded: a
+    /// re-draw is an act, never a side effect of a retry).
+    Resample(ResampleArgs),
     /// Upload the current results of the targets (and their items) to the
     /// remote cache.
     Push(TransferArgs),
@@ -335,6 +338,14 @@ pub struct ShowArgs {
     /// The stage (or item) as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResampleArgs {
+    /// `STAGE` (every sample of every item), `STAGE/ITEM` (every sample
+    /// of one item) or `STAGE/ITEM#INDEX` (one sample).
+    #[arg(required = true, value_name = "STAGE[/ITEM[#INDEX]]")]
+    pub targets: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -47,6 +47,7 @@ mod progress;
 mod provenance;
 mod remote;
 mod render;
+mod resample;
 mod run;
 mod show;
 mod status;
@@ -98,6 +99,7 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Log(args) => log::log(&cli.global, args),
         Command::Show(args) => show::show(&cli.global, args),
         Command::Gc(args) => gc::gc(&cli.global, args),
+        Command::Resample(args) => resample::resample(&cli.global, args),
         Command::Push(args) => remote::push(&cli.global, args),
         Command::Pull(args) => remote::pull(&cli.global, args),
         Command::Key(args) => remote::key(&cli.global, args),

@@ -26,10 +26,18 @@ use crate::manifest::Command;
 
 /// The variables that tell one index's command which item it runs: set per
 /// index by the batch's script, so they never split a batch.
-pub const PER_INDEX: [&str; 2] = [ITEM_MARKER, ATTEMPT_MARKER];
+pub const PER_INDEX: [&str; 4] = [ITEM_MARKER, ATTEMPT_MARKER, SAMPLE_MARKER, SEED_MARKER];
 
 /// The variable that tells an item's command which item it runs.
 pub const ITEM_MARKER: &str = "CAIRN_ITEM";
+
+/// The variable that tells a sample's command which sample of its item it
+/// draws (0 to k − 1), in a sampled stage.
+pub const SAMPLE_MARKER: &str = "CAIRN_SAMPLE";
+
+/// The variable that holds the seed a sample is drawn with (the stage's
+/// seed plus the sample's index).
+pub const SEED_MARKER: &str = "CAIRN_SEED";
 
 /// The variable that numbers an item's attempts (1 for its first ever
 /// under its fingerprint), so a harness can record which attempt produced

@@ -7,7 +7,7 @@ mod kubernetes;
 mod local;
 mod slurm;
 
-pub use batch::{ATTEMPT_MARKER, ITEM_MARKER};
+pub use batch::{ATTEMPT_MARKER, ITEM_MARKER, SAMPLE_MARKER, SEED_MARKER};
 pub use image::{ImageRef, ImageResolver, PinnedImage};
 pub use kubernetes::{KubernetesExecutor, job_spec, kubernetes_name, label_value, qps_limit};
 pub use local::LocalExecutor;

@@ -74,7 +74,7 @@ pub fn walk<'a, E>(
 }
 
 /// The namespaces a placeholder can name.
-pub const NAMESPACES: &[&str] = &["params", "in", "out", "item"];
+pub const NAMESPACES: &[&str] = &["params", "in", "out", "item", "sample"];
 
 /// Where `text` opens a placeholder of a known namespace and never closes
 /// it (`{in.x` followed by a space or the end): a typo, not shell syntax.

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::model::{
-    ClassifyRule, Command, Ended, EnvValue, Expect, Foreach, ItemClass, ItemOutput, Link, Manifest,
-    Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry,
-    Stage,
+    ClassifyRule, Command, Ended, EnvValue, ErrorsCount, Expect, Foreach, ItemClass, ItemOutput,
+    Link, Manifest, Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec, Resource,
+    ResultCheck, Retry, Samples, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
@@ -60,6 +60,7 @@ const STAGE_KEYS: &[&str] = &[
     "uses",
     "with",
     "item_outputs",
+    "samples",
 ];
 const FOREACH_KEYS: &[&str] = &["items", "key"];
 const CLASSIFY_KEYS: &[&str] = &[
@@ -74,7 +75,11 @@ const ITEM_ONLY_KEYS: &[&str] = &[
     "allow_errors",
     "jobs",
     "item_result",
+    "samples",
 ];
+const SAMPLES_KEYS: &[&str] = &["k", "seed", "pass_at", "split", "errors", "summary"];
+/// The most samples of one item: more is a typo, not an evaluation.
+const MAX_SAMPLES: i64 = 10_000;
 
 /// Reads, parses and validates the manifest at `path` under `profile`.
 pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {

@@ -300,6 +300,68 @@ pub struct Foreach {
     pub result: Option<String>,
     /// Checks over that JSON result.
     pub result_checks: Vec<ResultCheck>,
+    /// Set for a sampled stage: each item runs `k` times, each sample its
+    /// own unit.
+    pub samples: Option<Samples>,
+}
+
+/// `samples = { k, seed, pass_at, split, errors }`: a per-item stage whose
+/// command is a draw, not a function. Each (item, sample) is its own unit,
+/// with its own fingerprint, attempts and outcome; `ok` is a pass, a
+/// verdict a valid fail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Samples {
+    /// Samples per item.
+    pub k: u32,
+    /// The base seed: sample `s` of every item is drawn with `seed + s`.
+    pub seed: u64,
+    /// The `k` of each pass@k reported (1 and `k` unless given).
+    pub pass_at: Vec<u32>,
+    /// The item field naming the sub-list an item belongs to (e.g.
+    /// `split` = `train` | `validation`), reported apart.
+    pub split: Option<String>,
+    /// Whether samples that ended in error count as fails (the default)
+    /// or leave the denominator.
+    pub errors: ErrorsCount,
+    /// The output the stage's summary (JSON: pass@k per stage and
+    /// sub-list, groups, denominators) is written to, if any.
+    pub summary: Option<String>,
+}
+
+impl Samples {
+    /// `k = 8, seed = 0, pass_at = [1, 8], errors = fail` (and the split).
+    pub fn describe(&self) -> String {
+        let at: Vec<String> = self.pass_at.iter().map(u32::to_string).collect();
+        let mut text = format!(
+            "k = {}, seed = {}, pass_at = [{}], errors = {}",
+            self.k,
+            self.seed,
+            at.join(", "),
+            self.errors.name()
+        );
+        if let Some(split) = &self.split {
+            text.push_str(&format!(", split = {split}"));
+        }
+        text
+    }
+}
+
+/// How samples that ended in `error` enter pass rates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorsCount {
+    /// As fails: the denominator is every sample requested.
+    AsFails,
+    /// Not at all: the denominator is the valid samples (reported as such).
+    Excluded,
+}
+
+impl ErrorsCount {
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorsCount::AsFails => "fail",
+            ErrorsCount::Excluded => "exclude",
+        }
+    }
 }
 
 /// What each item writes inside one of the stage's directory outputs:

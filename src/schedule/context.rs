@@ -18,7 +18,7 @@ use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex, is_per_item};
 use crate::store::{
-    COMMAND_ITEM, Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus,
+    COMMAND_ITEM, Draws, Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus,
     StoreError, current_ok, read_lock,
 };
 
@@ -297,6 +297,15 @@ impl<'m> Context<'m> {
                 "items",
                 Component::of_value("items", &listing, format!("{} items", items.len())),
             );
+            if let Some(samples) = stage.foreach.as_ref().and_then(|f| f.samples.as_ref()) {
+                // How the samples are reported enters the stage (what it
+                // writes), not its items: no sample is drawn again for it.
+                let shown = samples.describe();
+                key.insert(
+                    "samples",
+                    Component::of_value("samples", shown.as_bytes(), shown.clone()),
+                );
+            }
             self.item_plans.insert(i, items);
         }
         Ok(key)
@@ -326,7 +335,7 @@ impl<'m> Context<'m> {
         };
         let texts: Vec<String> = items
             .iter()
-            .filter_map(|item| fill(image, &item.value).ok())
+            .filter_map(|item| fill(image, item).ok())
             .collect();
         self.resolver
             .unresolved(texts.iter().map(String::as_str), false)
@@ -370,6 +379,10 @@ impl<'m> Context<'m> {
             ),
             None => (HashMap::new(), HashMap::new()),
         };
+        let draws = match (&self.ledger, &foreach.samples) {
+            (Some(ledger), Some(_)) => ledger.draws(&stage.name)?,
+            _ => Draws::default(),
+        };
         let image = manifest
             .image_of(stage)
             .filter(|(image, _)| is_per_item(image));
@@ -377,7 +390,7 @@ impl<'m> Context<'m> {
             // Many distinct tags are asked for side by side, not in turn.
             let texts: Vec<String> = items
                 .iter()
-                .filter_map(|item| fill(template, &item.value).ok())
+                .filter_map(|item| fill(template, item).ok())
                 .collect();
             self.resolver
                 .prefetch(texts.iter().map(String::as_str), require_digest);
@@ -386,11 +399,10 @@ impl<'m> Context<'m> {
         for item in items {
             let mut inputs = Vec::with_capacity(foreach.item_inputs.len());
             for template_path in &foreach.item_inputs {
-                let path =
-                    fill(template_path, &item.value).map_err(|message| ScheduleError::Items {
-                        stage: stage.name.clone(),
-                        message: format!("item `{}`: {message}", item.key),
-                    })?;
+                let path = fill(template_path, &item).map_err(|message| ScheduleError::Items {
+                    stage: stage.name.clone(),
+                    message: format!("item `{}`: {message}", item.key),
+                })?;
                 let abs = self.manifest.root.join(&path);
                 let digest = match self.upstream_digest(&path) {
                     Some(digest) => digest,
@@ -409,7 +421,7 @@ impl<'m> Context<'m> {
             let image = match image {
                 None => None,
                 Some((template, require_digest)) => {
-                    let pinned = fill(template, &item.value)
+                    let pinned = fill(template, &item)
                         .and_then(|text| self.resolver.pin(&text, require_digest))
                         .map_err(|message| ScheduleError::Items {
                             stage: stage.name.clone(),
@@ -424,30 +436,46 @@ impl<'m> Context<'m> {
                     Some(pinned)
                 }
             };
-            let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
-            let recorded = outcomes.get(&(item.key.clone(), fingerprint));
-            let outcome =
-                recorded.map(|(class, attempts, _, _)| (ItemClass::parse(class), *attempts));
-            let outputs = recorded.and_then(|(_, _, _, outputs)| outputs.clone());
-            let result = recorded
-                .and_then(|(_, _, result, _)| result.as_deref())
-                .and_then(|text| serde_json::from_str(text).ok());
-            let attempts_before = outcome.as_ref().map_or(0, |(_, n)| *n)
-                + cancelled
-                    .get(&(item.key.clone(), fingerprint))
-                    .copied()
-                    .unwrap_or(0);
-            planned.push(PlannedItem {
-                item,
-                fingerprint,
-                attempts_before,
-                image: image.map(|pinned| pinned.reference),
-                code: *template,
-                outputs,
-                outcome,
-                result,
-                inputs,
-            });
+            let image = image.map(|pinned| pinned.reference);
+            // A sampled stage's units are its items' samples, each with
+            // its index, seed and draw hashed into its fingerprint.
+            let units = match &foreach.samples {
+                None => vec![(item, inputs)],
+                Some(samples) => (0..samples.k)
+                    .map(|index| {
+                        let unit = item.sample(index, samples.seed, draws.of(&item.key, index));
+                        let mut inputs = inputs.clone();
+                        inputs.extend(unit.sample_input());
+                        (unit, inputs)
+                    })
+                    .collect(),
+            };
+            for (item, inputs) in units {
+                let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
+                let recorded = outcomes.get(&(item.key.clone(), fingerprint));
+                let outcome =
+                    recorded.map(|(class, attempts, _, _)| (ItemClass::parse(class), *attempts));
+                let outputs = recorded.and_then(|(_, _, _, outputs)| outputs.clone());
+                let result = recorded
+                    .and_then(|(_, _, result, _)| result.as_deref())
+                    .and_then(|text| serde_json::from_str(text).ok());
+                let attempts_before = outcome.as_ref().map_or(0, |(_, n)| *n)
+                    + cancelled
+                        .get(&(item.key.clone(), fingerprint))
+                        .copied()
+                        .unwrap_or(0);
+                planned.push(PlannedItem {
+                    item,
+                    fingerprint,
+                    attempts_before,
+                    image: image.clone(),
+                    code: *template,
+                    outputs,
+                    outcome,
+                    result,
+                    inputs,
+                });
+            }
         }
         if let Some(ledger) = &self.ledger {
             // A job is still wanted while its item is planned under the same

@@ -67,7 +67,7 @@ impl ItemOutputs {
         self.dirs
             .iter()
             .map(|dir| {
-                let entry = fill(&dir.template, &item.value)?;
+                let entry = fill(&dir.template, item)?;
                 if entry.is_empty() || entry == "." || entry == ".." || entry.contains('/') {
                     return Err(format!(
                         "item output `{}` gives `{entry}` for item `{}`: not one path component",

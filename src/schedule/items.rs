@@ -11,13 +11,84 @@ use crate::manifest::interpolate::walk;
 use crate::manifest::shell::{self, Context};
 use crate::manifest::{Command, ItemClass};
 
-/// One item of the list.
+/// One item of the list; in a sampled stage, one sample of one item (a
+/// unit of its own, keyed `KEY#INDEX`).
 #[derive(Debug, Clone)]
 pub struct Item {
     pub key: String,
     pub value: serde_json::Value,
     /// Canonical JSON (sorted keys), which enters the item's fingerprint.
     pub canonical: String,
+    pub sample: Option<Sample>,
+}
+
+/// Which sample of which item a unit of a sampled stage is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// The item's own key.
+    pub item: String,
+    /// 0 to k − 1.
+    pub index: u32,
+    /// What it is drawn with: the stage's seed plus the index, or, once
+    /// drawn anew, a seed derived from those and the draw.
+    pub seed: u64,
+    /// Times it was drawn anew (`cairn resample`): each draw is a unit of
+    /// its own to the ledger.
+    pub draw: u32,
+}
+
+impl Item {
+    /// Sample `index` of this item, drawn for the `draw`-th time: first
+    /// with `base_seed + index`, then with a seed of its own per re-draw
+    /// (the same seed would draw the same sample from a seeded harness).
+    pub fn sample(&self, index: u32, base_seed: u64, draw: u32) -> Item {
+        let seed = if draw == 0 {
+            base_seed.wrapping_add(u64::from(index))
+        } else {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(b"cairn.redraw\0");
+            hasher.update(&base_seed.to_le_bytes());
+            hasher.update(&index.to_le_bytes());
+            hasher.update(&draw.to_le_bytes());
+            let bytes = hasher.finalize();
+            // Below 2^31: every harness takes it (numpy, torch, random).
+            u64::from(
+                u32::from_le_bytes([
+                    bytes.as_bytes()[0],
+                    bytes.as_bytes()[1],
+                    bytes.as_bytes()[2],
+                    bytes.as_bytes()[3],
+                ]) >> 1,
+            )
+        };
+        Item {
+            key: format!("{}#{index}", self.key),
+            value: self.value.clone(),
+            canonical: self.canonical.clone(),
+            sample: Some(Sample {
+                item: self.key.clone(),
+                index,
+                seed,
+                draw,
+            }),
+        }
+    }
+
+    /// The key of the item itself (a sample's item's).
+    pub fn item_key(&self) -> &str {
+        self.sample.as_ref().map_or(&self.key, |s| &s.item)
+    }
+
+    /// What a sample adds to what its item's fingerprint hashes: its
+    /// index, seed and draw, under a name no path can have.
+    pub fn sample_input(&self) -> Option<(String, Digest)> {
+        let sample = self.sample.as_ref()?;
+        let text = format!(
+            "sample\0{}\0seed\0{}\0draw\0{}",
+            sample.index, sample.seed, sample.draw
+        );
+        Some(("\0sample".to_owned(), Digest::of(text.as_bytes())))
+    }
 }
 
 /// An item with its current fingerprint and what the ledger knows of it.
@@ -141,6 +212,7 @@ pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
             key: name,
             value,
             canonical,
+            sample: None,
         });
     }
     Ok(items)
@@ -166,37 +238,49 @@ pub fn check_key(key: &str) -> Result<(), &'static str> {
 }
 
 /// Replaces `{item.FIELD}` (nested: `{item.repo.name}`) with the item's
-/// values, as they are; other text is left as it is. For text that reaches
-/// no shell (an argv argument, a path template).
-pub fn fill(text: &str, item: &serde_json::Value) -> Result<String, String> {
-    walk(text, false, |p| -> Result<Option<String>, String> {
-        if p.namespace != "item" {
-            return Ok(None);
-        }
-        field(item, p.name).map(Some)
-    })
-    .map_err(|errors: Vec<String>| errors.join("; "))
+/// values, as they are, and `{sample.index}`, `{sample.seed}` with a
+/// sample's; other text is left as it is. For text that reaches no shell
+/// (an argv argument, a path template).
+pub fn fill(text: &str, item: &Item) -> Result<String, String> {
+    walk(text, false, |p| value_of(item, p.namespace, p.name))
+        .map_err(|errors: Vec<String>| errors.join("; "))
+}
+
+/// The text a placeholder of `item` stands for; `None` for another
+/// namespace's (or a sample's, outside a sampled stage).
+fn value_of(item: &Item, namespace: &str, name: &str) -> Result<Option<String>, String> {
+    match (namespace, &item.sample) {
+        ("item", _) => field(&item.value, name).map(Some),
+        ("sample", Some(sample)) => match name {
+            "index" => Ok(Some(sample.index.to_string())),
+            "seed" => Ok(Some(sample.seed.to_string())),
+            _ => Err(format!("a sample has no field `{name}`")),
+        },
+        _ => Ok(None),
+    }
 }
 
 /// Fills a shell script: each `{item.FIELD}` value is quoted for where it
 /// stands (see [`shell`]), so it reaches the shell as exactly its bytes.
-pub fn fill_shell(script: &str, item: &serde_json::Value) -> Result<String, String> {
+pub fn fill_shell(script: &str, item: &Item) -> Result<String, String> {
     shell::expand(
         script,
         false,
         |p, context| -> Result<Option<String>, String> {
-            if p.namespace != "item" {
+            let Some(value) = value_of(item, p.namespace, p.name)? else {
                 return Ok(None);
-            }
-            let value = field(item, p.name)?;
+            };
             match context {
                 Ok(Context::Comment) => Ok(None),
                 Ok(context) => shell::quote(context, shell::Value::One(&value))
                     .map(Some)
                     .map_err(|why| {
-                        format!("`{{item.{}}}` cannot stand where it does: {why}", p.name)
+                        format!(
+                            "`{{{}.{}}}` cannot stand where it does: {why}",
+                            p.namespace, p.name
+                        )
                     }),
-                Err(why) => Err(format!("`{{item.{}}}` stands {why}", p.name)),
+                Err(why) => Err(format!("`{{{}.{}}}` stands {why}", p.namespace, p.name)),
             }
         },
     )
@@ -218,7 +302,7 @@ fn field(item: &serde_json::Value, name: &str) -> Result<String, String> {
     })
 }
 
-pub fn fill_command(command: &Command, item: &serde_json::Value) -> Result<Command, String> {
+pub fn fill_command(command: &Command, item: &Item) -> Result<Command, String> {
     Ok(match command {
         Command::Shell(script) => Command::Shell(fill_shell(script, item)?),
         Command::Exec(argv) => Command::Exec(
@@ -280,7 +364,13 @@ mod tests {
 
     #[test]
     fn fills_nested_fields_and_leaves_other_braces() {
-        let item = serde_json::json!({"id": "t1", "repo": {"name": "r"}, "n": 3});
+        let value = serde_json::json!({"id": "t1", "repo": {"name": "r"}, "n": 3});
+        let item = Item {
+            key: "t1".into(),
+            canonical: canonical_json(&value),
+            value,
+            sample: None,
+        };
         assert_eq!(
             fill("run {item.id} {item.repo.name} {item.n} ${HOME}", &item).unwrap(),
             "run t1 r 3 ${HOME}"
@@ -299,6 +389,7 @@ mod tests {
                 key: key.into(),
                 value: serde_json::json!({"id": key}),
                 canonical: String::new(),
+                sample: None,
             },
             fingerprint: Digest::of(key.as_bytes()),
             image: None,

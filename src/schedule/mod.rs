@@ -13,6 +13,7 @@ mod item_outputs;
 mod items;
 mod limits;
 mod remote;
+mod samples;
 mod status;
 mod task;
 mod transfer;

@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use super::ScheduleError;
 use super::context::Context;
 use super::item_outputs::ItemOutputs;
-use super::items::{ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
+use super::items::{Item, ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
 use super::remote::Uploads;
 use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environment, redact_text};
@@ -547,4 +547,4 @@ impl StageTask {
     }
 }
 
-pub use crate::exec::{ATTEMPT_MARKER, ITEM_MARKER};
+pub use crate::exec::{ATTEMPT_MARKER, ITEM_MARKER, SAMPLE_MARKER, SEED_MARKER};

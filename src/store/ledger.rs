@@ -2,7 +2,7 @@
 //!
 //! Tables: `runs` (one row per `cairn run`), `results` (one row per stage
 //! execution, with its full key and output records as JSON), `heads`,
-//! `items`, `item_attempts`, inline `objects` and `stat_cache`; see
+//! `items`, `item_attempts`, `redraws`, inline `objects` and `stat_cache`; see
 //! [`schema`] for their history. A connection speaks for one pipeline (see
 //! [`pipelines`]): every read and write of runs, results, heads and items
 //! is that pipeline's. Each result is one transaction, written only after its
@@ -22,6 +22,7 @@ use crate::fingerprint::{Digest, StageKey, StatEntry};
 mod damage;
 mod items;
 mod pipelines;
+mod redraws;
 mod results;
 mod runs;
 mod schema;
@@ -31,6 +32,7 @@ use damage::parse_outputs;
 pub use damage::{SET_ASIDE_REASON, UnreadableResult};
 use pipelines::Claim;
 pub use pipelines::PipelineId;
+pub use redraws::{Draws, Redraw};
 pub use schema::LEDGER_SCHEMA_VERSION;
 use schema::{OLDEST_MIGRATED, SCHEMA};
 

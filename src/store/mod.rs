@@ -20,9 +20,9 @@ pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
 pub use ledger::{
-    COMMAND_ITEM, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult, PipelineId,
-    RUNNING, ResultRecord, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, UnreadableResult,
-    now_ms,
+    COMMAND_ITEM, Draws, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult,
+    PipelineId, RUNNING, Redraw, ResultRecord, ResultStatus, RunCounts, RunRecord,
+    SET_ASIDE_REASON, UnreadableResult, now_ms,
 };
 pub use live::live_outputs;
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage};

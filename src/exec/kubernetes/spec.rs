@@ -6,7 +6,7 @@ use k8s_openapi::api::batch::v1::Job as KubeJob;
 use serde_json::{Map, Value, json};
 
 use super::super::batch::{Batch, index_script, shared_env};
-use super::super::{ATTEMPT_MARKER, ITEM_MARKER, Job};
+use super::super::{ATTEMPT_MARKER, ITEM_MARKER, Job, SAMPLE_MARKER};
 use crate::manifest::{Command, KubernetesSettings, RootVolume};
 
 /// Variables of cairn's own environment that never reach a pod: the image
@@ -101,6 +101,9 @@ fn labels(job: &Job) -> Map<String, Value> {
     }
     if let Some(attempt) = variable(job, ATTEMPT_MARKER) {
         put("cairn.dev/attempt", attempt);
+    }
+    if let Some(sample) = variable(job, SAMPLE_MARKER) {
+        put("cairn.dev/sample", sample);
     }
     labels
 }

@@ -255,6 +255,22 @@ impl Checker<'_> {
                 Err((format!("undefined {kind} `{}` in `{whole}`", p.name), locate(), Some(help)))
             }
             "item" if stage.foreach.is_some() => Ok(Resolved::Item),
+            "sample" if stage.foreach.as_ref().is_some_and(|f| f.samples.is_some()) => {
+                if matches!(p.name, "index" | "seed") {
+                    Ok(Resolved::Item)
+                } else {
+                    Err((
+                        format!("unknown sample field `{}` in `{whole}`", p.name),
+                        locate(),
+                        Some("a sample has `{sample.index}` (0 to k − 1) and `{sample.seed}` (the seed it is drawn with)".to_owned()),
+                    ))
+                }
+            }
+            "sample" => Err((
+                format!("`{whole}` outside a sampled stage"),
+                locate(),
+                Some("`{sample.index}` and `{sample.seed}` are filled in per sample; add `samples = { k = 8 }` to a per-item stage".to_owned()),
+            )),
             "item" => Err((
                 format!("`{whole}` outside a per-item stage"),
                 locate(),
@@ -263,7 +279,7 @@ impl Checker<'_> {
             other => Err((
                 format!("unknown placeholder namespace `{other}` in `{whole}`"),
                 locate(),
-                Some("placeholders are `{params.NAME}`, `{in.NAME}`, `{out.NAME}` and, in per-item stages, `{item.FIELD}`; write `{{` for a literal brace".to_owned()),
+                Some("placeholders are `{params.NAME}`, `{in.NAME}`, `{out.NAME}` and, in per-item stages, `{item.FIELD}` (and `{sample.index}`, `{sample.seed}` when sampled); write `{{` for a literal brace".to_owned()),
             )),
         }
     }

@@ -97,6 +97,41 @@ impl Checker<'_> {
         let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
         let result =
             find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
+        let samples = find(table, "samples").and_then(|e| self.samples(e));
+        if let Some(e) = find(table, "samples").filter(|_| samples.is_some()) {
+            // Two samples of one item must not write to one place.
+            let unsampled = result
+                .iter()
+                .map(|r| ("item_result", r.as_str()))
+                .chain(
+                    item_outputs
+                        .iter()
+                        .map(|o| ("an item output", o.template.as_str())),
+                )
+                .filter(|(_, template)| !template.contains("{sample.index}"))
+                .map(|(what, template)| format!("{what} `{template}`"))
+                .collect::<Vec<_>>();
+            if !unsampled.is_empty() {
+                self.problems.push(
+                    Problem::new(
+                        format!("stage `{name}` is sampled, but {} would be one path for every sample of an item", unsampled.join(" and ")),
+                        e.key_span.clone(),
+                        "sampled here",
+                    )
+                    .help("name the sample in the path, e.g. `item_result = \"results/{item.id}/{sample.index}.json\"`"),
+                );
+            }
+        }
+        for input in &item_inputs {
+            if input.contains("{sample.") {
+                let span =
+                    find(table, "item_inputs").map_or(span.clone(), |e| e.value.span.clone());
+                self.problems.push(
+                    Problem::new(format!("item input `{input}` names a sample"), span, "here")
+                        .help("what an item reads is the same for all its samples; `{sample.…}` belongs in `run`, `item_result` and `item_outputs`"),
+                );
+            }
+        }
         let foreach = key.map(|key| Foreach {
             items: ProjectPath::new(String::new()),
             items_span: items
@@ -110,8 +145,101 @@ impl Checker<'_> {
             jobs,
             result,
             result_checks: Vec::new(),
+            samples,
         });
         (foreach, items)
+    }
+
+    /// `samples = { k = 8, seed = 0, pass_at = [1, 8], split = "FIELD",
+    /// errors = "fail" | "exclude" }`.
+    fn samples(&mut self, entry: &Entry) -> Option<Samples> {
+        let table = self.expect_table(&entry.value, "`samples`")?;
+        self.unknown_keys(table, SAMPLES_KEYS, "`samples`");
+        let Some(k) = find(table, "k") else {
+            self.problems.push(
+                Problem::new("`samples` without `k`", entry.value.span.clone(), "here").help(
+                    "say how many samples each item draws, e.g. `samples = { k = 8, seed = 0 }`",
+                ),
+            );
+            return None;
+        };
+        let k = self.count(&k.value, "`samples.k`", 1)?;
+        if k as i64 > MAX_SAMPLES {
+            let span = find(table, "k").map_or(entry.value.span.clone(), |e| e.value.span.clone());
+            self.problems.push(
+                Problem::new(format!("`samples.k` is {k}, more than {MAX_SAMPLES}"), span, "too many")
+                    .help("each sample is a unit of its own; pass@k is reported for k up to the samples drawn"),
+            );
+            return None;
+        }
+        let k = k as u32;
+        let seed = match find(table, "seed") {
+            None => 0,
+            Some(e) => match e.value.kind {
+                NodeKind::Integer(n) if n >= 0 => n as u64,
+                _ => {
+                    self.type_error(&e.value, "`samples.seed`", "an integer of at least 0");
+                    return None;
+                }
+            },
+        };
+        let pass_at = match find(table, "pass_at") {
+            None => {
+                let mut at = vec![1, k];
+                at.dedup();
+                at
+            }
+            Some(e) => {
+                let Some(values) = e.value.as_array() else {
+                    self.type_error(
+                        &e.value,
+                        "`samples.pass_at`",
+                        "a list of integers, e.g. `[1, 4, 8]`",
+                    );
+                    return None;
+                };
+                let mut at = Vec::new();
+                for value in values {
+                    let n = self.count(value, "a pass@k", 1)? as u32;
+                    if n > k {
+                        self.problems.push(
+                            Problem::new(format!("pass@{n} of {k} samples"), value.span.clone(), "more than `k`")
+                                .help(format!("pass@k needs at least k samples: raise `k` to {n}, or report at most pass@{k}")),
+                        );
+                        return None;
+                    }
+                    at.push(n);
+                }
+                at.sort_unstable();
+                at.dedup();
+                at
+            }
+        };
+        let split = find(table, "split").and_then(|e| self.string(&e.value, "`samples.split`"));
+        let errors = match find(table, "errors") {
+            None => ErrorsCount::AsFails,
+            Some(e) => match self.string(&e.value, "`samples.errors`")?.as_str() {
+                "fail" => ErrorsCount::AsFails,
+                "exclude" => ErrorsCount::Excluded,
+                other => {
+                    self.problems.push(
+                        Problem::new(format!("`samples.errors` is `{other}`"), e.value.span.clone(), "unknown")
+                            .help("`fail` (the default: a sample that ended in error counts as a fail) or `exclude` (it leaves the denominator, and reports say so)"),
+                    );
+                    return None;
+                }
+            },
+        };
+        let summary =
+            find(table, "summary").and_then(|e| self.string(&e.value, "`samples.summary`"));
+        Some(Samples {
+            k,
+            seed,
+            pass_at,
+            split,
+            errors,
+            summary,
+        })
     }
 
     /// `classify` and `retry`: how any stage's attempts are classed and
@@ -478,10 +606,26 @@ impl Checker<'_> {
                         );
                     }
                 }
+                let summary = foreach.samples.as_ref().and_then(|s| s.summary.as_deref());
+                if let Some(summary) = summary {
+                    let declared = stage.outputs.iter().any(|o| o.name == summary);
+                    let items_write = foreach.item_outputs.iter().any(|i| i.output == summary);
+                    if !declared || items_write {
+                        self.problems.push(
+                            Problem::new(
+                                format!("`samples.summary` of stage `{}` names `{summary}`, which is not an output of its own", stage.name),
+                                stage.span.clone(),
+                                "this stage",
+                            )
+                            .help("declare the file cairn writes the summary to, e.g. `outputs = { results = \"…/results.jsonl\", passk = \"…/passk.json\" }` with `summary = \"passk\"`"),
+                        );
+                    }
+                }
                 let merged = stage
                     .outputs
                     .iter()
                     .filter(|o| !foreach.item_outputs.iter().any(|i| i.output == o.name))
+                    .filter(|o| Some(o.name.as_str()) != summary)
                     .count();
                 if merged != 1 {
                     self.problems.push(

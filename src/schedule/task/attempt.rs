@@ -35,12 +35,12 @@ impl ItemRunner {
         planned: &PlannedItem,
     ) -> Result<Option<ItemEnd>, ScheduleError> {
         let item = &planned.item;
-        let filled = fill_command(&self.job.command, &item.value).and_then(|command| {
+        let filled = fill_command(&self.job.command, item).and_then(|command| {
             Ok((
                 command,
                 self.checks
                     .iter()
-                    .map(|c| fill_command(c, &item.value))
+                    .map(|c| fill_command(c, item))
                     .collect::<Result<Vec<_>, _>>()?,
             ))
         });
@@ -82,7 +82,14 @@ impl ItemRunner {
                         image: planned.image.clone().or_else(|| self.job.image.clone()),
                         ..self.job.clone()
                     };
-                    job.env.push((ITEM_MARKER.to_owned(), item.key.clone()));
+                    job.env
+                        .push((ITEM_MARKER.to_owned(), item.item_key().to_owned()));
+                    if let Some(sample) = &item.sample {
+                        job.env
+                            .push((SAMPLE_MARKER.to_owned(), sample.index.to_string()));
+                        job.env
+                            .push((SEED_MARKER.to_owned(), sample.seed.to_string()));
+                    }
                     job.env
                         .push((ATTEMPT_MARKER.to_owned(), (previous + attempt).to_string()));
                     let started_job =
@@ -119,7 +126,7 @@ impl ItemRunner {
                             }
                         }
                     }
-                    let (result, result_problem) = self.read_result(&item.value);
+                    let (result, result_problem) = self.read_result(item);
                     let (class, rule) = match failed_check {
                         // A command that claims success but fails its
                         // check is an error, never an ok.
@@ -245,7 +252,7 @@ impl ItemRunner {
 
     /// The item's JSON result, if the stage declares one: `(result,
     /// problem)`, where the problem says why it is missing or unreadable.
-    fn read_result(&self, item: &serde_json::Value) -> (Option<serde_json::Value>, Option<String>) {
+    fn read_result(&self, item: &Item) -> (Option<serde_json::Value>, Option<String>) {
         let Some(template) = &self.spec.result else {
             return (None, None);
         };

@@ -205,19 +205,36 @@ impl StageTask {
             return Ok(task);
         }
 
-        // The merged results: the one output the items do not write into.
-        let merged = |name: &str| !items.outputs.contains(name);
-        self.clear_outputs_where(merged)?;
-        let (_, _, path) = self
-            .outputs
-            .iter()
-            .find(|(name, _, _)| merged(name))
-            .cloned()
-            .ok_or_else(|| ScheduleError::Task("a per-item stage has no output".to_owned()))?;
-        std::fs::write(&path, aggregate(&items.plan)).map_err(|source| ScheduleError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        // The merged results: the one output the items do not write into
+        // (besides a sampled stage's summary).
+        let samples = items.spec.samples.as_ref();
+        let summary = samples.and_then(|s| s.summary.as_deref());
+        let written = |name: &str| !items.outputs.contains(name);
+        self.clear_outputs_where(written)?;
+        let path_of = |wanted: &dyn Fn(&str) -> bool| {
+            self.outputs
+                .iter()
+                .find(|(name, _, _)| wanted(name))
+                .map(|(_, _, path)| path.clone())
+                .ok_or_else(|| ScheduleError::Task("a per-item stage has no output".to_owned()))
+        };
+        let write = |path: PathBuf, bytes: Vec<u8>| {
+            std::fs::write(&path, bytes).map_err(|source| ScheduleError::Io { path, source })
+        };
+        let merged = path_of(&|name| written(name) && Some(name) != summary)?;
+        match samples {
+            None => write(merged, aggregate(&items.plan))?,
+            Some(samples) => {
+                write(merged, super::super::samples::merged(&items.plan, samples))?;
+                if let Some(summary) = summary {
+                    let report = super::super::samples::summary(&items.name, &items.plan, samples);
+                    let mut bytes = serde_json::to_vec_pretty(&report)
+                        .map_err(|e| ScheduleError::Task(e.to_string()))?;
+                    bytes.push(b'\n');
+                    write(path_of(&|name| name == summary)?, bytes)?;
+                }
+            }
+        }
         task.published = Some(self.store_outputs(&links, started).await?);
         Ok(task)
     }

@@ -11,6 +11,7 @@
 //! | 6 | runs, results, heads, items and item attempts belong to a pipeline (its `[pipeline] name`); `pipelines` records which manifest each name belongs to |
 //! | 7 | an item attempt is recorded when its job starts (class `running`, with the job's handle on its engine) and replaced when it ends; a run that died leaves it `abandoned` |
 //! | 8 | results and item outcomes record their origin (`remote:URL` when a remote cache supplied them, else none) |
+//! | 9 | `redraws` records each `cairn resample`: which samples of which stage are drawn anew |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -18,7 +19,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 8;
+pub const LEDGER_SCHEMA_VERSION: i64 = 9;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -119,6 +120,19 @@ CREATE TABLE IF NOT EXISTS stat_cache (
     ctime_ns INTEGER NOT NULL,
     digest TEXT NOT NULL
 );
+-- Each `cairn resample`: the samples of a sampled stage it draws anew
+-- (every item when `item` is null, every sample of it when `sample` is).
+-- A sample's draw is the number of rows naming it; it enters the sample's
+-- fingerprint.
+CREATE TABLE IF NOT EXISTS redraws (
+    id INTEGER PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    item TEXT,
+    sample INTEGER,
+    at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS redraws_by_stage ON redraws(pipeline, stage);
 -- Which manifest (relative to the project root) each pipeline name is.
 CREATE TABLE IF NOT EXISTS pipelines (
     name TEXT PRIMARY KEY,
@@ -139,6 +153,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (6, pipelines),
     (7, attempts_when_they_start),
     (8, origins),
+    (9, redraws),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -228,6 +243,12 @@ fn origins(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
         }
     }
     Ok(())
+}
+
+/// 9: `redraws`, the record of `cairn resample`. (Every other table is
+/// as [`SCHEMA`] has it since 8, so it creates only this one.)
+fn redraws(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
 }
 
 #[cfg(test)]

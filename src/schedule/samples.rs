@@ -1,0 +1,326 @@
+//! What a sampled stage reports: per item, its samples' outcomes, pass@k
+//! and whether its group of rollouts mixes rewards; per stage (and per
+//! sub-list), the same over its items.
+//!
+//! A sample that ended `ok` passed (reward 1); one with a verdict is a
+//! valid fail (reward 0); one that ended in `error` is not valid, and counts
+//! as a fail unless the manifest says `errors = "exclude"` — the report
+//! then says which denominator it used. A sample still failing on
+//! infrastructure has no verdict at all: the stage does not finish with
+//! one, so none is reported.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::items::PlannedItem;
+use crate::fingerprint::canonical_json;
+use crate::manifest::{ErrorsCount, ItemClass, Samples};
+
+/// The unbiased estimator of pass@k from `n` samples of which `c` passed:
+/// 1 − C(n−c, k) / C(n, k), the chance that k of the n drawn without
+/// replacement hold at least one pass. `None` when fewer than k samples
+/// count.
+pub fn pass_at_k(n: u32, c: u32, k: u32) -> Option<f64> {
+    if k == 0 || k > n || c > n {
+        return None;
+    }
+    if n - c < k {
+        return Some(1.0);
+    }
+    // C(n−c, k) / C(n, k) = ∏_{i = n−c+1}^{n} (1 − k / i), stable in f64.
+    let none_passed: f64 = (n - c + 1..=n)
+        .map(|i| 1.0 - f64::from(k) / f64::from(i))
+        .product();
+    Some(1.0 - none_passed)
+}
+
+/// How one item's samples ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub requested: u32,
+    pub passed: u32,
+    /// Ended with a verdict (a valid fail).
+    pub failed: u32,
+    pub error: u32,
+    pub infra: u32,
+    /// Not attempted yet.
+    pub pending: u32,
+}
+
+impl Tally {
+    pub fn add(&mut self, class: Option<&ItemClass>) {
+        self.requested += 1;
+        match class {
+            Some(ItemClass::Ok) => self.passed += 1,
+            Some(ItemClass::Verdict(_)) => self.failed += 1,
+            Some(ItemClass::Error) => self.error += 1,
+            Some(ItemClass::Infra) => self.infra += 1,
+            None => self.pending += 1,
+        }
+    }
+
+    /// Samples with a verdict: passed or failed.
+    pub fn valid(&self) -> u32 {
+        self.passed + self.failed
+    }
+
+    /// The n of pass@k: every sample but those failing on infrastructure,
+    /// or only the valid ones when errors are excluded.
+    pub fn denominator(&self, errors: ErrorsCount) -> u32 {
+        match errors {
+            ErrorsCount::AsFails => self.valid() + self.error,
+            ErrorsCount::Excluded => self.valid(),
+        }
+    }
+
+    /// `all-0`, `all-1` or `mixed` over the valid samples (`none` without
+    /// any): only a mixed group teaches a policy anything under GRPO.
+    pub fn group(&self) -> &'static str {
+        match (self.valid(), self.passed) {
+            (0, _) => "none",
+            (_, 0) => "all-0",
+            (valid, passed) if valid == passed => "all-1",
+            _ => "mixed",
+        }
+    }
+}
+
+/// The sampled stage's merged results: one JSON line per item (in key
+/// order), with its samples and their tally.
+pub fn merged(plan: &[PlannedItem], samples: &Samples) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, units) in by_item(plan) {
+        let first = &units[0].item;
+        let mut tally = Tally::default();
+        let mut drawn = Vec::with_capacity(units.len());
+        for unit in &units {
+            let class = unit.outcome.as_ref().map(|(c, _)| c);
+            tally.add(class);
+            let sample = unit.item.sample.as_ref();
+            let mut line = json!({
+                "sample": sample.map(|s| s.index),
+                "seed": sample.map(|s| s.seed),
+                "draw": sample.map(|s| s.draw),
+                "class": class.map_or("pending", ItemClass::name),
+            });
+            if let Some(result) = &unit.result {
+                line["result"] = result.clone();
+            }
+            drawn.push(line);
+        }
+        let mut line = json!({
+            "key": key,
+            "item": first.value,
+            "samples": drawn,
+            "group": tally.group(),
+        });
+        put_tally(&mut line, &tally, samples);
+        if let Some(split) = split_of(first, samples) {
+            line["split"] = Value::String(split);
+        }
+        out.extend_from_slice(canonical_json(&line).as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+/// The stage's summary over all its items and over each sub-list.
+pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples) -> Value {
+    let mut all = Summary::default();
+    let mut splits: BTreeMap<String, Summary> = BTreeMap::new();
+    for (_, units) in by_item(plan) {
+        let mut tally = Tally::default();
+        for unit in &units {
+            tally.add(unit.outcome.as_ref().map(|(c, _)| c));
+        }
+        all.add(&tally, samples);
+        if let Some(split) = split_of(&units[0].item, samples) {
+            splits.entry(split).or_default().add(&tally, samples);
+        }
+    }
+    let mut out = json!({
+        "stage": stage,
+        "samples": {
+            "k": samples.k,
+            "seed": samples.seed,
+            "pass_at": samples.pass_at,
+            "errors": samples.errors.name(),
+        },
+        "denominator": denominator_name(samples.errors),
+        "all": all.to_json(samples),
+    });
+    if let Some(field) = &samples.split {
+        out["split_by"] = Value::String(field.clone());
+        out["splits"] = splits
+            .iter()
+            .map(|(name, s)| (name.clone(), s.to_json(samples)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+    }
+    out
+}
+
+fn denominator_name(errors: ErrorsCount) -> &'static str {
+    match errors {
+        ErrorsCount::AsFails => "requested (errors count as fails)",
+        ErrorsCount::Excluded => "valid (errors excluded)",
+    }
+}
+
+/// Items' tallies summed, and their pass@k averaged.
+#[derive(Debug, Default)]
+struct Summary {
+    items: u32,
+    total: Tally,
+    groups: BTreeMap<&'static str, u32>,
+    /// Per pass@k: the sum over items where it is defined, and how many.
+    pass: BTreeMap<u32, (f64, u32)>,
+}
+
+impl Summary {
+    fn add(&mut self, tally: &Tally, samples: &Samples) {
+        self.items += 1;
+        self.total.requested += tally.requested;
+        self.total.passed += tally.passed;
+        self.total.failed += tally.failed;
+        self.total.error += tally.error;
+        self.total.infra += tally.infra;
+        self.total.pending += tally.pending;
+        *self.groups.entry(tally.group()).or_default() += 1;
+        let n = tally.denominator(samples.errors);
+        for &k in &samples.pass_at {
+            let entry = self.pass.entry(k).or_default();
+            if let Some(p) = pass_at_k(n, tally.passed, k) {
+                entry.0 += p;
+                entry.1 += 1;
+            }
+        }
+    }
+
+    fn to_json(&self, samples: &Samples) -> Value {
+        let mut out = json!({
+            "items": self.items,
+            "groups": self.groups,
+        });
+        put_counts(&mut out, &self.total);
+        for &k in &samples.pass_at {
+            let (sum, defined) = self.pass.get(&k).copied().unwrap_or_default();
+            out[format!("pass@{k}")] = if defined == 0 {
+                Value::Null
+            } else {
+                json!(sum / f64::from(defined))
+            };
+            if defined < self.items {
+                // Items with too few counted samples for this k.
+                out[format!("pass@{k}_undefined")] = json!(self.items - defined);
+            }
+        }
+        out
+    }
+}
+
+fn put_counts(out: &mut Value, tally: &Tally) {
+    out["requested"] = json!(tally.requested);
+    out["valid"] = json!(tally.valid());
+    out["passed"] = json!(tally.passed);
+    out["error"] = json!(tally.error);
+    out["infra"] = json!(tally.infra);
+    if tally.pending > 0 {
+        out["pending"] = json!(tally.pending);
+    }
+}
+
+fn put_tally(out: &mut Value, tally: &Tally, samples: &Samples) {
+    put_counts(out, tally);
+    let n = tally.denominator(samples.errors);
+    for &k in &samples.pass_at {
+        out[format!("pass@{k}")] = json!(pass_at_k(n, tally.passed, k));
+    }
+}
+
+/// The sub-list an item belongs to, by the item's `split` field.
+fn split_of(item: &super::items::Item, samples: &Samples) -> Option<String> {
+    let field = samples.split.as_ref()?;
+    Some(
+        match item.value.pointer(&format!("/{}", field.replace('.', "/"))) {
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None => "(none)".to_owned(),
+        },
+    )
+}
+
+/// The plan's units grouped by item, in item-key order.
+fn by_item(plan: &[PlannedItem]) -> BTreeMap<&str, Vec<&PlannedItem>> {
+    let mut items: BTreeMap<&str, Vec<&PlannedItem>> = BTreeMap::new();
+    for unit in plan {
+        items.entry(unit.item.item_key()).or_default().push(unit);
+    }
+    for units in items.values_mut() {
+        units.sort_by_key(|u| u.item.sample.as_ref().map(|s| s.index));
+    }
+    items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// C(n, k) exactly, as a big enough integer for the test's range.
+    fn choose(n: u32, k: u32) -> u128 {
+        if k > n {
+            return 0;
+        }
+        let mut c: u128 = 1;
+        for i in 0..k {
+            c = c * u128::from(n - i) / u128::from(i + 1);
+        }
+        c
+    }
+
+    proptest! {
+        /// pass@k agrees with its definition, 1 − C(n−c, k) / C(n, k),
+        /// computed exactly in integers.
+        #[test]
+        fn pass_at_k_is_the_unbiased_estimator(n in 1u32..60, c_frac in 0.0f64..=1.0, k_frac in 0.0f64..=1.0) {
+            let c = (f64::from(n) * c_frac).round() as u32;
+            let k = 1 + ((f64::from(n - 1)) * k_frac).round() as u32;
+            let expected = 1.0 - choose(n - c, k) as f64 / choose(n, k) as f64;
+            let got = pass_at_k(n, c, k).unwrap();
+            prop_assert!((got - expected).abs() < 1e-9, "n={n} c={c} k={k}: {got} vs {expected}");
+            prop_assert!((0.0..=1.0).contains(&got));
+        }
+    }
+
+    #[test]
+    fn pass_at_1_is_the_pass_rate_and_undefined_past_n() {
+        assert_eq!(pass_at_k(8, 2, 1), Some(0.25));
+        assert_eq!(pass_at_k(8, 0, 8), Some(0.0));
+        assert_eq!(pass_at_k(8, 1, 8), Some(1.0));
+        assert_eq!(pass_at_k(4, 1, 8), None);
+        assert_eq!(pass_at_k(0, 0, 1), None);
+    }
+
+    #[test]
+    fn groups_are_labelled_over_valid_samples() {
+        let tally = |passed, failed, error| Tally {
+            requested: passed + failed + error,
+            passed,
+            failed,
+            error,
+            infra: 0,
+            pending: 0,
+        };
+        assert_eq!(tally(0, 8, 0).group(), "all-0");
+        assert_eq!(tally(8, 0, 0).group(), "all-1");
+        assert_eq!(tally(3, 5, 0).group(), "mixed");
+        // An error is no reward: 4 passes and 4 errors are not mixed.
+        assert_eq!(tally(4, 0, 4).group(), "all-1");
+        assert_eq!(tally(0, 0, 8).group(), "none");
+        // ...but it stays in the denominator unless excluded.
+        assert_eq!(tally(4, 0, 4).denominator(ErrorsCount::AsFails), 8);
+        assert_eq!(tally(4, 0, 4).denominator(ErrorsCount::Excluded), 4);
+    }
+}
