@@ -1,0 +1,412 @@
+//! Sampled per-item stages: each (item, sample) a unit of its own, pass@k
+//! and group labels from the outcomes, re-draws recorded.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::Project;
+
+/// `n` items (`t00`…), each passing its first `passes` samples (item `i`
+/// passes `i % 9` of them); every draw appends `ITEM SAMPLE SEED` to
+/// `draws.log`.
+fn sampled(n: usize, samples: &str) -> Project {
+    let p = Project::new();
+    let items: String = (0..n)
+        .map(|i| {
+            let split = if i % 3 == 0 { "validation" } else { "train" };
+            format!(
+                "{{\"id\": \"t{i:02}\", \"passes\": {}, \"split\": \"{split}\"}}\n",
+                i % 9
+            )
+        })
+        .collect();
+    p.file("items.jsonl", &items);
+    let summary = if samples.contains("summary") {
+        ", passk = \"state/passk.json\""
+    } else {
+        ""
+    };
+    p.file(
+        "cairn.toml",
+        &format!(
+            r#"[pipeline]
+name = "sampled"
+
+[stages.canary]
+foreach = {{ items = "items.jsonl", key = "id" }}
+samples = {samples}
+run = '''
+echo "$CAIRN_ITEM $CAIRN_SAMPLE $CAIRN_SEED" >> draws.log
+mkdir -p state/rollouts/{{item.id}}
+if [ "$CAIRN_SAMPLE" -lt {{item.passes}} ]; then reward=1; else reward=0; fi
+echo "{{\"reward\": $reward}}" > state/rollouts/{{item.id}}/{{sample.index}}.json
+'''
+item_result = "state/rollouts/{{item.id}}/{{sample.index}}.json"
+classify = [{{ result = "/reward", equals = 0, as = "failed" }}]
+outputs = {{ results = "state/canary.jsonl"{summary} }}
+"#
+        ),
+    );
+    p
+}
+
+fn draws(p: &Project) -> Vec<(String, u32, u64)> {
+    if !p.exists("draws.log") {
+        return Vec::new();
+    }
+    p.lines("draws.log")
+        .iter()
+        .map(|line| {
+            let mut parts = line.split(' ');
+            let item = parts.next().unwrap().to_owned();
+            let sample = parts.next().unwrap().parse().unwrap();
+            let seed = parts.next().unwrap().parse().unwrap();
+            (item, sample, seed)
+        })
+        .collect()
+}
+
+fn summary(p: &Project) -> serde_json::Value {
+    serde_json::from_str(&p.read("state/passk.json")).unwrap()
+}
+
+fn merged(p: &Project) -> Vec<serde_json::Value> {
+    p.lines("state/canary.jsonl")
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// C(n, k), exactly.
+fn choose(n: u64, k: u64) -> u128 {
+    if k > n {
+        return 0;
+    }
+    (0..k).fold(1u128, |c, i| c * u128::from(n - i) / u128::from(i + 1))
+}
+
+/// pass@k by its definition: 1 − C(n−c, k) / C(n, k).
+fn pass_at(n: u64, c: u64, k: u64) -> f64 {
+    1.0 - choose(n - c, k) as f64 / choose(n, k) as f64
+}
+
+#[test]
+fn thirty_items_of_eight_samples_are_240_units_and_raising_k_draws_only_the_new_ones() {
+    let p = sampled(30, "{ k = 8, seed = 100, summary = \"passk\" }");
+    p.cairn(&["run", "-j", "4"]).success();
+    let first = draws(&p);
+    assert_eq!(first.len(), 240);
+    let units: BTreeSet<(String, u32)> = first.iter().map(|(i, s, _)| (i.clone(), *s)).collect();
+    assert_eq!(units.len(), 240, "each (item, sample) drawn once");
+    assert!(units.iter().all(|(_, s)| *s < 8));
+    for (item, sample, seed) in &first {
+        assert_eq!(*seed, 100 + u64::from(*sample), "{item}#{sample}");
+    }
+    assert_eq!(summary(&p)["all"]["requested"], 240);
+
+    // Unchanged: nothing is drawn.
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 240);
+
+    // k = 10: only samples 8 and 9 of each item are new.
+    let manifest = p.read("cairn.toml").replace("k = 8", "k = 10");
+    p.file("cairn.toml", &manifest);
+    p.cairn(&["run", "-j", "4"]).success();
+    let all = draws(&p);
+    assert_eq!(all.len(), 300, "60 more");
+    let new: BTreeSet<u32> = all[240..].iter().map(|(_, s, _)| *s).collect();
+    assert_eq!(new, BTreeSet::from([8, 9]));
+    assert_eq!(summary(&p)["all"]["requested"], 300);
+
+    // k = 4: the recorded samples are kept; nothing is drawn.
+    let manifest = p.read("cairn.toml").replace("k = 10", "k = 4");
+    p.file("cairn.toml", &manifest);
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 300);
+    assert_eq!(summary(&p)["all"]["requested"], 120);
+    // ...and back to 10: still nothing, every sample is on record.
+    let manifest = p.read("cairn.toml").replace("k = 4", "k = 10");
+    p.file("cairn.toml", &manifest);
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 300);
+}
+
+#[test]
+fn pass_at_k_and_group_labels_follow_from_the_outcomes() {
+    let p = sampled(
+        12,
+        "{ k = 8, seed = 0, pass_at = [1, 2, 8], split = \"split\", summary = \"passk\" }",
+    );
+    p.cairn(&["run", "-j", "4"]).success();
+    let lines = merged(&p);
+    assert_eq!(lines.len(), 12, "one line per item");
+    let mut expected_split: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, line) in lines.iter().enumerate() {
+        let c = (i % 9) as u64;
+        assert_eq!(line["key"], format!("t{i:02}"));
+        assert_eq!(line["passed"], c, "{line}");
+        assert_eq!(line["requested"], 8);
+        assert_eq!(line["samples"].as_array().unwrap().len(), 8);
+        for k in [1, 2, 8] {
+            let got = line[format!("pass@{k}")].as_f64().unwrap();
+            assert!((got - pass_at(8, c.min(8), k)).abs() < 1e-12, "{line}");
+        }
+        let group = match c {
+            0 => "all-0",
+            8 => "all-1",
+            _ => "mixed",
+        };
+        assert_eq!(line["group"], group);
+        *groups.entry(group.to_owned()).or_default() += 1;
+        let split = if i % 3 == 0 { "validation" } else { "train" };
+        assert_eq!(line["split"], split);
+        expected_split
+            .entry(split)
+            .or_default()
+            .push(pass_at(8, c.min(8), 1));
+    }
+    let report = summary(&p);
+    assert_eq!(report["all"]["items"], 12);
+    assert_eq!(report["all"]["groups"], serde_json::json!(groups));
+    for (split, rates) in expected_split {
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        let got = report["splits"][split]["pass@1"].as_f64().unwrap();
+        assert!((got - mean).abs() < 1e-12, "{split}: {got} vs {mean}");
+        assert_eq!(report["splits"][split]["items"], rates.len());
+    }
+}
+
+#[test]
+fn errors_stay_in_the_denominator_unless_excluded_and_the_report_says_which() {
+    for (errors, denominator) in [("fail", 8), ("exclude", 6)] {
+        let p = sampled(
+            1,
+            &format!("{{ k = 8, errors = \"{errors}\", summary = \"passk\" }}"),
+        );
+        // t00 passes none of its samples by the rule; make samples 0 to 2
+        // pass and samples 6 and 7 end in error.
+        let manifest = p
+            .read("cairn.toml")
+            .replace("-lt {item.passes}", "-lt 3")
+            .replace(
+                "mkdir -p state/rollouts",
+                "if [ \"$CAIRN_SAMPLE\" -ge 6 ]; then exit 1; fi\nmkdir -p state/rollouts",
+            )
+            .replace("[stages.canary]\n", "[stages.canary]\nallow_errors = 2\n");
+        p.file("cairn.toml", &manifest);
+        p.cairn(&["run"]).success();
+        let line = &merged(&p)[0];
+        assert_eq!(line["requested"], 8);
+        assert_eq!(line["valid"], 6);
+        assert_eq!(line["error"], 2);
+        assert_eq!(line["passed"], 3);
+        let got = line["pass@1"].as_f64().unwrap();
+        assert!(
+            (got - 3.0 / denominator as f64).abs() < 1e-12,
+            "{errors}: {line}"
+        );
+        let report = summary(&p);
+        assert_eq!(report["samples"]["errors"], errors);
+        let said = report["denominator"].as_str().unwrap();
+        assert!(
+            said.contains(if errors == "fail" {
+                "requested"
+            } else {
+                "valid"
+            }),
+            "{said}"
+        );
+    }
+}
+
+#[test]
+fn a_resample_draws_exactly_what_it_names_with_a_new_seed() {
+    let p = sampled(3, "{ k = 4, seed = 7 }");
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 12);
+
+    p.cairn(&["resample", "canary/t01#2"]).success();
+    p.cairn(&["run"]).success();
+    let after = draws(&p);
+    assert_eq!(after.len(), 13, "one sample drawn anew");
+    let (item, sample, seed) = &after[12];
+    assert_eq!((item.as_str(), *sample), ("t01", 2));
+    assert_ne!(*seed, 7 + 2, "a re-draw is drawn with a seed of its own");
+    // Recorded: a later run draws nothing more.
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 13);
+
+    // Every sample of one item, then of the stage.
+    p.cairn(&["resample", "canary/t00"]).success();
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 17);
+    p.cairn(&["resample", "canary"]).success();
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 29);
+
+    for (target, message) in [
+        ("canary/t9", "has no item `t9`"),
+        ("canary/t01#4", "numbered 0 to 3"),
+        ("nothing", "no stage named `nothing`"),
+    ] {
+        let out = p.cairn(&["resample", target]);
+        out.code_is(2);
+        assert!(out.stderr().contains(message), "{target}: {}", out.stderr());
+    }
+    assert_eq!(draws(&p).len(), 29, "a refused resample records nothing");
+}
+
+#[test]
+fn an_infra_failure_is_retried_inside_its_sample_never_its_verdict() {
+    let p = sampled(1, "{ k = 2 }");
+    let manifest = p
+        .read("cairn.toml")
+        .replace(
+            "mkdir -p state/rollouts",
+            "if [ \"$CAIRN_SAMPLE\" = 1 ] && [ ! -f flaked ]; then touch flaked; exit 75; fi\nmkdir -p state/rollouts",
+        )
+        .replace(
+            "classify = [",
+            "retry = { max = 2, on = [\"infra\"] }\nclassify = [{ exit = 75, as = \"infra\" }, ",
+        );
+    p.file("cairn.toml", &manifest);
+    p.cairn(&["run"]).success();
+    let draws = draws(&p);
+    assert_eq!(draws.len(), 3, "sample 1 attempted twice");
+    let line = &merged(&p)[0];
+    assert_eq!(line["requested"], 2);
+    assert_eq!(line["infra"], 0);
+    assert_eq!(line["valid"], 2, "{line}");
+    let attempts = p.cairn(&["show", "canary/t00#1", "--json"]);
+    attempts.success();
+    let shown: serde_json::Value = serde_json::from_str(&attempts.stdout()).unwrap();
+    let classes: Vec<&str> = shown
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["infra", "failed"], "{shown}");
+}
+
+#[test]
+fn kill_9_mid_sampling_loses_no_finished_sample() {
+    let p = sampled(4, "{ k = 4 }");
+    // Sample t03#3 waits for `release`; the other 15 finish.
+    let manifest = p.read("cairn.toml").replace(
+        "mkdir -p state/rollouts",
+        "if [ \"$CAIRN_ITEM\" = t03 ] && [ \"$CAIRN_SAMPLE\" = 3 ]; then while [ ! -f release ]; do sleep 0.02; done; fi\nmkdir -p state/rollouts",
+    );
+    p.file("cairn.toml", &manifest);
+    let mut cairn = p
+        .command(&["run", "-j", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = p.cairn(&["status", "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&status.stdout()).unwrap_or_default();
+        let items = &json["stages"][0]["items"];
+        let ended =
+            items["ok"].as_u64().unwrap_or(0) + items["verdicts"]["failed"].as_u64().unwrap_or(0);
+        if ended == 15 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "finished samples were not recorded: {json}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cairn.kill().unwrap(); // SIGKILL
+    cairn.wait().unwrap();
+
+    p.file("release", "");
+    p.cairn(&["run"]).success();
+    let draws = draws(&p);
+    let mut count: BTreeMap<(String, u32), usize> = BTreeMap::new();
+    for (item, sample, _) in draws {
+        *count.entry((item, sample)).or_default() += 1;
+    }
+    assert_eq!(count.len(), 16);
+    for ((item, sample), n) in count {
+        let expected = if (item.as_str(), sample) == ("t03", 3) {
+            2
+        } else {
+            1
+        };
+        assert_eq!(n, expected, "{item}#{sample}");
+    }
+    assert_eq!(merged(&p).len(), 4);
+}
+
+#[test]
+fn a_sampled_stage_is_checked_where_it_is_written() {
+    let cases = [
+        (
+            "{ k = 4 }",
+            "state/rollouts/{item.id}.json",
+            "would be one path for every sample",
+        ),
+        ("{ k = 4, pass_at = [1, 8] }", "", "pass@8 of 4 samples"),
+        ("{ seed = 1 }", "", "`samples` without `k`"),
+        (
+            "{ k = 0 }",
+            "",
+            "`samples.k` must be an integer of at least 1",
+        ),
+        (
+            "{ k = 2, errors = \"ignore\" }",
+            "",
+            "`samples.errors` is `ignore`",
+        ),
+        (
+            "{ k = 2, summary = \"nope\" }",
+            "",
+            "names `nope`, which is not an output",
+        ),
+    ];
+    for (samples, result, message) in cases {
+        let p = sampled(2, samples);
+        if !result.is_empty() {
+            let manifest = p.read("cairn.toml").replace(
+                "item_result = \"state/rollouts/{item.id}/{sample.index}.json\"",
+                &format!("item_result = \"{result}\""),
+            );
+            p.file("cairn.toml", &manifest);
+        }
+        let out = p.cairn(&["status"]);
+        out.code_is(2);
+        assert!(
+            out.stderr().contains(message),
+            "{samples}: {}",
+            out.stderr()
+        );
+        assert!(
+            out.stderr().contains("cairn.toml:"),
+            "located: {}",
+            out.stderr()
+        );
+    }
+
+    // `{sample.…}` outside a sampled stage.
+    let p = Project::new();
+    p.file("items.jsonl", "{\"id\": \"a\"}\n");
+    p.file(
+        "cairn.toml",
+        "[pipeline]\nname = \"x\"\n[stages.s]\nforeach = { items = \"items.jsonl\", key = \"id\" }\nrun = \"echo {sample.index}\"\noutputs = { r = \"state/r.jsonl\" }\n",
+    );
+    let out = p.cairn(&["status"]);
+    out.code_is(2);
+    assert!(
+        out.stderr().contains("outside a sampled stage"),
+        "{}",
+        out.stderr()
+    );
+}
