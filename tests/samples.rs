@@ -410,3 +410,135 @@ fn a_sampled_stage_is_checked_where_it_is_written() {
         out.stderr()
     );
 }
+
+#[test]
+fn a_gate_bounds_the_share_of_mixed_train_groups_and_groups_writes_the_train_list() {
+    let p = sampled(12, "{ k = 8, split = \"split\" }");
+    // Train items are t01, t02, t04, t05, t07, t08, t10, t11, passing
+    // 1, 2, 4, 5, 7, 8, 1, 2 of 8: all mixed but t08 (all-1), 7 of 8.
+    let downstream = |min: f64| {
+        format!(
+            r#"
+[stages.mixed-gate]
+uses = "gate"
+inputs = {{ canary = "state/canary.jsonl" }}
+outputs = {{ report = "state/gate.json" }}
+with.checks = [
+  {{ input = "canary", where = [{{ field = "split", equals = "train" }}], share = {{ where = [{{ field = "group", equals = "mixed" }}], min = {min} }} }},
+]
+
+[stages.train-list]
+uses = "groups"
+inputs = {{ samples = "state/canary.jsonl" }}
+needs = ["mixed-gate"]
+outputs = {{ keep = "state/train.jsonl", resample = "state/resample.jsonl", report = "state/groups.json" }}
+with.where = [{{ field = "split", equals = "train" }}]
+"#
+        )
+    };
+    let base = p.read("cairn.toml");
+    p.file("cairn.toml", &(base.clone() + &downstream(0.9)));
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    assert!(
+        out.stderr().contains(
+            "`group = mixed` holds for 7 of 8 records (87.5 %), expected at least 90.0 %"
+        ),
+        "{}",
+        out.stderr()
+    );
+    assert!(
+        !p.exists("state/train.jsonl"),
+        "nothing after a failed gate"
+    );
+
+    p.file("cairn.toml", &(base + &downstream(0.8)));
+    p.cairn(&["run"]).success();
+    let kept: Vec<String> = p
+        .lines("state/train.jsonl")
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(kept, ["t01", "t02", "t04", "t05", "t07", "t10", "t11"]);
+    assert_eq!(p.read("state/resample.jsonl"), "");
+    let report: serde_json::Value = serde_json::from_str(&p.read("state/groups.json")).unwrap();
+    assert_eq!(
+        report["groups"],
+        serde_json::json!({"all-1": 1, "mixed": 7})
+    );
+    assert_eq!(draws(&p).len(), 96, "the canary ran once");
+}
+
+#[test]
+fn a_model_whose_smoke_items_fail_is_isolated_while_the_other_models_canary_completes() {
+    let p = Project::new();
+    let mut items = String::new();
+    for model in ["good", "broken"] {
+        for task in 0..4 {
+            let smoke = task == 0;
+            items.push_str(&format!(
+                "{{\"id\": \"{model}-t{task}\", \"model\": \"{model}\", \"smoke\": {smoke}}}\n"
+            ));
+        }
+    }
+    p.file("trials.jsonl", &items);
+    p.file(
+        "cairn.toml",
+        r#"[pipeline]
+name = "isolated"
+
+[stages.canary]
+foreach = { items = "trials.jsonl", key = "id" }
+isolate = { by = "model", smoke = "smoke" }
+samples = { k = 2 }
+run = 'echo "$CAIRN_ITEM $CAIRN_SAMPLE" >> trials.log; if [ {item.model} = broken ]; then echo "chat template not found" >&2; exit 1; fi'
+outputs = { results = "state/canary.jsonl" }
+"#,
+    );
+    let out = p.cairn(&["run"]);
+    out.success();
+    assert!(
+        out.stderr().contains("group `broken` of `canary` is harness-incompatible: smoke item `broken-t0#0` ended in error; its 6 other item(s) were not run"),
+        "{}",
+        out.stderr()
+    );
+    let ran: BTreeSet<String> = p.lines("trials.log").into_iter().collect();
+    let expected: BTreeSet<String> = (0..4)
+        .flat_map(|t| (0..2).map(move |s| format!("good-t{t} {s}")))
+        .chain(["broken-t0 0".to_owned(), "broken-t0 1".to_owned()])
+        .collect();
+    assert_eq!(
+        ran, expected,
+        "every good trial, and only the broken model's smoke item"
+    );
+    let lines = merged(&p);
+    let line = |key: &str| lines.iter().find(|l| l["key"] == key).unwrap().clone();
+    assert_eq!(line("good-t3")["passed"], 2);
+    assert_eq!(
+        line("broken-t0")["error"],
+        2,
+        "the smoke item's own outcome is kept"
+    );
+    let skipped = line("broken-t2");
+    let classes: Vec<&str> = skipped["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["harness-incompatible", "harness-incompatible"]);
+    // Nothing is recorded for what did not run.
+    let shown = p.cairn(&["show", "canary/broken-t2#0", "--json"]);
+    let attempts: serde_json::Value = serde_json::from_str(&shown.stdout()).unwrap_or_default();
+    assert_eq!(
+        attempts.as_array().map_or(0, Vec::len),
+        0,
+        "{}",
+        shown.stdout()
+    );
+}

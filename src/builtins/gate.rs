@@ -154,14 +154,90 @@ pub fn evaluate(
                 ));
             }
         }
-        results.push(serde_json::json!({
+        let mut line = serde_json::json!({
             "check": n + 1,
             "input": check.input,
             "records": count,
             "spec": check,
-        }));
+        });
+        if let Some(share) = &check.share {
+            let passing = records
+                .iter()
+                .filter(|r| share.filters.iter().all(|p| p.holds(r)))
+                .count();
+            let fraction = (count > 0).then(|| passing as f64 / count as f64);
+            let what = share
+                .filters
+                .iter()
+                .map(describe)
+                .collect::<Vec<_>>()
+                .join(" and ");
+            match fraction {
+                None => fail(format!("no records to take the share of `{what}` in")),
+                Some(f) => {
+                    let shown = format!(
+                        "`{what}` holds for {passing} of {count} records ({:.1} %)",
+                        f * 100.0
+                    );
+                    if let Some(min) = share.min.filter(|&m| f < m) {
+                        fail(format!("{shown}, expected at least {:.1} %", min * 100.0));
+                    }
+                    if let Some(max) = share.max.filter(|&m| f > m) {
+                        fail(format!("{shown}, expected at most {:.1} %", max * 100.0));
+                    }
+                }
+            }
+            line["share"] = serde_json::json!(fraction);
+            line["passing"] = serde_json::json!(passing);
+        }
+        results.push(line);
     }
     (results, failures)
+}
+
+/// A predicate as a reader would write it: `group = mixed`.
+fn describe(predicate: &crate::manifest::settings::Predicate) -> String {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let field = &predicate.field;
+    let mut parts = Vec::new();
+    if let Some(v) = &predicate.equals {
+        parts.push(format!("{field} = {}", text(v)));
+    }
+    if let Some(vs) = &predicate.one_of {
+        parts.push(format!(
+            "{field} in [{}]",
+            vs.iter().map(text).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if let Some(vs) = &predicate.not_in {
+        parts.push(format!(
+            "{field} not in [{}]",
+            vs.iter().map(text).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if let Some(v) = &predicate.contains {
+        parts.push(format!("{field} contains {}", text(v)));
+    }
+    if let Some(m) = predicate.min {
+        parts.push(format!("{field} ≥ {m}"));
+    }
+    if let Some(m) = predicate.max {
+        parts.push(format!("{field} ≤ {m}"));
+    }
+    if let Some(e) = predicate.exists {
+        parts.push(format!(
+            "{field} {}",
+            if e { "exists" } else { "is absent" }
+        ));
+    }
+    if parts.is_empty() {
+        field.clone()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// A record's key; a bare string (an ID list) is its own key.
@@ -233,6 +309,30 @@ mod tests {
         assert!(text.contains("IDs also in `b`: y"), "{text}");
         assert!(text.contains("only here [x], only there [z]"), "{text}");
         assert!(text.contains("outside [0, 1]: y, y"), "{text}");
+    }
+
+    #[test]
+    fn a_share_is_bounded_over_the_records_considered() {
+        let records: Vec<Value> = ["mixed", "mixed", "all-1", "mixed", "all-0"]
+            .iter()
+            .enumerate()
+            .map(|(i, g)| json!({"id": i, "group": g, "split": if i < 4 { "train" } else { "validation" }}))
+            .collect();
+        let inputs = BTreeMap::from([("s".to_owned(), records)]);
+        let check = |min: f64| {
+            json!([{ "input": "s", "where": [{ "field": "split", "equals": "train" }],
+                     "share": { "where": [{ "field": "group", "equals": "mixed" }], "min": min } }])
+        };
+        let (report, failures) = evaluate(&gate(check(0.75)), &inputs);
+        assert!(failures.is_empty(), "{failures:?}");
+        assert_eq!(report[0]["share"], json!(0.75));
+        let (_, failures) = evaluate(&gate(check(0.8)), &inputs);
+        assert_eq!(
+            failures,
+            [
+                "check 1 on `s`: `group = mixed` holds for 3 of 4 records (75.0 %), expected at least 80.0 %"
+            ]
+        );
     }
 
     proptest::proptest! {

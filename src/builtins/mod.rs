@@ -6,6 +6,7 @@
 mod export;
 mod freeze;
 pub mod gate;
+mod groups;
 mod oci_mirror;
 mod register;
 pub mod select;
@@ -98,6 +99,7 @@ pub fn run(name_version: &str, invocation: &str) -> Result<String, BuiltinError>
         "select" => select::run(&invocation),
         "split" => split::run(&invocation),
         "gate" => gate::run(&invocation),
+        "groups" => groups::run(&invocation),
         "oci-mirror" => oci_mirror::run(&invocation),
         "freeze" => freeze::run(&invocation),
         "export" => export::run(&invocation),

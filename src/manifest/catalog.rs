@@ -247,9 +247,45 @@ pub const BUILTINS: &[BuiltinSpec] = &[
             "checks",
             Json,
             true,
-            "`[{ input, count | min_count | max_count | unique | group + max_per_group | same_as | subset_of | disjoint_from | field + min/max, where }]`",
+            "`[{ input, count | min_count | max_count | unique | group + max_per_group | same_as | subset_of | disjoint_from | field + min/max | share = { where, min, max }, where }]`",
         )],
         validate: Some(settings::check_gate),
+    },
+    BuiltinSpec {
+        name: "groups",
+        version: 1,
+        summary: "the items a sampled stage's groups allow to train on (mixed groups; errors to re-sample)",
+        inputs: &[port(
+            "samples",
+            "a sampled stage's merged output (one line per item, with `group`)",
+        )],
+        open_inputs: false,
+        outputs: &[
+            port("keep", "the kept items' records, JSONL"),
+            port(
+                "resample",
+                "the keys of items with a sample in error, JSONL",
+            ),
+            port(
+                "report",
+                "items by group label, kept and to re-sample, JSON",
+            ),
+        ],
+        settings: &[
+            setting(
+                "where",
+                Json,
+                false,
+                "predicates on the lines considered, e.g. `[{ field = \"split\", equals = \"train\" }]`",
+            ),
+            setting(
+                "keep",
+                Json,
+                false,
+                "the group labels kept (default `[\"mixed\"]`; also `all-0`, `all-1`)",
+            ),
+        ],
+        validate: Some(|with, _| settings::check::<settings::GroupsSettings>(with)),
     },
     BuiltinSpec {
         name: "oci-mirror",

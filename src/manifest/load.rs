@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::model::{
-    ClassifyRule, Command, Ended, EnvValue, ErrorsCount, Expect, Foreach, ItemClass, ItemOutput,
-    Link, Manifest, Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec, Resource,
-    ResultCheck, Retry, Samples, Stage,
+    ClassifyRule, Command, Ended, EnvValue, ErrorsCount, Expect, Foreach, Isolate, ItemClass,
+    ItemOutput, Link, Manifest, Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec,
+    Resource, ResultCheck, Retry, Samples, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
@@ -61,6 +61,7 @@ const STAGE_KEYS: &[&str] = &[
     "with",
     "item_outputs",
     "samples",
+    "isolate",
 ];
 const FOREACH_KEYS: &[&str] = &["items", "key"];
 const CLASSIFY_KEYS: &[&str] = &[
@@ -76,7 +77,9 @@ const ITEM_ONLY_KEYS: &[&str] = &[
     "jobs",
     "item_result",
     "samples",
+    "isolate",
 ];
+const ISOLATE_KEYS: &[&str] = &["by", "smoke", "mark"];
 const SAMPLES_KEYS: &[&str] = &["k", "seed", "pass_at", "split", "errors", "summary"];
 /// The most samples of one item: more is a typo, not an evaluation.
 const MAX_SAMPLES: i64 = 10_000;

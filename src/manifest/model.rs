@@ -303,6 +303,21 @@ pub struct Foreach {
     /// Set for a sampled stage: each item runs `k` times, each sample its
     /// own unit.
     pub samples: Option<Samples>,
+    /// Set when groups of items stand or fall on their own smoke items.
+    pub isolate: Option<Isolate>,
+}
+
+/// `isolate = { by = "model", smoke = "smoke", mark = "harness-incompatible" }`:
+/// items are grouped by the field `by`; the items whose field `smoke` is
+/// true run first, and a group whose smoke item ends in `error` (or still
+/// on infrastructure) is marked and its other items skipped, while the
+/// other groups go on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Isolate {
+    pub by: String,
+    pub smoke: String,
+    /// What a skipped item of a marked group is reported as.
+    pub mark: String,
 }
 
 /// `samples = { k, seed, pass_at, split, errors }`: a per-item stage whose

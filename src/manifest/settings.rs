@@ -171,6 +171,22 @@ pub struct SplitSettings {
     pub allow_shortfall: bool,
 }
 
+/// `uses = "groups"`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupsSettings {
+    /// Only lines passing these are considered (e.g. the train split).
+    #[serde(default, rename = "where")]
+    pub filters: Vec<Predicate>,
+    /// The group labels kept (default `mixed`).
+    #[serde(default = "default_keep")]
+    pub keep: Vec<String>,
+}
+
+fn default_keep() -> Vec<String> {
+    vec!["mixed".to_owned()]
+}
+
 /// `uses = "gate"`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -217,6 +233,23 @@ pub struct GateCheck {
     pub min: Option<f64>,
     #[serde(default)]
     pub max: Option<f64>,
+    /// Bounds on the share of the records that pass predicates: "at
+    /// least half of the train groups are mixed".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<Share>,
+}
+
+/// `share = { where = [PREDICATE…], min = 0.5, max = 1.0 }`: of the
+/// records a check considers, the fraction passing `where`, in [0, 1].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    #[serde(rename = "where")]
+    pub filters: Vec<Predicate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
 }
 
 fn default_key() -> String {
@@ -261,6 +294,24 @@ pub fn check_gate(with: &Value, inputs: &[&str]) -> Result<(), String> {
         }
         if (c.min.is_some() || c.max.is_some()) && c.field.is_none() {
             return Err(format!("check {}: `min`/`max` need `field`", n + 1));
+        }
+        if let Some(share) = &c.share {
+            if share.filters.is_empty() || (share.min.is_none() && share.max.is_none()) {
+                return Err(format!(
+                    "check {}: `share` needs `where` (what the share is of) and `min` or `max`",
+                    n + 1
+                ));
+            }
+            if let Some(bound) = [share.min, share.max]
+                .into_iter()
+                .flatten()
+                .find(|b| !(0.0..=1.0).contains(b))
+            {
+                return Err(format!(
+                    "check {}: a share is a fraction from 0 to 1, not {bound} (write 0.5 for half)",
+                    n + 1
+                ));
+            }
         }
     }
     Ok(())

@@ -37,6 +37,10 @@ pub fn referenced_fields(stage: &Stage) -> Vec<String> {
     texts.extend(foreach.result.as_deref());
     texts.extend(foreach.item_outputs.iter().map(|o| o.template.as_str()));
     let mut fields: Vec<String> = Vec::new();
+    if let Some(isolate) = &foreach.isolate {
+        // Every item belongs to a group.
+        fields.push(isolate.by.clone());
+    }
     for text in texts {
         let _ = walk(text, false, |p| {
             if p.namespace == "item" && !fields.iter().any(|f| f == p.name) {

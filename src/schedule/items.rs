@@ -121,6 +121,9 @@ pub struct PlannedItem {
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct ItemCounts {
     pub total: usize,
+    /// In a sampled stage, how many items the `total` samples are of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampled_items: Option<usize>,
     pub ok: usize,
     /// Items with a final verdict, by verdict.
     pub verdicts: BTreeMap<String, usize>,
@@ -137,6 +140,11 @@ impl ItemCounts {
             total: items.len(),
             ..Default::default()
         };
+        if items.iter().any(|p| p.item.sample.is_some()) {
+            let keys: std::collections::HashSet<&str> =
+                items.iter().map(|p| p.item.item_key()).collect();
+            counts.sampled_items = Some(keys.len());
+        }
         for item in items {
             match &item.outcome {
                 None => counts.pending += 1,
@@ -157,7 +165,11 @@ impl ItemCounts {
     }
 
     pub fn summary(&self) -> String {
-        let mut parts = vec![format!("{} items", self.total), format!("{} ok", self.ok)];
+        let total = match self.sampled_items {
+            Some(items) => format!("{} samples of {items} items", self.total),
+            None => format!("{} items", self.total),
+        };
+        let mut parts = vec![total, format!("{} ok", self.ok)];
         for (verdict, n) in &self.verdicts {
             parts.push(format!("{n} {verdict}"));
         }

@@ -98,6 +98,7 @@ impl Checker<'_> {
         let result =
             find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
         let samples = find(table, "samples").and_then(|e| self.samples(e));
+        let isolate = find(table, "isolate").and_then(|e| self.isolate(e));
         if let Some(e) = find(table, "samples").filter(|_| samples.is_some()) {
             // Two samples of one item must not write to one place.
             let unsampled = result
@@ -146,6 +147,7 @@ impl Checker<'_> {
             result,
             result_checks: Vec::new(),
             samples,
+            isolate,
         });
         (foreach, items)
     }
@@ -240,6 +242,42 @@ impl Checker<'_> {
             errors,
             summary,
         })
+    }
+
+    /// `isolate = { by = "FIELD", smoke = "FIELD", mark = "VERDICT" }`.
+    fn isolate(&mut self, entry: &Entry) -> Option<Isolate> {
+        let table = self.expect_table(&entry.value, "`isolate`")?;
+        self.unknown_keys(table, ISOLATE_KEYS, "`isolate`");
+        let Some(by) = find(table, "by").and_then(|e| self.string(&e.value, "`isolate.by`")) else {
+            self.problems.push(
+                Problem::new("`isolate` without `by`", entry.value.span.clone(), "here")
+                    .help("name the item field that groups the items, e.g. `isolate = { by = \"model\", smoke = \"smoke\" }`"),
+            );
+            return None;
+        };
+        let smoke = find(table, "smoke")
+            .and_then(|e| self.string(&e.value, "`isolate.smoke`"))
+            .unwrap_or_else(|| "smoke".to_owned());
+        let mark = match find(table, "mark") {
+            None => "harness-incompatible".to_owned(),
+            Some(e) => {
+                let mark = self.string(&e.value, "`isolate.mark`")?;
+                let verdict = !mark.is_empty()
+                    && !matches!(mark.as_str(), "ok" | "error" | "infra" | "pending")
+                    && mark
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                if !verdict {
+                    self.problems.push(
+                        Problem::new(format!("`isolate.mark` is `{mark}`"), e.value.span.clone(), "not a verdict name")
+                            .help("a marked group's skipped items are reported with a verdict of letters, digits, `-` and `_`, e.g. `harness-incompatible`"),
+                    );
+                    return None;
+                }
+                mark
+            }
+        };
+        Some(Isolate { by, smoke, mark })
     }
 
     /// `classify` and `retry`: how any stage's attempts are classed and

@@ -3,6 +3,9 @@
 //! runs for items no longer wanted cancelled first.
 
 use super::*;
+use std::collections::BTreeMap;
+
+use crate::manifest::Isolate;
 
 impl StageTask {
     /// Runs the unfinished items (each with its own retries), reports every
@@ -115,46 +118,65 @@ impl StageTask {
             uploads: self.uploads.clone(),
             producer: self.producer.clone(),
         });
-        // A bounded window of item tasks: tens of thousands of waiting
-        // futures would cost memory and buy nothing.
-        let mut queue = todo.into_iter();
-        let mut running = JoinSet::new();
-        let mut spawn_next = |running: &mut JoinSet<_>, plan: &[PlannedItem]| {
-            if let Some(index) = queue.next() {
-                let planned = plan[index].clone();
-                let (runner, stage_jobs) = (runner.clone(), stage_jobs.clone());
-                running.spawn(async move {
-                    let _slot = stage_jobs.acquire_owned().await;
-                    (index, runner.run(&planned).await)
-                });
-            }
+        // With `isolate`, each group's smoke items run first; a group one
+        // of them fails is marked, and its other items are not run.
+        let isolate = items.spec.isolate.clone();
+        let (smoke, rest) = match &isolate {
+            None => (todo, Vec::new()),
+            Some(isolate) => todo
+                .into_iter()
+                .partition(|&i| is_smoke(&items.plan[i].item, isolate)),
         };
-        for _ in 0..ITEMS_IN_FLIGHT {
-            spawn_next(&mut running, &items.plan);
-        }
-        let mut stopped = false;
         // Items that ended in error in this run: key, why, last log.
         let mut errors: Vec<(String, Option<String>, Option<PathBuf>)> = Vec::new();
-        while let Some(joined) = running.join_next().await {
-            let (index, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
-            match result? {
-                Some(end) => {
-                    if end.class == ItemClass::Error {
-                        errors.push((items.plan[index].item.key.clone(), end.why, end.log));
-                    }
-                    items.plan[index].outcome = Some((end.class, end.attempts));
-                    items.plan[index].result = end.result;
-                }
-                None => stopped = true,
+        let mut stopped =
+            run_window(&runner, &stage_jobs, &mut items.plan, smoke, &mut errors).await?;
+        let marked = match &isolate {
+            Some(isolate) => failed_groups(&items.plan, isolate),
+            None => BTreeMap::new(),
+        };
+        if !stopped {
+            let rest = rest
+                .into_iter()
+                .filter(|&i| !marked.contains_key(&group_of(&items.plan[i].item, isolate.as_ref())))
+                .collect();
+            stopped = run_window(&runner, &stage_jobs, &mut items.plan, rest, &mut errors).await?;
+        }
+        if let Some(isolate) = &isolate {
+            for (group, (key, class)) in &marked {
+                let skipped = mark_group(&mut items.plan, isolate, group);
+                tracing::warn!(
+                    "group `{group}` of `{}` is {}: smoke item `{key}` ended {class}; its {skipped} other item(s) were not run, the other groups went on",
+                    items.name,
+                    isolate.mark
+                );
             }
-            if !stopped {
-                spawn_next(&mut running, &items.plan);
-            }
+            // A marked group's errors are its mark, not the stage's.
+            errors.retain(|(key, _, _)| {
+                items
+                    .plan
+                    .iter()
+                    .find(|p| &p.item.key == key)
+                    .is_none_or(|p| !marked.contains_key(&group_of(&p.item, Some(isolate))))
+            });
         }
 
         release_windows(held_across).await;
 
+        // The counts that decide the stage leave marked groups out.
         let counts = ItemCounts::of(&items.plan);
+        let judged = match &isolate {
+            Some(isolate) if !marked.is_empty() => {
+                let kept: Vec<PlannedItem> = items
+                    .plan
+                    .iter()
+                    .filter(|p| !marked.contains_key(&group_of(&p.item, Some(isolate))))
+                    .cloned()
+                    .collect();
+                ItemCounts::of(&kept)
+            }
+            _ => counts.clone(),
+        };
         let mut task = TaskResult {
             started: true,
             outcome: Outcome::Success,
@@ -171,10 +193,10 @@ impl StageTask {
                 "stopped before every item ran ({})",
                 counts.summary()
             ));
-        } else if counts.error > items.spec.allow_errors {
+        } else if judged.error > items.spec.allow_errors {
             let mut failure = format!(
                 "{} item(s) ended in error, {} allowed ({})",
-                counts.error,
+                judged.error,
                 items.spec.allow_errors,
                 counts.summary()
             );
@@ -188,16 +210,16 @@ impl StageTask {
                 task.failure_log = log;
             }
             task.failure = Some(failure);
-        } else if counts.infra > 0 {
+        } else if judged.infra > 0 {
             task.failure = Some(format!(
                 "{} item(s) still failing on infrastructure after retries; a later run retries them ({})",
-                counts.infra,
+                judged.infra,
                 counts.summary()
             ));
-        } else if counts.pending > 0 {
+        } else if judged.pending > 0 {
             task.partial = Some(format!(
                 "{} item(s) left for a later run ({})",
-                counts.pending,
+                judged.pending,
                 counts.summary()
             ));
         }
@@ -265,6 +287,103 @@ pub(super) async fn cancel_orphans(orphans: &[(String, Option<Arc<dyn Executor>>
         }
     }
     cancelled
+}
+
+/// Runs the items `todo` of `plan` in a bounded window, each with its own
+/// retries, and notes each outcome in `plan` (and each error in `errors`).
+/// `true` if the run stopped first.
+async fn run_window(
+    runner: &Arc<ItemRunner>,
+    stage_jobs: &Arc<Semaphore>,
+    plan: &mut [PlannedItem],
+    todo: Vec<usize>,
+    errors: &mut Vec<(String, Option<String>, Option<PathBuf>)>,
+) -> Result<bool, ScheduleError> {
+    // A bounded window of item tasks: tens of thousands of waiting
+    // futures would cost memory and buy nothing.
+    let mut queue = todo.into_iter();
+    let mut running = JoinSet::new();
+    let mut spawn_next = |running: &mut JoinSet<_>, plan: &[PlannedItem]| {
+        if let Some(index) = queue.next() {
+            let planned = plan[index].clone();
+            let (runner, stage_jobs) = (runner.clone(), stage_jobs.clone());
+            running.spawn(async move {
+                let _slot = stage_jobs.acquire_owned().await;
+                (index, runner.run(&planned).await)
+            });
+        }
+    };
+    for _ in 0..ITEMS_IN_FLIGHT {
+        spawn_next(&mut running, plan);
+    }
+    let mut stopped = false;
+    while let Some(joined) = running.join_next().await {
+        let (index, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
+        match result? {
+            Some(end) => {
+                if end.class == ItemClass::Error {
+                    errors.push((plan[index].item.key.clone(), end.why, end.log));
+                }
+                plan[index].outcome = Some((end.class, end.attempts));
+                plan[index].result = end.result;
+            }
+            None => stopped = true,
+        }
+        if !stopped {
+            spawn_next(&mut running, plan);
+        }
+    }
+    Ok(stopped)
+}
+
+/// Whether `item` is a smoke item of its group (its `smoke` field true).
+fn is_smoke(item: &Item, isolate: &Isolate) -> bool {
+    item.value.get(&isolate.smoke) == Some(&serde_json::Value::Bool(true))
+}
+
+/// The group `item` belongs to (its `by` field as text).
+fn group_of(item: &Item, isolate: Option<&Isolate>) -> String {
+    let Some(isolate) = isolate else {
+        return String::new();
+    };
+    match item.value.get(&isolate.by) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
+/// The groups a smoke item failed (ended in error, or still on
+/// infrastructure): group → (the first such item's key, how it ended).
+fn failed_groups(plan: &[PlannedItem], isolate: &Isolate) -> BTreeMap<String, (String, String)> {
+    let mut failed = BTreeMap::new();
+    let mut smoke: Vec<&PlannedItem> = plan.iter().filter(|p| is_smoke(&p.item, isolate)).collect();
+    smoke.sort_by(|a, b| a.item.key.cmp(&b.item.key));
+    for planned in smoke {
+        let ended = match &planned.outcome {
+            Some((ItemClass::Error, _)) => "in error",
+            Some((ItemClass::Infra, _)) => "on infrastructure",
+            _ => continue,
+        };
+        failed
+            .entry(group_of(&planned.item, Some(isolate)))
+            .or_insert_with(|| (planned.item.key.clone(), ended.to_owned()));
+    }
+    failed
+}
+
+/// Reports the items of a marked group that did not run as its mark (in
+/// this run's output only: nothing is recorded for what did not run, so a
+/// later run tries the group again); how many.
+fn mark_group(plan: &mut [PlannedItem], isolate: &Isolate, group: &str) -> usize {
+    let mut skipped = 0;
+    for planned in plan.iter_mut() {
+        if group_of(&planned.item, Some(isolate)) == group && planned.outcome.is_none() {
+            planned.outcome = Some((ItemClass::Verdict(isolate.mark.clone()), 0));
+            skipped += 1;
+        }
+    }
+    skipped
 }
 
 /// How many items of one stage are in flight (waiting for a slot or
