@@ -542,3 +542,18 @@ outputs = { results = "state/canary.jsonl" }
         shown.stdout()
     );
 }
+
+#[test]
+fn an_unchanged_task_list_rewritten_in_another_order_draws_nothing() {
+    let p = sampled(6, "{ k = 3 }");
+    p.cairn(&["run"]).success();
+    let before = p.read("state/canary.jsonl");
+    let mut lines = p.lines("items.jsonl");
+    lines.reverse();
+    p.file("items.jsonl", &(lines.join("\n") + "\n"));
+    let out = p.cairn(&["run"]);
+    out.success();
+    assert!(out.stderr().contains("0 ran, 1 fresh"), "{}", out.stderr());
+    assert_eq!(draws(&p).len(), 18);
+    assert_eq!(p.read("state/canary.jsonl"), before);
+}

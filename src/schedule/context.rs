@@ -287,8 +287,12 @@ impl<'m> Context<'m> {
             let code = key.fingerprint();
             self.item_codes.insert(i, code);
             let items = self.plan_items(i, &code)?;
+            // In key order: the list's order is not part of the stage
+            // (its merged output is in key order too).
+            let mut sorted: Vec<&PlannedItem> = items.iter().collect();
+            sorted.sort_by(|a, b| a.item.key.cmp(&b.item.key));
             let mut listing = Vec::with_capacity(items.len() * 48);
-            for planned in &items {
+            for planned in sorted {
                 listing.extend_from_slice(planned.item.key.as_bytes());
                 listing.push(0);
                 listing.extend_from_slice(planned.fingerprint.as_bytes());
