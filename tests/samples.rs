@@ -557,3 +557,74 @@ fn an_unchanged_task_list_rewritten_in_another_order_draws_nothing() {
     assert_eq!(draws(&p).len(), 18);
     assert_eq!(p.read("state/canary.jsonl"), before);
 }
+
+#[test]
+fn two_models_on_the_same_tasks_are_compared_pairwise() {
+    let p = Project::new();
+    let mut items = String::new();
+    for (model, passing) in [("a", 8), ("b", 3)] {
+        for task in 0..10 {
+            items.push_str(&format!(
+                "{{\"id\": \"{model}-t{task}\", \"model\": \"{model}\", \"task\": \"t{task}\", \"pass\": {}}}\n",
+                task < passing
+            ));
+        }
+    }
+    p.file("trials.jsonl", &items);
+    p.file(
+        "cairn.toml",
+        r#"[pipeline]
+name = "compared"
+
+[stages.canary]
+foreach = { items = "trials.jsonl", key = "id" }
+samples = { k = 1, summary = "passk", compare = { by = "model", on = "task" } }
+run = '{item.pass}'
+classify = [{ exit = 1, as = "failed" }]
+outputs = { results = "state/canary.jsonl", passk = "state/passk.json" }
+"#,
+    );
+    p.cairn(&["run"]).success();
+    let report = summary(&p);
+    let pair = &report["comparisons"][0];
+    assert_eq!(pair["a"], "a");
+    assert_eq!(pair["b"], "b");
+    assert_eq!(pair["paired_items"], 10);
+    assert_eq!(pair["pass_rate_a"], 0.8);
+    assert_eq!(pair["pass_rate_b"], 0.3);
+    let difference = pair["difference"].as_f64().unwrap();
+    assert!((difference - 0.5).abs() < 1e-12, "{pair}");
+    let (low, high) = (
+        pair["interval95"][0].as_f64().unwrap(),
+        pair["interval95"][1].as_f64().unwrap(),
+    );
+    assert!(
+        low > 0.0 && low < 0.5 && high >= 0.5 && high <= 1.0,
+        "{pair}"
+    );
+    // Tasks 3 to 7: a passes, b fails; none the other way round.
+    assert_eq!(pair["mcnemar"]["a_only"], 5);
+    assert_eq!(pair["mcnemar"]["b_only"], 0);
+    let p_value = pair["mcnemar"]["p"].as_f64().unwrap();
+    assert!((p_value - 2.0 / 32.0).abs() < 1e-12, "{pair}");
+
+    // `show` says the same, from the ledger.
+    let shown = p.cairn(&["show", "canary"]);
+    shown.success();
+    let text = shown.stdout();
+    assert!(
+        text.contains("20 items, 20 requested, 20 valid, 0 error, pass@1 0.550"),
+        "{text}"
+    );
+    assert!(
+        text.contains("a vs b      +0.500 pass rate (95 % "),
+        "{text}"
+    );
+    assert!(
+        text.contains("over 10 paired items; McNemar p = 0.0625"),
+        "{text}"
+    );
+    let json = p.cairn(&["show", "canary", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&json.stdout()).unwrap();
+    assert_eq!(json["samples"]["comparisons"][0], *pair);
+}

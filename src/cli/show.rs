@@ -28,6 +28,10 @@ struct ShowJson<'a> {
     /// fingerprint, oldest first (each item's are under `STAGE/KEY`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     attempts: Vec<ItemAttempt>,
+    /// A sampled stage's summary over the samples recorded now (the keys
+    /// of its `samples.summary` output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    samples: Option<serde_json::Value>,
 }
 
 pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
@@ -78,6 +82,12 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         _ => Vec::new(),
     };
 
+    let samples = stage
+        .foreach
+        .as_ref()
+        .and_then(|f| f.samples.as_ref())
+        .zip(ctx.item_plans.get(&target[0]))
+        .map(|(samples, plan)| schedule::sampled_summary(&stage.name, plan, samples));
     if args.json {
         render::json(&ShowJson {
             stage: &stage.name,
@@ -93,6 +103,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
             last_ok,
             last_attempt,
             attempts,
+            samples,
         })?;
         return Ok(());
     }
@@ -164,7 +175,76 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         let classes: Vec<&str> = attempts.iter().map(|a| a.class.as_str()).collect();
         outln!("attempts     {}", classes.join(", "));
     }
+    if let (Some(summary), Some(spec)) = (
+        &samples,
+        stage.foreach.as_ref().and_then(|f| f.samples.as_ref()),
+    ) {
+        for line in sample_lines(summary, spec) {
+            outln!("{line}");
+        }
+    }
     Ok(())
+}
+
+/// A sampled stage's figures: per stage and sub-list, then each paired
+/// comparison.
+fn sample_lines(summary: &serde_json::Value, spec: &crate::manifest::Samples) -> Vec<String> {
+    let mut lines = vec![
+        format!("samples      {}", spec.describe()),
+        format!(
+            "             pass@k over the {} denominator",
+            summary["denominator"].as_str().unwrap_or("requested")
+        ),
+    ];
+    let line = |name: &str, figures: &serde_json::Value| {
+        let mut text = format!(
+            "  {name:<11} {} items, {} requested, {} valid, {} error",
+            figures["items"], figures["requested"], figures["valid"], figures["error"]
+        );
+        if let Some(pending) = figures["pending"].as_u64() {
+            text.push_str(&format!(", {pending} not drawn yet"));
+        }
+        for k in &spec.pass_at {
+            match figures[format!("pass@{k}")].as_f64() {
+                Some(p) => text.push_str(&format!(", pass@{k} {p:.3}")),
+                None => text.push_str(&format!(", pass@{k} —")),
+            }
+        }
+        let groups: Vec<String> = figures["groups"]
+            .as_object()
+            .map(|g| g.iter().map(|(label, n)| format!("{n} {label}")).collect())
+            .unwrap_or_default();
+        text.push_str(&format!("; groups {}", groups.join(", ")));
+        text
+    };
+    lines.push(line("all", &summary["all"]));
+    if let Some(splits) = summary["splits"].as_object() {
+        for (name, figures) in splits {
+            lines.push(line(name, figures));
+        }
+    }
+    for pair in summary["comparisons"].as_array().into_iter().flatten() {
+        let name = format!(
+            "{} vs {}",
+            pair["a"].as_str().unwrap_or("?"),
+            pair["b"].as_str().unwrap_or("?")
+        );
+        let Some(difference) = pair["difference"].as_f64() else {
+            lines.push(format!("  {name:<11} no items in common"));
+            continue;
+        };
+        let mut text = format!(
+            "  {name:<11} {difference:+.3} pass rate (95 % {:+.3} to {:+.3}) over {} paired items",
+            pair["interval95"][0].as_f64().unwrap_or(f64::NAN),
+            pair["interval95"][1].as_f64().unwrap_or(f64::NAN),
+            pair["paired_items"]
+        );
+        if let Some(p) = pair["mcnemar"]["p"].as_f64() {
+            text.push_str(&format!("; McNemar p = {p:.4}"));
+        }
+        lines.push(text);
+    }
+    lines
 }
 
 /// `cairn show STAGE --items [--code FINGERPRINT]`: the recorded outcomes

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::error::{LoadError, ManifestErrors, Problem};
 use super::model::{
-    ClassifyRule, Command, Ended, EnvValue, ErrorsCount, Expect, Foreach, Isolate, ItemClass,
-    ItemOutput, Link, Manifest, Named, OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec,
-    Resource, ResultCheck, Retry, Samples, Stage,
+    ClassifyRule, Command, Compare, Ended, EnvValue, ErrorsCount, Expect, Foreach, Isolate,
+    ItemClass, ItemOutput, Link, Manifest, Named, OutputIndex, PathDecl, ProjectPath,
+    RemoteCacheSpec, Resource, ResultCheck, Retry, Samples, Stage,
 };
 use super::raw::{self, Entry, Node, NodeKind, Span};
 
@@ -80,7 +80,10 @@ const ITEM_ONLY_KEYS: &[&str] = &[
     "isolate",
 ];
 const ISOLATE_KEYS: &[&str] = &["by", "smoke", "mark"];
-const SAMPLES_KEYS: &[&str] = &["k", "seed", "pass_at", "split", "errors", "summary"];
+const SAMPLES_KEYS: &[&str] = &[
+    "k", "seed", "pass_at", "split", "errors", "summary", "compare",
+];
+const COMPARE_KEYS: &[&str] = &["by", "on"];
 /// The most samples of one item: more is a typo, not an evaluation.
 const MAX_SAMPLES: i64 = 10_000;
 

@@ -341,6 +341,18 @@ pub struct Samples {
     /// The output the stage's summary (JSON: pass@k per stage and
     /// sub-list, groups, denominators) is written to, if any.
     pub summary: Option<String>,
+    /// Groups compared pairwise on the same items, in the summary.
+    pub compare: Option<Compare>,
+}
+
+/// `compare = { by = "model", on = "task_id" }`: the items of each pair of
+/// groups (values of `by`) are paired by `on`, and their pass rates
+/// compared: the mean difference with a paired bootstrap interval, and
+/// McNemar's exact test when each item has one sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compare {
+    pub by: String,
+    pub on: String,
 }
 
 impl Samples {

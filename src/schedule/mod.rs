@@ -23,6 +23,7 @@ pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
 pub use item_fields::check_item_lists;
 pub use items::{ItemCounts, load_items};
+pub use samples::summary as sampled_summary;
 pub use status::{StageStatus, State, evaluate};
 pub use task::Only;
 pub use transfer::{Pulled, Pushed, pull, push, remote_summary};

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::items::PlannedItem;
 use crate::fingerprint::canonical_json;
-use crate::manifest::{ErrorsCount, ItemClass, Samples};
+use crate::manifest::{Compare, ErrorsCount, ItemClass, Samples};
 
 /// The unbiased estimator of pass@k from `n` samples of which `c` passed:
 /// 1 − C(n−c, k) / C(n, k), the chance that k of the n drawn without
@@ -150,6 +150,9 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples) -> Value {
         "denominator": denominator_name(samples.errors),
         "all": all.to_json(samples),
     });
+    if let Some(compare) = &samples.compare {
+        out["comparisons"] = Value::Array(comparisons(plan, samples, compare));
+    }
     if let Some(field) = &samples.split {
         out["split_by"] = Value::String(field.clone());
         out["splits"] = splits
@@ -159,6 +162,141 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples) -> Value {
             .into();
     }
     out
+}
+
+/// Resamples of the paired bootstrap.
+const BOOTSTRAP: usize = 10_000;
+
+/// Every pair of groups (values of `by`, in order) on the items they share
+/// (by `on`): pass rates, their mean difference with a 95 % paired
+/// bootstrap interval over the shared items, and, when every item has one
+/// counted sample, McNemar's exact test.
+fn comparisons(plan: &[PlannedItem], samples: &Samples, compare: &Compare) -> Vec<Value> {
+    // group → paired-on value → (passed, denominator)
+    let mut groups: BTreeMap<String, BTreeMap<String, (u32, u32)>> = BTreeMap::new();
+    for (_, units) in by_item(plan) {
+        let value = &units[0].item.value;
+        let (Some(group), Some(on)) = (text_of(value, &compare.by), text_of(value, &compare.on))
+        else {
+            continue;
+        };
+        let mut tally = Tally::default();
+        for unit in &units {
+            tally.add(unit.outcome.as_ref().map(|(c, _)| c));
+        }
+        let n = tally.denominator(samples.errors);
+        if n > 0 {
+            groups
+                .entry(group)
+                .or_default()
+                .insert(on, (tally.passed, n));
+        }
+    }
+    let names: Vec<&String> = groups.keys().collect();
+    let mut out = Vec::new();
+    for (i, a) in names.iter().enumerate() {
+        for b in &names[i + 1..] {
+            let (left, right) = (&groups[*a], &groups[*b]);
+            let pairs: Vec<((u32, u32), (u32, u32))> = left
+                .iter()
+                .filter_map(|(on, l)| right.get(on).map(|r| (*l, *r)))
+                .collect();
+            out.push(compare_pair(a, b, &pairs, samples.seed));
+        }
+    }
+    out
+}
+
+fn compare_pair(a: &str, b: &str, pairs: &[((u32, u32), (u32, u32))], seed: u64) -> Value {
+    let rate = |(passed, n): (u32, u32)| f64::from(passed) / f64::from(n);
+    let differences: Vec<f64> = pairs.iter().map(|(l, r)| rate(*l) - rate(*r)).collect();
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len() as f64;
+    let mut out = json!({
+        "a": a,
+        "b": b,
+        "paired_items": pairs.len(),
+    });
+    if pairs.is_empty() {
+        return out;
+    }
+    out["pass_rate_a"] = json!(mean(
+        &pairs.iter().map(|(l, _)| rate(*l)).collect::<Vec<_>>()
+    ));
+    out["pass_rate_b"] = json!(mean(
+        &pairs.iter().map(|(_, r)| rate(*r)).collect::<Vec<_>>()
+    ));
+    out["difference"] = json!(mean(&differences));
+    let (low, high) = bootstrap_interval(&differences, seed);
+    out["interval95"] = json!([low, high]);
+    out["bootstrap_resamples"] = json!(BOOTSTRAP);
+    if pairs.iter().all(|((_, n), (_, m))| *n == 1 && *m == 1) {
+        let a_only = pairs
+            .iter()
+            .filter(|((p, _), (q, _))| *p == 1 && *q == 0)
+            .count() as u64;
+        let b_only = pairs
+            .iter()
+            .filter(|((p, _), (q, _))| *p == 0 && *q == 1)
+            .count() as u64;
+        out["mcnemar"] = json!({
+            "a_only": a_only,
+            "b_only": b_only,
+            "p": mcnemar_exact(a_only, b_only),
+        });
+    }
+    out
+}
+
+/// The 2.5th and 97.5th percentiles of the mean of `values` resampled with
+/// replacement, from a generator seeded by `seed`: the same outcomes give
+/// the same interval.
+pub fn bootstrap_interval(values: &[f64], seed: u64) -> (f64, f64) {
+    let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        // splitmix64
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let n = values.len() as u64;
+    let mut means: Vec<f64> = (0..BOOTSTRAP)
+        .map(|_| {
+            let sum: f64 = (0..n).map(|_| values[(next() % n) as usize]).sum();
+            sum / n as f64
+        })
+        .collect();
+    means.sort_by(f64::total_cmp);
+    let at = |q: f64| means[((q * (BOOTSTRAP - 1) as f64).round() as usize).min(BOOTSTRAP - 1)];
+    (at(0.025), at(0.975))
+}
+
+/// McNemar's exact test: the two-sided p-value of `b` and `c` discordant
+/// pairs under Binomial(b + c, 1/2).
+pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    // ln C(n, i) − n ln 2, summed up to min(b, c), in log space (n may be
+    // past where 2^−n underflows).
+    let mut ln_pmf = -(n as f64) * std::f64::consts::LN_2;
+    let mut tail = ln_pmf.exp();
+    for i in 1..=b.min(c) {
+        ln_pmf += ((n - i + 1) as f64).ln() - (i as f64).ln();
+        tail += ln_pmf.exp();
+    }
+    (2.0 * tail).min(1.0)
+}
+
+/// A field of an item as text (strings as they are, others as JSON).
+fn text_of(value: &Value, field: &str) -> Option<String> {
+    match value.get(field)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
 }
 
 fn denominator_name(errors: ErrorsCount) -> &'static str {
@@ -301,6 +439,31 @@ mod tests {
         assert_eq!(pass_at_k(8, 1, 8), Some(1.0));
         assert_eq!(pass_at_k(4, 1, 8), None);
         assert_eq!(pass_at_k(0, 0, 1), None);
+    }
+
+    #[test]
+    fn mcnemar_matches_the_binomial_tail() {
+        // 1 vs 7 discordant pairs: 2 · (C(8,0) + C(8,1)) / 2^8 = 18 / 256.
+        assert!((mcnemar_exact(1, 7) - 18.0 / 256.0).abs() < 1e-12);
+        assert!((mcnemar_exact(7, 1) - 18.0 / 256.0).abs() < 1e-12);
+        assert_eq!(mcnemar_exact(4, 4), 1.0);
+        assert_eq!(mcnemar_exact(0, 0), 1.0);
+        // Far past where 2^-n underflows.
+        let p = mcnemar_exact(400, 600);
+        assert!(p > 0.0 && p < 1e-9, "{p}");
+    }
+
+    #[test]
+    fn the_bootstrap_interval_holds_the_mean_and_is_seeded() {
+        let values: Vec<f64> = (0..40)
+            .map(|i| if i % 4 == 0 { 1.0 } else { 0.0 })
+            .collect();
+        let (low, high) = bootstrap_interval(&values, 3);
+        assert!(low < 0.25 && 0.25 < high, "{low} {high}");
+        assert!(low > 0.05 && high < 0.45, "{low} {high}");
+        assert_eq!(bootstrap_interval(&values, 3), (low, high));
+        let same = vec![0.5; 10];
+        assert_eq!(bootstrap_interval(&same, 1), (0.5, 0.5));
     }
 
     #[test]

@@ -234,6 +234,25 @@ impl Checker<'_> {
         };
         let summary =
             find(table, "summary").and_then(|e| self.string(&e.value, "`samples.summary`"));
+        let compare = match find(table, "compare") {
+            None => None,
+            Some(e) => {
+                let spec = self.expect_table(&e.value, "`samples.compare`")?;
+                self.unknown_keys(spec, COMPARE_KEYS, "`samples.compare`");
+                let by = find(spec, "by").and_then(|e| self.string(&e.value, "`compare.by`"));
+                let on = find(spec, "on").and_then(|e| self.string(&e.value, "`compare.on`"));
+                match (by, on) {
+                    (Some(by), Some(on)) => Some(Compare { by, on }),
+                    _ => {
+                        self.problems.push(
+                            Problem::new("`samples.compare` needs `by` and `on`", e.value.span.clone(), "here")
+                                .help("name the field whose values are compared and the field that pairs their items, e.g. `compare = { by = \"model\", on = \"task_id\" }`"),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
         Some(Samples {
             k,
             seed,
@@ -241,6 +260,7 @@ impl Checker<'_> {
             split,
             errors,
             summary,
+            compare,
         })
     }
 
