@@ -164,6 +164,9 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples) -> Value {
     out
 }
 
+/// One item's (passes, denominator) in each of two compared groups.
+type Paired = ((u32, u32), (u32, u32));
+
 /// Resamples of the paired bootstrap.
 const BOOTSTRAP: usize = 10_000;
 
@@ -197,7 +200,7 @@ fn comparisons(plan: &[PlannedItem], samples: &Samples, compare: &Compare) -> Ve
     for (i, a) in names.iter().enumerate() {
         for b in &names[i + 1..] {
             let (left, right) = (&groups[*a], &groups[*b]);
-            let pairs: Vec<((u32, u32), (u32, u32))> = left
+            let pairs: Vec<Paired> = left
                 .iter()
                 .filter_map(|(on, l)| right.get(on).map(|r| (*l, *r)))
                 .collect();
@@ -207,7 +210,7 @@ fn comparisons(plan: &[PlannedItem], samples: &Samples, compare: &Compare) -> Ve
     out
 }
 
-fn compare_pair(a: &str, b: &str, pairs: &[((u32, u32), (u32, u32))], seed: u64) -> Value {
+fn compare_pair(a: &str, b: &str, pairs: &[Paired], seed: u64) -> Value {
     let rate = |(passed, n): (u32, u32)| f64::from(passed) / f64::from(n);
     let differences: Vec<f64> = pairs.iter().map(|(l, r)| rate(*l) - rate(*r)).collect();
     let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len() as f64;
