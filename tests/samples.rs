@@ -599,7 +599,7 @@ outputs = { results = "state/canary.jsonl", passk = "state/passk.json" }
         pair["interval95"][1].as_f64().unwrap(),
     );
     assert!(
-        low > 0.0 && low < 0.5 && high >= 0.5 && high <= 1.0,
+        low > 0.0 && low < 0.5 && (0.5..=1.0).contains(&high),
         "{pair}"
     );
     // Tasks 3 to 7: a passes, b fails; none the other way round.
