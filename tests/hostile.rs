@@ -191,12 +191,7 @@ fn shipped_per_item_stages() -> String {
     .unwrap();
     let mut manifest: toml::Table = shipped.parse().unwrap();
     let stages = manifest["stages"].as_table_mut().unwrap();
-    stages.retain(|name, _| {
-        matches!(
-            name,
-            "materialize" | "static-filter" | "oracle" | "canary-smoke"
-        )
-    });
+    stages.retain(|name, _| matches!(name, "materialize" | "static-filter" | "oracle" | "canary"));
     stages["materialize"]
         .as_table_mut()
         .unwrap()
@@ -252,7 +247,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
     p.file(&format!("{state}/plan/main.jsonl"), &plan);
     // What the mirror would list: the oracle's items.
     p.file(&format!("{state}/images.jsonl"), &plan);
-    p.file(&format!("{state}/canary/smoke.jsonl"), &smoke);
+    p.file(&format!("{state}/canary/trials.jsonl"), &smoke);
 
     p.cairn(&["-f", "pipelines/swesmith-curation.toml", "run"])
         .success();
@@ -292,7 +287,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
                 field.to_string(),
                 id.clone(),
                 format!("{state}/registered.json"),
-                format!("{state}/canary/smoke/{field}/{id}.json"),
+                format!("{state}/canary/trials/{field}/{id}/0.json"),
             ],
         ];
         for argv in expected {

@@ -306,26 +306,28 @@ def registered(receipt_path):
 
 
 def canary_lists(args):
-    receipt, smoke, full, n_val, n_train = args[0], args[1], args[2], int(args[3]), int(args[4])
-    models = args[5].split(",")
+    receipt, trials, n_val, n_train = args[0], args[1], int(args[2]), int(args[3])
+    models = args[4].split(",")
     # Each trial runs in its task's mirrored image when the mirror went to
     # a registry (`reference`: pulled by digest); a layout has none.
-    images = {r["id"]: r["reference"] for r in read_jsonl(args[6]) if r.get("reference")} if len(args) > 6 else {}
+    images = {r["id"]: r["reference"] for r in read_jsonl(args[5]) if r.get("reference")} if len(args) > 5 else {}
     _, manifest = registered(receipt)
     by_hash = lambda ids: sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
     val_split = "val" if "val" in manifest["splits"] else sorted(manifest["splits"])[0]
     val = by_hash(manifest["splits"].get(val_split, []))[:n_val]
     train = by_hash(manifest["splits"].get("train", []))[:n_train]
     lists = [(f"validation{len(val)}", val), (f"train{len(train)}", train)]
+    # Each model's first task is its smoke task: run first, and a harness
+    # that cannot complete it marks the model, not the canary.
+    first = (lists[0][1][:1] or lists[1][1][:1])
     def trial(model, task, name):
-        item = {"key": f"{model}:{task}", "model": model, "task": task, "list": name}
+        item = {"key": f"{model}:{task}", "model": model, "task": task, "list": name,
+                "smoke": task in first}
         if task in images:
             item["reference"] = images[task]
         return item
 
-    write_jsonl(full, [trial(m, t, name) for m in models for name, tasks in lists for t in tasks])
-    first = lists[0][1][:1] or lists[1][1][:1]
-    write_jsonl(smoke, [trial(m, t, "smoke") for m in models for t in first])
+    write_jsonl(trials, [trial(m, t, name) for m in models for name, tasks in lists for t in tasks])
 
 
 def canary(args):
@@ -339,11 +341,13 @@ def canary(args):
     # The first attempt of some trials fails on infrastructure (the model
     # server drops the connection); cairn retries it.
     attempt = int(os.environ.get("CAIRN_ATTEMPT", "1"))
-    if frac(model_name, task_id, "canary") < model["infra_rate"] and attempt == 1:
+    seed = os.environ.get("CAIRN_SEED", "0")
+    if frac(model_name, task_id, "canary", seed) < model["infra_rate"] and attempt == 1:
         print("vLLM server: connection reset by peer", file=sys.stderr)
         sys.exit(75)
-    empty = frac(model["revision"], task_id, "empty") < model["empty_rate"]
-    solves = frac(model_name, task_id, "solve") < model["accuracy"]
+    # A sample is a draw: its seed decides, so a task's samples differ.
+    empty = frac(model["revision"], task_id, "empty", seed) < model["empty_rate"]
+    solves = frac(model_name, task_id, "solve", seed) < model["accuracy"]
     trajectory = [] if empty else [
         {"role": "assistant", "content": f"Reading {meta['test']} to understand the failure."},
         {"role": "tool", "content": "1 failed"},
@@ -358,40 +362,54 @@ def canary(args):
         passed = (not empty) and run_tests(repo, meta["test"])
     write_json(result, {"model": model_name, "task": task_id, "turns": len(trajectory),
                         "reward": 1 if passed else 0, "model_revision": model["revision"],
-                        "attempt": attempt})
+                        "attempt": attempt, "seed": int(seed)})
     print(f"{model_name} {task_id}: reward {1 if passed else 0}, {len(trajectory)} turns")
 
 
 def canary_report(args):
-    results, out = args
+    results, summary_path, out = args
     rows = read_jsonl(results)
+    with open(summary_path) as f:
+        summary = json.load(f)
+    k = summary["samples"]["k"]
     stats = {}
     for r in rows:
         item = r["item"]
-        s = stats.setdefault(item["model"], {}).setdefault(
-            item["list"], {"n": 0, "pass": 0, "error": 0, "other": 0, "infra": 0})
-        s["n"] += 1
-        # Attempts before the one recorded failed on infrastructure (only
-        # infrastructure failures are retried).
-        s["infra"] += max(0, (r.get("result") or {}).get("attempt", 1) - 1)
-        if r["class"] == "ok":
-            s["pass"] += r.get("result", {}).get("reward", 0)
-        elif r["class"] == "error":
-            s["error"] += 1
-        else:
-            s["other"] += 1
+        s = stats.setdefault(item["model"], {}).setdefault(item["list"], {
+            "tasks": 0, "requested": 0, "valid": 0, "error": 0, "passed": 0,
+            "marked": 0, "pass1": 0.0, "passk": 0.0, "mixed": 0})
+        s["tasks"] += 1
+        s["requested"] += r["requested"]
+        s["valid"] += r["valid"]
+        s["error"] += r["error"]
+        s["passed"] += r["passed"]
+        s["pass1"] += r["pass@1"] or 0.0
+        s["passk"] += r[f"pass@{k}"] or 0.0
+        s["mixed"] += r["group"] == "mixed"
+        for sample in r["samples"]:
+            if sample["class"] not in ("ok", "failed", "error"):
+                s["marked"] += 1
     lines = ["# Canary", "",
-             "pass@1 per model and sub-list, over valid trials. Trials in `error` (an empty",
-             "trajectory) are counted, never passes. Infrastructure failures are retried and",
-             "counted here, never a verdict; each is in the ledger (`cairn show canary/MODEL/TASK`).", "",
-             "| model | list | tasks | passed | errors | infra attempts | pass@1 (valid trials) |",
-             "|---|---|---|---|---|---|---|"]
+             f"Each task sampled k = {k} times (seeds {summary['samples']['seed']} + sample index; a",
+             "re-drawn sample's own seed is in the ledger). pass@1 and pass@k by the unbiased",
+             "estimator over the requested denominator: a trial in `error` (an empty trajectory)",
+             "counts as a fail and is never dropped; the valid denominator is shown beside it.",
+             "Infrastructure failures are retried inside their sample, never a verdict; every",
+             "attempt is in the ledger (`cairn show canary/MODEL:TASK#SAMPLE`). A model whose",
+             "smoke task never completes is marked harness-incompatible and not run further.", "",
+             f"| model | list | tasks | samples requested | valid | errors | marked | passed | pass@1 | pass@{k} | mixed groups |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in sorted(stats):
         for name in sorted(stats[model]):
             s = stats[model][name]
-            valid = s["n"] - s["error"] - s["other"]
-            rate = f"{s['pass'] / valid:.3f}" if valid else "—"
-            lines.append(f"| {model} | {name} | {s['n']} | {s['pass']} | {s['error']} | {s['infra']} | {rate} |")
+            tasks = s["tasks"]
+            lines.append(f"| {model} | {name} | {tasks} | {s['requested']} | {s['valid']} | {s['error']} | {s['marked']} | "
+                         f"{s['passed']} | {s['pass1'] / tasks:.3f} | {s['passk'] / tasks:.3f} | {s['mixed']} |")
+    for pair in summary.get("comparisons", []):
+        if "difference" in pair:
+            low, high = pair["interval95"]
+            lines += ["", f"{pair['a']} − {pair['b']}: {pair['difference']:+.3f} pass rate over "
+                      f"{pair['paired_items']} paired tasks (95 % paired bootstrap {low:+.3f} to {high:+.3f})."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
 

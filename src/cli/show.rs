@@ -87,7 +87,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         .as_ref()
         .and_then(|f| f.samples.as_ref())
         .zip(ctx.item_plans.get(&target[0]))
-        .map(|(samples, plan)| schedule::sampled_summary(&stage.name, plan, samples));
+        .map(|(samples, plan)| schedule::sampled_summary(&stage.name, plan, samples, None));
     if args.json {
         render::json(&ShowJson {
             stage: &stage.name,

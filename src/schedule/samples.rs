@@ -46,12 +46,17 @@ pub struct Tally {
     pub infra: u32,
     /// Not attempted yet.
     pub pending: u32,
+    /// Not run: their group is marked (`isolate`).
+    pub marked: u32,
 }
 
 impl Tally {
-    pub fn add(&mut self, class: Option<&ItemClass>) {
+    /// Counts one sample that ended `class`; `mark` is the verdict a
+    /// marked group's samples that did not run are reported with.
+    pub fn add(&mut self, class: Option<&ItemClass>, mark: Option<&str>) {
         self.requested += 1;
         match class {
+            Some(ItemClass::Verdict(v)) if Some(v.as_str()) == mark => self.marked += 1,
             Some(ItemClass::Ok) => self.passed += 1,
             Some(ItemClass::Verdict(_)) => self.failed += 1,
             Some(ItemClass::Error) => self.error += 1,
@@ -88,7 +93,7 @@ impl Tally {
 
 /// The sampled stage's merged results: one JSON line per item (in key
 /// order), with its samples and their tally.
-pub fn merged(plan: &[PlannedItem], samples: &Samples) -> Vec<u8> {
+pub fn merged(plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Vec<u8> {
     let mut out = Vec::new();
     for (key, units) in by_item(plan) {
         let first = &units[0].item;
@@ -96,7 +101,7 @@ pub fn merged(plan: &[PlannedItem], samples: &Samples) -> Vec<u8> {
         let mut drawn = Vec::with_capacity(units.len());
         for unit in &units {
             let class = unit.outcome.as_ref().map(|(c, _)| c);
-            tally.add(class);
+            tally.add(class, mark);
             let sample = unit.item.sample.as_ref();
             let mut line = json!({
                 "sample": sample.map(|s| s.index),
@@ -126,13 +131,13 @@ pub fn merged(plan: &[PlannedItem], samples: &Samples) -> Vec<u8> {
 }
 
 /// The stage's summary over all its items and over each sub-list.
-pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples) -> Value {
+pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Value {
     let mut all = Summary::default();
     let mut splits: BTreeMap<String, Summary> = BTreeMap::new();
     for (_, units) in by_item(plan) {
         let mut tally = Tally::default();
         for unit in &units {
-            tally.add(unit.outcome.as_ref().map(|(c, _)| c));
+            tally.add(unit.outcome.as_ref().map(|(c, _)| c), mark);
         }
         all.add(&tally, samples);
         if let Some(split) = split_of(&units[0].item, samples) {
@@ -151,7 +156,7 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples) -> Value {
         "all": all.to_json(samples),
     });
     if let Some(compare) = &samples.compare {
-        out["comparisons"] = Value::Array(comparisons(plan, samples, compare));
+        out["comparisons"] = Value::Array(comparisons(plan, samples, compare, mark));
     }
     if let Some(field) = &samples.split {
         out["split_by"] = Value::String(field.clone());
@@ -174,7 +179,12 @@ const BOOTSTRAP: usize = 10_000;
 /// (by `on`): pass rates, their mean difference with a 95 % paired
 /// bootstrap interval over the shared items, and, when every item has one
 /// counted sample, McNemar's exact test.
-fn comparisons(plan: &[PlannedItem], samples: &Samples, compare: &Compare) -> Vec<Value> {
+fn comparisons(
+    plan: &[PlannedItem],
+    samples: &Samples,
+    compare: &Compare,
+    mark: Option<&str>,
+) -> Vec<Value> {
     // group → paired-on value → (passed, denominator)
     let mut groups: BTreeMap<String, BTreeMap<String, (u32, u32)>> = BTreeMap::new();
     for (_, units) in by_item(plan) {
@@ -185,7 +195,7 @@ fn comparisons(plan: &[PlannedItem], samples: &Samples, compare: &Compare) -> Ve
         };
         let mut tally = Tally::default();
         for unit in &units {
-            tally.add(unit.outcome.as_ref().map(|(c, _)| c));
+            tally.add(unit.outcome.as_ref().map(|(c, _)| c), mark);
         }
         let n = tally.denominator(samples.errors);
         if n > 0 {
@@ -328,6 +338,7 @@ impl Summary {
         self.total.error += tally.error;
         self.total.infra += tally.infra;
         self.total.pending += tally.pending;
+        self.total.marked += tally.marked;
         *self.groups.entry(tally.group()).or_default() += 1;
         let n = tally.denominator(samples.errors);
         for &k in &samples.pass_at {
@@ -369,6 +380,9 @@ fn put_counts(out: &mut Value, tally: &Tally) {
     out["infra"] = json!(tally.infra);
     if tally.pending > 0 {
         out["pending"] = json!(tally.pending);
+    }
+    if tally.marked > 0 {
+        out["marked"] = json!(tally.marked);
     }
 }
 
@@ -478,6 +492,7 @@ mod tests {
             error,
             infra: 0,
             pending: 0,
+            marked: 0,
         };
         assert_eq!(tally(0, 8, 0).group(), "all-0");
         assert_eq!(tally(8, 0, 0).group(), "all-1");

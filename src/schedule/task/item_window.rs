@@ -146,7 +146,7 @@ impl StageTask {
             for (group, (key, class)) in &marked {
                 let skipped = mark_group(&mut items.plan, isolate, group);
                 tracing::warn!(
-                    "group `{group}` of `{}` is {}: smoke item `{key}` ended {class}; its {skipped} other item(s) were not run, the other groups went on",
+                    "group `{group}` of `{}` is {}: smoke item `{key}` never completed (it ended {class}); its {skipped} other item(s) were not run, the other groups went on",
                     items.name,
                     isolate.mark
                 );
@@ -247,9 +247,14 @@ impl StageTask {
         match samples {
             None => write(merged, aggregate(&items.plan))?,
             Some(samples) => {
-                write(merged, super::super::samples::merged(&items.plan, samples))?;
+                let mark = items.spec.isolate.as_ref().map(|i| i.mark.as_str());
+                write(
+                    merged,
+                    super::super::samples::merged(&items.plan, samples, mark),
+                )?;
                 if let Some(summary) = summary {
-                    let report = super::super::samples::summary(&items.name, &items.plan, samples);
+                    let report =
+                        super::super::samples::summary(&items.name, &items.plan, samples, mark);
                     let mut bytes = serde_json::to_vec_pretty(&report)
                         .map_err(|e| ScheduleError::Task(e.to_string()))?;
                     bytes.push(b'\n');
@@ -353,21 +358,36 @@ fn group_of(item: &Item, isolate: Option<&Isolate>) -> String {
     }
 }
 
-/// The groups a smoke item failed (ended in error, or still on
-/// infrastructure): group → (the first such item's key, how it ended).
+/// The groups a smoke item failed: one none of whose samples (the item
+/// itself, unsampled) ended `ok` or with a verdict — the harness never
+/// completed it. Group → (the item's key, how its first unit ended).
 fn failed_groups(plan: &[PlannedItem], isolate: &Isolate) -> BTreeMap<String, (String, String)> {
+    // item → (group, completed once, how its first unit ended)
+    let mut smoke: BTreeMap<&str, (String, bool, Option<&'static str>)> = BTreeMap::new();
+    let mut units: Vec<&PlannedItem> = plan.iter().filter(|p| is_smoke(&p.item, isolate)).collect();
+    units.sort_by(|a, b| a.item.key.cmp(&b.item.key));
+    for unit in units {
+        let entry = smoke
+            .entry(unit.item.item_key())
+            .or_insert_with(|| (group_of(&unit.item, Some(isolate)), false, None));
+        match &unit.outcome {
+            Some((ItemClass::Ok | ItemClass::Verdict(_), _)) => entry.1 = true,
+            Some((ItemClass::Error, _)) => {
+                entry.2.get_or_insert("in error");
+            }
+            Some((ItemClass::Infra, _)) => {
+                entry.2.get_or_insert("on infrastructure");
+            }
+            None => {}
+        }
+    }
     let mut failed = BTreeMap::new();
-    let mut smoke: Vec<&PlannedItem> = plan.iter().filter(|p| is_smoke(&p.item, isolate)).collect();
-    smoke.sort_by(|a, b| a.item.key.cmp(&b.item.key));
-    for planned in smoke {
-        let ended = match &planned.outcome {
-            Some((ItemClass::Error, _)) => "in error",
-            Some((ItemClass::Infra, _)) => "on infrastructure",
-            _ => continue,
-        };
-        failed
-            .entry(group_of(&planned.item, Some(isolate)))
-            .or_insert_with(|| (planned.item.key.clone(), ended.to_owned()));
+    for (key, (group, completed, ended)) in smoke {
+        if let (false, Some(ended)) = (completed, ended) {
+            failed
+                .entry(group)
+                .or_insert_with(|| (key.to_owned(), ended.to_owned()));
+        }
     }
     failed
 }
