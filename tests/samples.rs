@@ -504,7 +504,7 @@ outputs = { results = "state/canary.jsonl" }
     let out = p.cairn(&["run"]);
     out.success();
     assert!(
-        out.stderr().contains("group `broken` of `canary` is harness-incompatible: smoke item `broken-t0` never completed (it ended in error); its 6 other item(s) were not run"),
+        out.stderr().contains("group `broken` of `canary` is harness-incompatible: smoke item `broken-t0` never completed (it ended in error); 3 (6 samples) of its items were not run, the other groups went on"),
         "{}",
         out.stderr()
     );
@@ -634,4 +634,118 @@ outputs = { results = "state/canary.jsonl", passk = "state/passk.json" }
     let json = p.cairn(&["show", "canary", "--json"]);
     let json: serde_json::Value = serde_json::from_str(&json.stdout()).unwrap();
     assert_eq!(json["samples"]["comparisons"][0], *pair);
+}
+
+#[test]
+fn force_names_an_item_or_one_sample_of_a_sampled_stage() {
+    let p = sampled(3, "{ k = 3 }");
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 9);
+    p.cairn(&["run", "--force", "canary/t01"]).success();
+    let after: Vec<(String, u32)> = draws(&p)[9..]
+        .iter()
+        .map(|(i, s, _)| (i.clone(), *s))
+        .collect();
+    assert_eq!(after.len(), 3, "every sample of t01: {after:?}");
+    assert!(after.iter().all(|(i, _)| i == "t01"));
+    p.cairn(&["run", "--force", "canary/t02#1"]).success();
+    let last: Vec<(String, u32)> = draws(&p)[12..]
+        .iter()
+        .map(|(i, s, _)| (i.clone(), *s))
+        .collect();
+    assert_eq!(last, [("t02".to_owned(), 1)]);
+    for (target, message) in [
+        ("canary/t02#3", "draws 3 samples, numbered 0 to 2"),
+        ("canary/t9", "has no item `t9`"),
+    ] {
+        let out = p.cairn(&["run", "--force", target]);
+        out.code_is(2);
+        assert!(out.stderr().contains(message), "{target}: {}", out.stderr());
+    }
+}
+
+#[test]
+fn what_a_stage_accepts_of_its_items_enters_its_fingerprint_not_theirs() {
+    let p = sampled(4, "{ k = 2, summary = \"passk\" }");
+    let manifest = p
+        .read("cairn.toml")
+        .replace(
+            "mkdir -p state/rollouts",
+            "if [ $CAIRN_ITEM = t01 ] && [ $CAIRN_SAMPLE = 0 ]; then exit 1; fi\nmkdir -p state/rollouts",
+        )
+        .replace("[stages.canary]\n", "[stages.canary]\nallow_errors = 1\n");
+    p.file("cairn.toml", &manifest);
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 8);
+    // No error allowed now: the stage is decided anew, and fails, with no
+    // sample drawn.
+    p.file(
+        "cairn.toml",
+        &manifest.replace("allow_errors = 1", "allow_errors = 0"),
+    );
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    assert!(
+        out.stderr().contains("1 item(s) ended in error, 0 allowed"),
+        "{}",
+        out.stderr()
+    );
+    assert_eq!(
+        draws(&p).len(),
+        9,
+        "only the sample in error is tried again"
+    );
+    // A comparison added: the summary is written anew, nothing drawn.
+    let compared = manifest.replace(
+        "summary = \"passk\" }",
+        "summary = \"passk\", compare = { by = \"split\", on = \"passes\" } }",
+    );
+    p.file("cairn.toml", &compared);
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 10);
+    assert!(summary(&p)["comparisons"].is_array(), "{}", summary(&p));
+    p.cairn(&["run"]).success();
+    assert_eq!(draws(&p).len(), 10);
+}
+
+#[test]
+fn a_stage_whose_every_group_is_marked_fails() {
+    let p = Project::new();
+    p.file(
+        "trials.jsonl",
+        "{\"id\": \"a-t0\", \"model\": \"a\", \"smoke\": true}\n{\"id\": \"a-t1\", \"model\": \"a\"}\n{\"id\": \"b-t0\", \"model\": \"b\", \"smoke\": true}\n",
+    );
+    p.file(
+        "cairn.toml",
+        "[pipeline]\nname = \"x\"\n[stages.canary]\nforeach = { items = \"trials.jsonl\", key = \"id\" }\nisolate = { by = \"model\" }\nrun = \"exit 1\"\noutputs = { results = \"state/canary.jsonl\" }\n",
+    );
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    assert!(
+        out.stderr().contains("every group is harness-incompatible"),
+        "{}",
+        out.stderr()
+    );
+    assert!(
+        out.stderr().contains("no group went on"),
+        "{}",
+        out.stderr()
+    );
+}
+
+#[test]
+fn an_item_key_with_a_hash_is_refused_in_a_sampled_stage() {
+    let p = sampled(1, "{ k = 2 }");
+    p.file(
+        "items.jsonl",
+        "{\"id\": \"a#1\", \"passes\": 0, \"split\": \"x\"}\n",
+    );
+    let out = p.cairn(&["run"]);
+    assert_ne!(out.code(), 0);
+    assert!(
+        out.stderr().contains("has a `#` in its key"),
+        "{}",
+        out.stderr()
+    );
+    assert!(draws(&p).is_empty());
 }

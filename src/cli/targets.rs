@@ -59,13 +59,32 @@ impl Loaded {
             // An item list an upstream stage has not written yet is
             // checked when the stage plans its items.
             let list = foreach.items.resolve(&self.manifest.root);
+            // In a sampled stage, `ITEM#INDEX` names one sample.
+            let item = match (&foreach.samples, key.rsplit_once('#')) {
+                (Some(samples), Some((item, index))) => match index.parse::<u32>() {
+                    Ok(index) if index < samples.k => item,
+                    _ => {
+                        return Err(CliError::Usage {
+                            message: format!(
+                                "`--force {arg}`: stage `{name}` draws {} samples, numbered 0 to {}",
+                                samples.k,
+                                samples.k - 1
+                            ),
+                            help: Some(format!(
+                                "force one sample as `{name}/ITEM#INDEX`, or every sample of an item as `{name}/ITEM`"
+                            )),
+                        });
+                    }
+                },
+                _ => key,
+            };
             if list.exists()
                 && let Ok(items) = load_items(&list, &foreach.key)
-                && !items.iter().any(|item| item.key == key)
+                && !items.iter().any(|i| i.key == item)
             {
                 return Err(CliError::Usage {
                     message: format!(
-                        "stage `{name}` has no item `{key}` in `{}`",
+                        "stage `{name}` has no item `{item}` in `{}`",
                         foreach.items.as_str()
                     ),
                     help: Some(format!("`cairn show {name} --items` lists its items")),

@@ -147,6 +147,7 @@ pub fn load_str(path: &Path, source: String, profile: Option<&str>) -> Result<Ma
         source: &source,
         problems: Vec::new(),
         acrosses: Vec::new(),
+        unread_samples: HashSet::new(),
     };
     let manifest = checker.manifest(path, &tree, profile)?;
     let mut problems = std::mem::take(&mut checker.problems);
@@ -174,6 +175,9 @@ struct Checker<'s> {
     /// `across = "EXECUTOR"` of each resource (resource, executor, where),
     /// checked once the executors are known.
     acrosses: Vec<(String, String, Span)>,
+    /// Stages whose `samples` could not be read (already reported): their
+    /// outputs are not counted against a summary nobody could name.
+    unread_samples: HashSet<String>,
 }
 
 /// A stage before interpolation.

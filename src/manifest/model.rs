@@ -369,6 +369,12 @@ impl Samples {
         if let Some(split) = &self.split {
             text.push_str(&format!(", split = {split}"));
         }
+        if let Some(summary) = &self.summary {
+            text.push_str(&format!(", summary = {summary}"));
+        }
+        if let Some(compare) = &self.compare {
+            text.push_str(&format!(", compare = {} on {}", compare.by, compare.on));
+        }
         text
     }
 }

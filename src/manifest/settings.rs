@@ -302,6 +302,14 @@ pub fn check_gate(with: &Value, inputs: &[&str]) -> Result<(), String> {
                     n + 1
                 ));
             }
+            if let (Some(min), Some(max)) = (share.min, share.max)
+                && min > max
+            {
+                return Err(format!(
+                    "check {}: `share` has `min` {min} above `max` {max}: no share is both",
+                    n + 1
+                ));
+            }
             if let Some(bound) = [share.min, share.max]
                 .into_iter()
                 .flatten()

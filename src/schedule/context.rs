@@ -280,7 +280,7 @@ impl<'m> Context<'m> {
             );
             self.images.insert(i, pinned);
         }
-        if stage.foreach.is_some() {
+        if let Some(foreach) = &stage.foreach {
             // The stage as a whole is its template plus each item's
             // fingerprint: adding one item changes it, but each item is
             // judged by its own fingerprint.
@@ -301,7 +301,7 @@ impl<'m> Context<'m> {
                 "items",
                 Component::of_value("items", &listing, format!("{} items", items.len())),
             );
-            if let Some(samples) = stage.foreach.as_ref().and_then(|f| f.samples.as_ref()) {
+            if let Some(samples) = &foreach.samples {
                 // How the samples are reported enters the stage (what it
                 // writes), not its items: no sample is drawn again for it.
                 let shown = samples.describe();
@@ -310,6 +310,19 @@ impl<'m> Context<'m> {
                     Component::of_value("samples", shown.as_bytes(), shown.clone()),
                 );
             }
+            // So does what the stage accepts of its items: a change to
+            // either decides (or writes) the stage anew, with no item run.
+            let mut accepts = format!("allow_errors = {}", foreach.allow_errors);
+            if let Some(isolate) = &foreach.isolate {
+                accepts.push_str(&format!(
+                    ", isolate by {} (smoke {}, mark {})",
+                    isolate.by, isolate.smoke, isolate.mark
+                ));
+            }
+            key.insert(
+                "accepts",
+                Component::of_value("accepts", accepts.as_bytes(), accepts.clone()),
+            );
             self.item_plans.insert(i, items);
         }
         Ok(key)
@@ -366,6 +379,19 @@ impl<'m> Context<'m> {
             stage: stage.name.clone(),
             message,
         })?;
+        if foreach.samples.is_some()
+            && let Some(item) = items.iter().find(|i| i.key.contains('#'))
+        {
+            // `KEY#INDEX` names a sample: `a#1` would be two things.
+            return Err(ScheduleError::Items {
+                stage: stage.name.clone(),
+                message: format!(
+                    "item `{}` of `{}` has a `#` in its key, which in a sampled stage names a sample (`ITEM#INDEX`)",
+                    item.key,
+                    foreach.items.as_str()
+                ),
+            });
+        }
         check_fields(
             self.manifest,
             stage,

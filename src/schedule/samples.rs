@@ -187,10 +187,12 @@ fn comparisons(
 ) -> Vec<Value> {
     // group → paired-on value → (passed, denominator)
     let mut groups: BTreeMap<String, BTreeMap<String, (u32, u32)>> = BTreeMap::new();
+    let (mut missing, mut pooled) = (0, 0);
     for (_, units) in by_item(plan) {
         let value = &units[0].item.value;
         let (Some(group), Some(on)) = (text_of(value, &compare.by), text_of(value, &compare.on))
         else {
+            missing += 1;
             continue;
         };
         let mut tally = Tally::default();
@@ -199,11 +201,29 @@ fn comparisons(
         }
         let n = tally.denominator(samples.errors);
         if n > 0 {
-            groups
-                .entry(group)
-                .or_default()
-                .insert(on, (tally.passed, n));
+            // Two items of one group on one paired item are pooled (their
+            // samples together), never one dropped for the other.
+            let entry = groups.entry(group).or_default().entry(on).or_insert((0, 0));
+            if entry.1 > 0 {
+                pooled += 1;
+            }
+            entry.0 += tally.passed;
+            entry.1 += n;
         }
+    }
+    if missing > 0 {
+        tracing::warn!(
+            "{missing} item(s) lack `{}` or `{}` and are left out of the comparisons",
+            compare.by,
+            compare.on
+        );
+    }
+    if pooled > 0 {
+        tracing::warn!(
+            "{pooled} item(s) share a `{}` and a `{}` with another: their samples are pooled in the comparisons",
+            compare.by,
+            compare.on
+        );
     }
     let names: Vec<&String> = groups.keys().collect();
     let mut out = Vec::new();

@@ -255,6 +255,8 @@ impl Checker<'_> {
                 Err((format!("undefined {kind} `{}` in `{whole}`", p.name), locate(), Some(help)))
             }
             "item" if stage.foreach.is_some() => Ok(Resolved::Item),
+            // A `samples` that could not be read is reported already.
+            "sample" if self.unread_samples.contains(&stage.name) => Ok(Resolved::Item),
             "sample" if stage.foreach.as_ref().is_some_and(|f| f.samples.is_some()) => {
                 if matches!(p.name, "index" | "seed") {
                     Ok(Resolved::Item)

@@ -98,6 +98,9 @@ impl Checker<'_> {
         let result =
             find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
         let samples = find(table, "samples").and_then(|e| self.samples(e));
+        if samples.is_none() && find(table, "samples").is_some() {
+            self.unread_samples.insert(name.to_owned());
+        }
         let isolate = find(table, "isolate").and_then(|e| self.isolate(e));
         if let Some(e) = find(table, "samples").filter(|_| samples.is_some()) {
             // Two samples of one item must not write to one place.
@@ -177,13 +180,18 @@ impl Checker<'_> {
         let k = k as u32;
         let seed = match find(table, "seed") {
             None => 0,
-            Some(e) => match e.value.kind {
-                NodeKind::Integer(n) if n >= 0 => n as u64,
-                _ => {
-                    self.type_error(&e.value, "`samples.seed`", "an integer of at least 0");
-                    return None;
+            Some(e) => {
+                match e.value.kind {
+                    NodeKind::Integer(n) if n >= 0 => n as u64,
+                    _ => {
+                        self.problems.push(
+                        Problem::new("`samples.seed` must be a whole number from 0 to 2⁶³ − 1", e.value.span.clone(), "here")
+                            .help("e.g. `seed = 0`: sample `s` of every item is drawn with `seed + s`"),
+                    );
+                        return None;
+                    }
                 }
-            },
+            }
         };
         let pass_at = match find(table, "pass_at") {
             None => {
@@ -211,6 +219,13 @@ impl Checker<'_> {
                         return None;
                     }
                     at.push(n);
+                }
+                if at.is_empty() {
+                    self.problems.push(
+                        Problem::new("`samples.pass_at` is empty", e.value.span.clone(), "here")
+                            .help(format!("name the k of each pass@k to report, e.g. `pass_at = [1, {k}]`, or leave it out for that")),
+                    );
+                    return None;
                 }
                 at.sort_unstable();
                 at.dedup();
@@ -685,7 +700,7 @@ impl Checker<'_> {
                     .filter(|o| !foreach.item_outputs.iter().any(|i| i.output == o.name))
                     .filter(|o| Some(o.name.as_str()) != summary)
                     .count();
-                if merged != 1 {
+                if merged != 1 && !self.unread_samples.contains(&stage.name) {
                     self.problems.push(
                         Problem::new(
                             format!("per-item stage `{}` must declare exactly one output besides its item outputs", stage.name),

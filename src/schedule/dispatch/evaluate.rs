@@ -16,10 +16,12 @@ impl Dispatcher<'_, '_> {
             return Ok(());
         }
         let named = self.options.forced_items.get(&i);
-        if let Some(missing) = named.and_then(|keys| {
-            keys.iter()
-                .find(|k| !plan.iter().any(|p| &p.item.key == *k))
-        }) {
+        // `ITEM` names an item (all its samples, in a sampled stage);
+        // `ITEM#INDEX` one sample.
+        let names = |key: &str, p: &PlannedItem| p.item.key == key || p.item.item_key() == key;
+        if let Some(missing) =
+            named.and_then(|keys| keys.iter().find(|k| !plan.iter().any(|p| names(k, p))))
+        {
             return Err(format!(
                 "`--force {}/{missing}` names no item of the stage",
                 self.ctx.manifest.stages[i].name
@@ -27,7 +29,7 @@ impl Dispatcher<'_, '_> {
         }
         for planned in plan
             .iter_mut()
-            .filter(|p| named.is_none_or(|keys| keys.contains(&p.item.key)))
+            .filter(|p| named.is_none_or(|keys| keys.iter().any(|k| names(k, p))))
         {
             planned.outcome = None;
             planned.result = None;

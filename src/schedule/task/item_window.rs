@@ -142,11 +142,23 @@ impl StageTask {
                 .collect();
             stopped = run_window(&runner, &stage_jobs, &mut items.plan, rest, &mut errors).await?;
         }
+        let mut every_group_marked = false;
         if let Some(isolate) = &isolate {
+            let groups: std::collections::BTreeSet<String> = items
+                .plan
+                .iter()
+                .map(|p| group_of(&p.item, Some(isolate)))
+                .collect();
+            every_group_marked = !marked.is_empty() && marked.len() == groups.len();
             for (group, (key, class)) in &marked {
                 let skipped = mark_group(&mut items.plan, isolate, group);
+                let others = if every_group_marked {
+                    "no group went on"
+                } else {
+                    "the other groups went on"
+                };
                 tracing::warn!(
-                    "group `{group}` of `{}` is {}: smoke item `{key}` never completed (it ended {class}); its {skipped} other item(s) were not run, the other groups went on",
+                    "group `{group}` of `{}` is {}: smoke item `{key}` never completed (it ended {class}); {skipped} of its items were not run, {others}",
                     items.name,
                     isolate.mark
                 );
@@ -191,6 +203,12 @@ impl StageTask {
         if stopped {
             task.failure = Some(format!(
                 "stopped before every item ran ({})",
+                counts.summary()
+            ));
+        } else if every_group_marked {
+            task.failure = Some(format!(
+                "every group is {}: no smoke item of any group completed ({})",
+                isolate.as_ref().map_or("", |i| i.mark.as_str()),
                 counts.summary()
             ));
         } else if judged.error > items.spec.allow_errors {
@@ -394,16 +412,22 @@ fn failed_groups(plan: &[PlannedItem], isolate: &Isolate) -> BTreeMap<String, (S
 
 /// Reports the items of a marked group that did not run as its mark (in
 /// this run's output only: nothing is recorded for what did not run, so a
-/// later run tries the group again); how many.
-fn mark_group(plan: &mut [PlannedItem], isolate: &Isolate, group: &str) -> usize {
-    let mut skipped = 0;
+/// later run tries the group again); how many, as `N` or `N (M samples)`.
+fn mark_group(plan: &mut [PlannedItem], isolate: &Isolate, group: &str) -> String {
+    let mut units = 0;
+    let mut items = std::collections::BTreeSet::new();
     for planned in plan.iter_mut() {
         if group_of(&planned.item, Some(isolate)) == group && planned.outcome.is_none() {
             planned.outcome = Some((ItemClass::Verdict(isolate.mark.clone()), 0));
-            skipped += 1;
+            units += 1;
+            items.insert(planned.item.item_key().to_owned());
         }
     }
-    skipped
+    if units == items.len() {
+        units.to_string()
+    } else {
+        format!("{} ({units} samples)", items.len())
+    }
 }
 
 /// How many items of one stage are in flight (waiting for a slot or
