@@ -291,6 +291,15 @@ fn an_infra_failure_is_retried_inside_its_sample_never_its_verdict() {
         .map(|a| a["class"].as_str().unwrap())
         .collect();
     assert_eq!(classes, ["infra", "failed"], "{shown}");
+    // The item is its samples: every attempt of each.
+    let item = p.cairn(&["show", "canary/t00"]);
+    item.success();
+    assert!(
+        item.stdout()
+            .contains("item canary/t00: 3 attempt(s) over its 2 samples"),
+        "{}",
+        item.stdout()
+    );
 }
 
 #[test]

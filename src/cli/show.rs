@@ -332,10 +332,19 @@ fn show_item(
         )));
     }
     let ctx = loaded.read_context()?;
-    let attempts = match &ctx.ledger {
-        Some(ledger) => ledger.item_attempts(stage, key)?,
-        None => Vec::new(),
+    // An item of a sampled stage is its samples, `KEY#0`…: all of theirs.
+    let keys: Vec<String> = match spec.foreach.as_ref().and_then(|f| f.samples.as_ref()) {
+        Some(samples) if !key.contains('#') => {
+            (0..samples.k).map(|i| format!("{key}#{i}")).collect()
+        }
+        _ => vec![key.to_owned()],
     };
+    let mut attempts = Vec::new();
+    if let Some(ledger) = &ctx.ledger {
+        for key in &keys {
+            attempts.extend(ledger.item_attempts(stage, key)?);
+        }
+    }
     if json {
         render::json(&attempts)?;
         return Ok(());
@@ -344,16 +353,29 @@ fn show_item(
         outln!("item `{key}` of `{stage}` has no recorded attempt");
         return Ok(());
     }
-    outln!("item {stage}/{key}: {} attempt(s)", attempts.len());
-    let mut rows = vec![
-        [
-            "RUN", "#", "STARTED", "DURATION", "EXIT", "CLASS", "RULE", "CODE", "JOB", "LOG",
-        ]
-        .map(String::from)
-        .to_vec(),
+    let sampled = keys.len() > 1;
+    if sampled {
+        outln!(
+            "item {stage}/{key}: {} attempt(s) over its {} samples",
+            attempts.len(),
+            keys.len()
+        );
+    } else {
+        outln!("item {stage}/{key}: {} attempt(s)", attempts.len());
+    }
+    let mut header = vec![
+        "RUN", "#", "STARTED", "DURATION", "EXIT", "CLASS", "RULE", "CODE", "JOB", "LOG",
     ];
+    if sampled {
+        header.insert(0, "SAMPLE");
+    }
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
     for a in &attempts {
-        rows.push(vec![
+        let mut row = Vec::new();
+        if sampled {
+            row.push(a.key.rsplit_once('#').map_or("", |(_, i)| i).to_owned());
+        }
+        row.extend([
             a.run_id.to_string(),
             a.attempt.to_string(),
             render::time(a.started_ms),
@@ -366,6 +388,7 @@ fn show_item(
             a.handle.clone().unwrap_or_else(|| "-".to_owned()),
             a.log_path.clone().unwrap_or_default(),
         ]);
+        rows.push(row);
     }
     out!("{}", render::table(&rows));
     Ok(())
