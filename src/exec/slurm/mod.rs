@@ -228,7 +228,6 @@ impl SlurmExecutor {
         env: &[(String, String)],
         script: &str,
     ) -> Result<String, ExecError> {
-        use tokio::io::AsyncWriteExt as _;
         let mut command = tokio::process::Command::new("sbatch");
         command
             .args(args)
@@ -250,12 +249,7 @@ impl SlurmExecutor {
             program: "sbatch".to_owned(),
             source,
         })?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(script.as_bytes())
-                .await
-                .map_err(ExecError::Wait)?;
-        }
+        feed(&mut child, script.as_bytes()).await?;
         let out = child.wait_with_output().await.map_err(ExecError::Wait)?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         // `--parsable` prints `ID` or `ID;CLUSTER`.
@@ -735,6 +729,22 @@ async fn states(ids: &[String]) -> Result<std::collections::HashMap<String, JobS
 }
 
 /// What Slurm's client commands need from cairn's own environment.
+/// Writes `script` to the child's stdin and closes it. A child that exits
+/// without reading all of it (`sbatch` refusing a submission) has closed
+/// the pipe: not an error here, since its exit status and stderr say what
+/// happened (and a refused submission is an infrastructure failure, which
+/// is retried).
+async fn feed(child: &mut tokio::process::Child, script: &[u8]) -> Result<(), ExecError> {
+    use tokio::io::AsyncWriteExt as _;
+    if let Some(mut stdin) = child.stdin.take() {
+        match stdin.write_all(script).await {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other.map_err(ExecError::Wait)?,
+        }
+    }
+    Ok(())
+}
+
 fn slurm_client_env() -> Vec<(String, String)> {
     ["SLURM_CONF"]
         .iter()
@@ -795,6 +805,22 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+
+    /// A submitter that exits without reading its script (as `sbatch`
+    /// does when the controller refuses it) closes the pipe under the
+    /// write: its exit status is the answer, not a broken pipe.
+    #[tokio::test]
+    async fn a_child_that_stops_reading_its_script_is_judged_by_its_exit_status() {
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // More than a pipe holds, so the write meets the closed end.
+        feed(&mut child, &vec![b'#'; 4 << 20]).await.unwrap();
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(3));
+    }
 
     fn job() -> Job {
         Job {

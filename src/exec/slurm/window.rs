@@ -302,7 +302,6 @@ fn holder_script(heartbeat: &Path) -> String {
 
 /// Runs `sbatch ARGS` with `script` on stdin; its stdout.
 async fn sbatch(window: &str, args: &[String], script: &str) -> Result<String, ExecError> {
-    use tokio::io::AsyncWriteExt as _;
     let mut child = tokio::process::Command::new("sbatch")
         .args(args)
         .env_clear()
@@ -316,12 +315,7 @@ async fn sbatch(window: &str, args: &[String], script: &str) -> Result<String, E
             program: "sbatch".to_owned(),
             source,
         })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .await
-            .map_err(ExecError::Wait)?;
-    }
+    super::feed(&mut child, script.as_bytes()).await?;
     let out = child.wait_with_output().await.map_err(ExecError::Wait)?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
