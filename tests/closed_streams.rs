@@ -131,3 +131,39 @@ fn closed_pipe_for_both_streams_mid_run_neither_panics_nor_loses_the_finished_st
     let status = run_with_closed_reader(&p, Closed::Both, &["-v"]);
     assert_finished_stage_was_recorded(&p, status);
 }
+
+/// `cairn status --json | head -c1`: a reader that leaves after the first
+/// byte ends a JSON report quietly, as it ends a table (the report is
+/// larger than a pipe holds, so the write meets the closed end).
+#[test]
+fn a_json_report_whose_reader_leaves_ends_quietly() {
+    use std::io::Read as _;
+    let p = Project::new();
+    let mut manifest = String::from("[pipeline]\nname = \"many\"\n");
+    for i in 0..2000 {
+        manifest.push_str(&format!(
+            "[stages.s{i:04}]\nrun = \"echo {i} > {{out.o}}\"\noutputs = {{ o = \"state/{i}.txt\" }}\n"
+        ));
+    }
+    p.file("cairn.toml", &manifest);
+    let mut child = p
+        .command(&["status", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let status = exit_within_deadline(&mut child);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(first, *b"{");
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+}

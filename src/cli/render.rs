@@ -35,7 +35,12 @@ pub fn elapsed_ms(from: i64, to: i64) -> String {
 /// Writes `value` as pretty JSON and a newline to stdout.
 pub fn json(value: &impl serde::Serialize) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value).map_err(std::io::Error::other)?;
+    // An I/O error keeps its kind (a reader that left is a broken pipe,
+    // which ends a command quietly), a serialisation error is one.
+    serde_json::to_writer_pretty(&mut out, value).map_err(|e| match e.io_error_kind() {
+        Some(kind) => std::io::Error::from(kind),
+        None => std::io::Error::other(e),
+    })?;
     writeln!(out)
 }
 
