@@ -301,7 +301,7 @@ pub fn fill_shell(script: &str, item: &Item) -> Result<String, String> {
 
 /// The text of field `name` (dotted for nested fields) of an item: a
 /// string as it is, anything else as JSON.
-fn field(item: &serde_json::Value, name: &str) -> Result<String, String> {
+pub(super) fn field(item: &serde_json::Value, name: &str) -> Result<String, String> {
     let mut value = item;
     for part in name.split('.') {
         value = value

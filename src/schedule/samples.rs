@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::items::PlannedItem;
+use super::items::{PlannedItem, field};
 use crate::fingerprint::canonical_json;
 use crate::manifest::{Compare, ErrorsCount, ItemClass, Samples};
 
@@ -65,6 +65,15 @@ impl Tally {
         }
     }
 
+    /// How `units` (one item's samples) ended.
+    fn of(units: &[&PlannedItem], mark: Option<&str>) -> Self {
+        let mut tally = Tally::default();
+        for unit in units {
+            tally.add(unit.outcome.as_ref().map(|(c, _)| c), mark);
+        }
+        tally
+    }
+
     /// Samples with a verdict: passed or failed.
     pub fn valid(&self) -> u32 {
         self.passed + self.failed
@@ -97,11 +106,10 @@ pub fn merged(plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Ve
     let mut out = Vec::new();
     for (key, units) in by_item(plan) {
         let first = &units[0].item;
-        let mut tally = Tally::default();
+        let tally = Tally::of(&units, mark);
         let mut drawn = Vec::with_capacity(units.len());
         for unit in &units {
             let class = unit.outcome.as_ref().map(|(c, _)| c);
-            tally.add(class, mark);
             let sample = unit.item.sample.as_ref();
             let mut line = json!({
                 "sample": sample.map(|s| s.index),
@@ -135,10 +143,7 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples, mark: Optio
     let mut all = Summary::default();
     let mut splits: BTreeMap<String, Summary> = BTreeMap::new();
     for (_, units) in by_item(plan) {
-        let mut tally = Tally::default();
-        for unit in &units {
-            tally.add(unit.outcome.as_ref().map(|(c, _)| c), mark);
-        }
+        let tally = Tally::of(&units, mark);
         all.add(&tally, samples);
         if let Some(split) = split_of(&units[0].item, samples) {
             splits.entry(split).or_default().add(&tally, samples);
@@ -190,15 +195,11 @@ fn comparisons(
     let (mut missing, mut pooled) = (0, 0);
     for (_, units) in by_item(plan) {
         let value = &units[0].item.value;
-        let (Some(group), Some(on)) = (text_of(value, &compare.by), text_of(value, &compare.on))
-        else {
+        let (Ok(group), Ok(on)) = (field(value, &compare.by), field(value, &compare.on)) else {
             missing += 1;
             continue;
         };
-        let mut tally = Tally::default();
-        for unit in &units {
-            tally.add(unit.outcome.as_ref().map(|(c, _)| c), mark);
-        }
+        let tally = Tally::of(&units, mark);
         let n = tally.denominator(samples.errors);
         if n > 0 {
             // Two items of one group on one paired item are pooled (their
@@ -323,15 +324,6 @@ pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
     (2.0 * tail).min(1.0)
 }
 
-/// A field of an item as text (strings as they are, others as JSON).
-fn text_of(value: &Value, field: &str) -> Option<String> {
-    match value.get(field)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
-    }
-}
-
 fn denominator_name(errors: ErrorsCount) -> &'static str {
     match errors {
         ErrorsCount::AsFails => "requested (errors count as fails)",
@@ -416,14 +408,8 @@ fn put_tally(out: &mut Value, tally: &Tally, samples: &Samples) {
 
 /// The sub-list an item belongs to, by the item's `split` field.
 fn split_of(item: &super::items::Item, samples: &Samples) -> Option<String> {
-    let field = samples.split.as_ref()?;
-    Some(
-        match item.value.pointer(&format!("/{}", field.replace('.', "/"))) {
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
-            None => "(none)".to_owned(),
-        },
-    )
+    let split = samples.split.as_ref()?;
+    Some(field(&item.value, split).unwrap_or_else(|_| "(none)".to_owned()))
 }
 
 /// The plan's units grouped by item, in item-key order.

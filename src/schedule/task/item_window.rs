@@ -366,14 +366,9 @@ fn is_smoke(item: &Item, isolate: &Isolate) -> bool {
 
 /// The group `item` belongs to (its `by` field as text).
 fn group_of(item: &Item, isolate: Option<&Isolate>) -> String {
-    let Some(isolate) = isolate else {
-        return String::new();
-    };
-    match item.value.get(&isolate.by) {
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(other) => other.to_string(),
-        None => String::new(),
-    }
+    isolate
+        .and_then(|isolate| super::super::items::field(&item.value, &isolate.by).ok())
+        .unwrap_or_default()
 }
 
 /// The groups a smoke item failed: one none of whose samples (the item
