@@ -21,9 +21,11 @@ mod kubernetes;
 mod output_places;
 mod paths;
 mod pipeline;
+mod services;
 mod uses;
 
 use paths::normalise;
+pub use services::PORT as SERVICE_PORT;
 
 const TOP_KEYS: &[&str] = &[
     "pipeline",
@@ -31,11 +33,12 @@ const TOP_KEYS: &[&str] = &[
     "profiles",
     "resources",
     "executors",
+    "services",
     "cache",
     "stages",
 ];
 const PIPELINE_KEYS: &[&str] = &["name", "root", "description"];
-const PROFILE_KEYS: &[&str] = &["params", "executors", "description"];
+const PROFILE_KEYS: &[&str] = &["params", "executors", "services", "description"];
 const STAGE_KEYS: &[&str] = &[
     "description",
     "run",
@@ -49,6 +52,7 @@ const STAGE_KEYS: &[&str] = &[
     "timeout",
     "resources",
     "executor",
+    "services",
     "foreach",
     "item_inputs",
     "classify",
@@ -226,6 +230,7 @@ impl<'s> Checker<'s> {
                 }
             }
         }
+        let services = self.services(entries, &selected, &params);
 
         let mut drafts = Vec::new();
         match find(entries, "stages") {
@@ -262,6 +267,7 @@ impl<'s> Checker<'s> {
         }
         self.check_resource_names(&stages, &resources);
         self.check_executor_names(&stages, &executors);
+        self.check_service_names(&stages, &services);
         self.check_acrosses(&executors);
 
         let (Some(name), Some(root)) = (name, root) else {
@@ -278,6 +284,7 @@ impl<'s> Checker<'s> {
             executors,
             remote_cache,
             link,
+            services,
             stages,
         }))
     }
@@ -457,6 +464,9 @@ impl<'s> Checker<'s> {
                 span: e.value.span.clone(),
             })
         });
+        let services = find(table, "services")
+            .map(|e| self.named_list(&e.value, "`services`"))
+            .unwrap_or_default();
         let (foreach, items) = self.foreach(name, table, &span);
         let (classify, retry) = self.attempt_policy(name, table, find(table, "foreach").is_some());
 
@@ -478,6 +488,7 @@ impl<'s> Checker<'s> {
                 timeout,
                 resources,
                 executor,
+                services,
                 classify,
                 retry,
                 foreach,

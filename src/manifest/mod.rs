@@ -17,11 +17,11 @@ pub mod shell;
 
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use image::{ImageRef, PinnedImage, sha256_digest};
-pub use load::{load, load_str};
+pub use load::{SERVICE_PORT, load, load_str};
 pub use model::{
     ClassifyRule, Command, Compare, Ended, EnvValue, ErrorsCount, ExecutorSpec, Expect, Foreach,
     Isolate, ItemClass, ItemOutput, KubernetesSettings, Link, Manifest, Named, OutputIndex,
     PathDecl, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry, RootVolume, Samples,
-    SlurmSettings, Stage, Toleration, Uses, is_per_item, lock_path_of,
+    Service, SlurmSettings, Stage, Toleration, Uses, is_per_item, lock_path_of,
 };
 pub use raw::Span;

@@ -28,8 +28,35 @@ pub struct Manifest {
     pub remote_cache: Option<RemoteCacheSpec>,
     /// `[cache] link`: how stored files and workspace copies share the disk.
     pub link: Link,
+    /// `[services]`: name → a server stages reach while they run (after
+    /// the profile's replacements).
+    pub services: BTreeMap<String, Service>,
     /// Stages in document order.
     pub stages: Vec<Stage>,
+}
+
+/// `[services.NAME]`: a server the stages that name it reach while they
+/// run (a model server), started by cairn for them or reached where it
+/// already runs. A service is reached, not fingerprinted: what it serves
+/// is declared as content, and `check` verifies it each time it comes up.
+#[derive(Debug, Clone)]
+pub struct Service {
+    pub name: String,
+    pub description: Option<String>,
+    /// The command that serves it (`{service.port}` is a free port cairn
+    /// picks); `None` for a service that already runs at `url`.
+    pub run: Option<Command>,
+    /// Where the stages reach it (`{service.port}` filled in).
+    pub url: String,
+    /// The variable the stages' commands find `url` in.
+    pub env: String,
+    /// Polled (under `url`) until it answers 2xx: the service is up.
+    pub ready: String,
+    /// Run once it is up, with `env` set; must exit 0 before any stage
+    /// uses the service (the served model and its checksums verified).
+    pub check: Option<Command>,
+    /// How long it may take to come up (and `check` to pass).
+    pub start_timeout: Duration,
 }
 
 /// `[cache] link`: how a stored file and its workspace copy share the disk.
@@ -250,6 +277,9 @@ pub struct Stage {
     /// `executor = "NAME"`: the `[executors]` entry its commands run on;
     /// `None` runs them on this machine.
     pub executor: Option<Named>,
+    /// `services = ["NAME", …]`: the `[services]` its commands reach, up
+    /// before the first command runs.
+    pub services: Vec<Named>,
     /// How each attempt (of the command, or of an item's) is classed.
     pub classify: Vec<ClassifyRule>,
     /// Which classes are attempted again, how often.

@@ -27,6 +27,7 @@ use super::executors::Executors;
 use super::items::PlannedItem;
 use super::limits::Limits;
 use super::remote::{UploadWorker, Uploads};
+use super::services::Services;
 use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
@@ -120,6 +121,7 @@ pub async fn run(
 ) -> Result<RunSummary, ScheduleError> {
     let mut dispatcher = Dispatcher::begin(ctx, options, reporter)?;
     let driven = dispatcher.drive().await;
+    dispatcher.services.stop_all().await;
     // A run that ended early (an error) dropped its tasks: their remote
     // jobs are being cancelled on this runtime; let that finish.
     if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {
@@ -185,6 +187,9 @@ struct Dispatcher<'a, 'm> {
     /// Uploads of what this run validates, and the worker doing them.
     uploads: Option<Uploads>,
     upload_worker: Option<UploadWorker>,
+    /// The services stages reach: brought up for the first that runs,
+    /// stopped when the last that needs one has ended.
+    services: Arc<Services>,
 }
 
 /// How long an interrupted run waits for its remote jobs to be cancelled
@@ -282,6 +287,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
             _ => (None, None),
         };
+        let services = Arc::new(Services::new(
+            &ctx.manifest.root,
+            &log_dir,
+            &token,
+            &ctx.manifest.services,
+        ));
         Ok(Self {
             ctx,
             options,
@@ -307,6 +318,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             looked_up: HashSet::new(),
             uploads,
             upload_worker,
+            services,
         })
     }
 
@@ -365,6 +377,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     self.item_attempts(batch).await?;
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
+                    self.release_services().await;
                 }
                 Some(looked) = lookups.join_next(), if !lookups.is_empty() => {
                     let (i, key, reason, fetched) = looked.map_err(|e| ScheduleError::Task(e.to_string()))?;
@@ -534,6 +547,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
         .with_orphans(orphans)
         .with_windows(windows)
+        .with_services(&self.services)
         .with_remote(
             // `--force` means here: nothing of the stage is looked up.
             self.options
@@ -728,6 +742,33 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 if self.remaining[d] == 0 {
                     self.ready.insert((self.rank[d], d));
                 }
+            }
+        }
+    }
+
+    /// Stops each service no stage of this run needs any more: every
+    /// selected stage that uses it has ended (or, the run stopping, never
+    /// will start).
+    async fn release_services(&self) {
+        for name in self.services.up().await {
+            let needed = self
+                .ctx
+                .manifest
+                .stages
+                .iter()
+                .enumerate()
+                .any(|(i, stage)| {
+                    let pending = match self.slots[i] {
+                        Slot::Running => true,
+                        Slot::Waiting => !self.stop,
+                        Slot::Ok | Slot::Failed | Slot::Partial => false,
+                    };
+                    self.options.selected[i]
+                        && pending
+                        && stage.services.iter().any(|s| s.name == name)
+                });
+            if !needed {
+                self.services.stop(&name).await;
             }
         }
     }

@@ -14,6 +14,7 @@ mod items;
 mod limits;
 mod remote;
 mod samples;
+mod services;
 mod status;
 mod task;
 mod transfer;
@@ -70,4 +71,8 @@ pub enum ScheduleError {
     NoLedger,
     #[error("a stage task failed: {0}")]
     Task(String),
+    /// A service the stage uses could not be brought up or failed its
+    /// check: nothing of the stage ran.
+    #[error("{0}")]
+    Service(String),
 }

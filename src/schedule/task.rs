@@ -26,6 +26,7 @@ use super::item_outputs::ItemOutputs;
 use super::items::{Item, ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
 use super::remote::Uploads;
+use super::services::Services;
 use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environment, redact_text};
 use crate::fingerprint::Digest;
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Retry, Stage};
@@ -252,6 +253,9 @@ pub struct StageTask {
     uploads: Option<Uploads>,
     /// Who runs its commands, for the entries it uploads.
     producer: Producer,
+    /// The services its commands reach, and the run's services.
+    services: Vec<String>,
+    run_services: Option<Arc<Services>>,
 }
 
 /// The start of every job name of `stage`: `cairn-STAGE-WORKSPACE`, where
@@ -409,7 +413,33 @@ impl StageTask {
             remote: None,
             uploads: None,
             producer: super::remote::producer(ctx.manifest, stage, 0, 0, None),
+            services: stage.services.iter().map(|s| s.name.clone()).collect(),
+            run_services: None,
         })
+    }
+
+    /// Brings up the services its commands reach (through `services`,
+    /// the run's) before the first of them runs.
+    pub fn with_services(mut self, services: &Arc<Services>) -> Self {
+        self.run_services = Some(services.clone());
+        self
+    }
+
+    /// Each service the stage uses, up and checked, in its commands'
+    /// environment; or why one could not be.
+    async fn reach_services(&mut self) -> Result<(), ScheduleError> {
+        let Some(services) = self.run_services.clone() else {
+            return Ok(());
+        };
+        for name in &self.services {
+            let (variable, url) = tokio::select! {
+                reached = services.reach(name) => reached.map_err(ScheduleError::Service)?,
+                () = self.limits.stopped() => return Ok(()),
+            };
+            self.job.env.retain(|(k, _)| *k != variable);
+            self.job.env.push((variable, url));
+        }
+        Ok(())
     }
 
     /// Looks its items up in `remote` before they run, and uploads what
@@ -502,10 +532,11 @@ impl StageTask {
 
     /// Runs the command, then the checks; then stores the outputs.
     pub async fn run(
-        self,
+        mut self,
         executor: Arc<dyn Executor>,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
+        self.reach_services().await?;
         if self.items.is_some() {
             return self.run_items(executor, links).await;
         }

@@ -1,0 +1,311 @@
+//! `[services.NAME]`: servers stages reach while they run, `services =
+//! ["NAME"]` on a stage, and `[profiles.P.services.NAME]`, which replaces a
+//! definition under profile `P` (a fixture server by default, a real model
+//! server's URL with `--profile gpu`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::super::interpolate::walk;
+use super::super::model::{Command, Service, Stage};
+use super::super::raw::{Entry, Node, NodeKind};
+use super::super::shell::{self, Context};
+use super::{Checker, find, scalar};
+use crate::manifest::error::Problem;
+
+const KEYS: &[&str] = &[
+    "description",
+    "run",
+    "url",
+    "env",
+    "ready",
+    "check",
+    "start_timeout",
+];
+/// How long a service may take to come up unless `start_timeout` says.
+const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
+/// The placeholder a service's `run` and `url` are given its port in.
+pub const PORT: &str = "{service.port}";
+
+impl Checker<'_> {
+    /// `[services]`, with the selected profiles' replacements applied in
+    /// their order. Every profile's replacements are checked, selected or
+    /// not.
+    pub(super) fn services(
+        &mut self,
+        entries: &[Entry],
+        selected: &[&str],
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> BTreeMap<String, Service> {
+        let mut services = BTreeMap::new();
+        if let Some(entry) = find(entries, "services")
+            && let Some(table) = self.expect_table(&entry.value, "`services`")
+        {
+            for service in table {
+                if let Some(spec) = self.service(&service.key, &service.value, params) {
+                    services.insert(service.key.clone(), spec);
+                }
+            }
+        }
+        let Some(profiles) = find(entries, "profiles").and_then(|e| e.value.as_table()) else {
+            return services;
+        };
+        let mut replacements = Vec::new();
+        for body in profiles {
+            let Some(table) = body
+                .value
+                .as_table()
+                .and_then(|t| find(t, "services"))
+                .and_then(|e| self.expect_table(&e.value, "profile services"))
+            else {
+                continue;
+            };
+            for service in table {
+                if !services.contains_key(&service.key) {
+                    let help = self.did_you_mean(
+                        &service.key,
+                        services.keys().map(String::as_str),
+                        &format!(
+                            "declare `[services.{}]` first; a profile replaces a service, it does not add one",
+                            service.key
+                        ),
+                    );
+                    self.problems.push(
+                        Problem::new(
+                            format!(
+                                "profile `{}` replaces undeclared service `{}`",
+                                body.key, service.key
+                            ),
+                            service.key_span.clone(),
+                            "not in `[services]`",
+                        )
+                        .help(help),
+                    );
+                    continue;
+                }
+                if let Some(spec) = self.service(&service.key, &service.value, params)
+                    && let Some(rank) = selected.iter().position(|p| *p == body.key)
+                {
+                    replacements.push((rank, service.key.clone(), spec));
+                }
+            }
+        }
+        replacements.sort_by_key(|(rank, _, _)| *rank);
+        services.extend(replacements.into_iter().map(|(_, name, spec)| (name, spec)));
+        services
+    }
+
+    fn service(
+        &mut self,
+        name: &str,
+        node: &Node,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Option<Service> {
+        let context = format!("service `{name}`");
+        let table = self.expect_table(node, &context)?;
+        self.unknown_keys(table, KEYS, &context);
+        let text = |checker: &mut Self, key: &str| {
+            find(table, key).and_then(|e| checker.string(&e.value, &format!("`{key}`")))
+        };
+        let description = text(self, "description");
+        let run = find(table, "run").and_then(|e| self.service_command(name, &e.value, params));
+        let check = find(table, "check").and_then(|e| self.service_command(name, &e.value, params));
+        let Some(url_entry) = find(table, "url") else {
+            self.problems.push(
+                Problem::new(format!("service `{name}` has no `url`"), node.span.clone(), "here")
+                    .help("say where stages reach it, e.g. `url = \"http://127.0.0.1:{service.port}/v1\"` with a `run` that serves it, or the address of a server already running"),
+            );
+            return None;
+        };
+        let url = self.string(&url_entry.value, "`url`")?;
+        let url = self.service_text(name, &url, &url_entry.value, params, false)?;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            self.problems.push(
+                Problem::new(
+                    format!("service `{name}` has a `url` that is not http(s): `{url}`"),
+                    url_entry.value.span.clone(),
+                    "here",
+                )
+                .help("write an http:// or https:// address"),
+            );
+            return None;
+        }
+        if url.contains(PORT) && find(table, "run").is_none() {
+            self.problems.push(
+                Problem::new(
+                    format!("service `{name}` has `{PORT}` in its `url` but no `run`"),
+                    url_entry.value.span.clone(),
+                    "here",
+                )
+                .help("cairn picks the port only for a service it starts; give the running server's address, or a `run` that serves it"),
+            );
+            return None;
+        }
+        let env = match find(table, "env") {
+            None => format!(
+                "CAIRN_SERVICE_{}",
+                name.to_ascii_uppercase().replace('-', "_")
+            ),
+            Some(entry) => {
+                let env = self.string(&entry.value, "`env`")?;
+                let valid = env
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    self.problems.push(
+                        Problem::new(
+                            format!("invalid environment variable name `{env}`"),
+                            entry.value.span.clone(),
+                            "here",
+                        )
+                        .help("letters, digits and `_`, not starting with a digit, e.g. `OPENAI_BASE_URL`"),
+                    );
+                    return None;
+                }
+                env
+            }
+        };
+        let ready = text(self, "ready").unwrap_or_default();
+        let start_timeout = find(table, "start_timeout")
+            .and_then(|e| self.timeout(&e.value))
+            .unwrap_or(DEFAULT_START_TIMEOUT);
+        Some(Service {
+            name: name.to_owned(),
+            description,
+            run,
+            url,
+            env,
+            ready,
+            check,
+            start_timeout,
+        })
+    }
+
+    /// A service's `run` or `check`: a shell script or an argv, with
+    /// `{params.X}` filled (quoted for where it stands) and
+    /// `{service.port}` kept for when the port is known.
+    fn service_command(
+        &mut self,
+        name: &str,
+        node: &Node,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Option<Command> {
+        match &node.kind {
+            NodeKind::String(script) if !script.trim().is_empty() => self
+                .service_text(name, script, node, params, true)
+                .map(Command::Shell),
+            NodeKind::Array(items) if !items.is_empty() => {
+                let mut argv = Vec::new();
+                for item in items {
+                    let arg = self.string(item, "an argument")?;
+                    argv.push(self.service_text(name, &arg, item, params, false)?);
+                }
+                Some(Command::Exec(argv))
+            }
+            _ => {
+                self.type_error(
+                    node,
+                    &format!("a command of service `{name}`"),
+                    "a non-empty string (run by /bin/sh) or array of strings (executed directly)",
+                );
+                None
+            }
+        }
+    }
+
+    /// `text` with its `{params.X}` filled (for a shell script, quoted for
+    /// where each stands) and `{service.port}` kept; any other placeholder
+    /// is a located error.
+    fn service_text(
+        &mut self,
+        name: &str,
+        text: &str,
+        node: &Node,
+        params: &BTreeMap<String, serde_json::Value>,
+        is_shell: bool,
+    ) -> Option<String> {
+        let contexts = if is_shell {
+            shell::contexts(text)
+        } else {
+            Default::default()
+        };
+        let filled = walk(text, true, |p| {
+            let whole = &text[p.range.clone()];
+            if whole == PORT {
+                return Ok(None);
+            }
+            let value = match p.namespace {
+                "params" => params.get(p.name).and_then(scalar),
+                _ => None,
+            };
+            let Some(value) = value else {
+                return Err((
+                    whole,
+                    format!(
+                        "service `{name}` cannot fill `{whole}`: a service has `{{params.NAME}}` (a string, number or boolean) and `{PORT}`"
+                    ),
+                ));
+            };
+            if !is_shell {
+                return Ok(Some(value));
+            }
+            match contexts.get(&p.range.start) {
+                Some(Ok(Context::Comment)) => Ok(None),
+                Some(Ok(context)) => shell::quote(*context, shell::Value::One(&value))
+                    .map(Some)
+                    .map_err(|why| (whole, format!("`{whole}` cannot stand here: {why}"))),
+                _ => Err((
+                    whole,
+                    format!("`{whole}` stands where no quoting keeps its value data"),
+                )),
+            }
+        });
+        match filled {
+            Ok(filled) => Some(filled),
+            Err(errors) => {
+                for (whole, message) in errors {
+                    let span = self.sub_span(node, whole);
+                    self.problems.push(Problem::new(message, span, "here"));
+                }
+                None
+            }
+        }
+    }
+
+    /// Every `services = [..]` of a stage names a declared service, and no
+    /// built-in stage names one.
+    pub(super) fn check_service_names(
+        &mut self,
+        stages: &[Stage],
+        services: &BTreeMap<String, Service>,
+    ) {
+        for stage in stages {
+            for used in &stage.services {
+                if services.contains_key(&used.name) {
+                    continue;
+                }
+                let help = self.did_you_mean(
+                    &used.name,
+                    services.keys().map(String::as_str),
+                    &format!(
+                        "declare it, e.g. `[services.{}]` with `url` (and `run` to have cairn start it)",
+                        used.name
+                    ),
+                );
+                self.problems.push(
+                    Problem::new(
+                        format!(
+                            "stage `{}` uses undeclared service `{}`",
+                            stage.name, used.name
+                        ),
+                        used.span.clone(),
+                        "not in `[services]`",
+                    )
+                    .help(help),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! The services of a run (`[services.NAME]`): a server is brought up when
+//! the first stage that uses it is about to run — never for a run whose
+//! stages are all fresh or restored — checked, handed to every stage that
+//! uses it through one environment variable, and stopped once no stage of
+//! the run still needs it, or when the run ends.
+//!
+//! A service cairn starts (`run`) gets a free port on loopback, its own
+//! process group, the run's marker in its environment (so a killed cairn's
+//! server is reaped by the next run, as its commands are) and a log at
+//! `cache/logs/RUN/services/NAME.log`. A service without `run` is reached
+//! where it runs. Either way it is up once `ready` answers 2xx, and usable
+//! once `check` exits 0; until then no command of its stages runs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use crate::exec::{RUN_MARKER, base_environment};
+use crate::manifest::interpolate::walk;
+use crate::manifest::{Command, Service};
+
+/// The services one run may bring up.
+pub struct Services {
+    root: PathBuf,
+    log_dir: PathBuf,
+    token: String,
+    specs: BTreeMap<String, Service>,
+    /// Each service brought up in this run (or that failed to come up:
+    /// the stages that use it fail with the same reason, nothing is
+    /// started twice).
+    states: Mutex<BTreeMap<String, State>>,
+}
+
+enum State {
+    Up {
+        url: String,
+        process: Option<ServiceProcess>,
+    },
+    Failed(String),
+    Stopped,
+}
+
+/// A service process: its process group is killed when dropped.
+struct ServiceProcess {
+    child: tokio::process::Child,
+    group: Option<i32>,
+}
+
+impl ServiceProcess {
+    fn signal(&self, signal: i32) {
+        if let Some(group) = self.group {
+            // SAFETY: kill(2) with a negative pid signals that process group;
+            // it has no memory-safety preconditions.
+            unsafe {
+                libc::kill(-group, signal);
+            }
+        }
+    }
+
+    /// SIGTERM, a grace period, then SIGKILL.
+    async fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        if tokio::time::timeout(STOP_GRACE, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.signal(libc::SIGKILL);
+            let _ = self.child.wait().await;
+        }
+        self.group = None;
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+/// How long a stopped service has to exit before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often readiness is asked while a service comes up.
+const READY_POLL: Duration = Duration::from_millis(100);
+/// Lines of a service's log quoted when it fails to come up.
+const LOG_TAIL: usize = 8;
+
+impl Services {
+    pub fn new(
+        root: &Path,
+        log_dir: &Path,
+        token: &str,
+        specs: &BTreeMap<String, Service>,
+    ) -> Self {
+        Self {
+            root: root.to_owned(),
+            log_dir: log_dir.join("services"),
+            token: token.to_owned(),
+            specs: specs.clone(),
+            states: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The service `name`, brought up (and checked) if it is not yet:
+    /// (the variable, the URL) a stage's commands are given; or why it
+    /// could not be.
+    pub async fn reach(&self, name: &str) -> Result<(String, String), String> {
+        let spec = self
+            .specs
+            .get(name)
+            .ok_or_else(|| format!("no service `{name}`"))?;
+        // One lock for all: a service comes up once, whoever asks first.
+        let mut states = self.states.lock().await;
+        match states.get(name) {
+            Some(State::Up { url, .. }) => return Ok((spec.env.clone(), url.clone())),
+            Some(State::Failed(why)) => return Err(why.clone()),
+            Some(State::Stopped) | None => {}
+        }
+        let started = Instant::now();
+        match self.bring_up(spec).await {
+            Ok((url, process)) => {
+                tracing::info!(
+                    "service `{name}` is up at {url} ({:.1} s)",
+                    started.elapsed().as_secs_f64()
+                );
+                states.insert(
+                    name.to_owned(),
+                    State::Up {
+                        url: url.clone(),
+                        process,
+                    },
+                );
+                Ok((spec.env.clone(), url))
+            }
+            Err(why) => {
+                let why = format!("service `{name}` {why}");
+                states.insert(name.to_owned(), State::Failed(why.clone()));
+                Err(why)
+            }
+        }
+    }
+
+    /// Stops the service `name` if this run brought it up.
+    pub async fn stop(&self, name: &str) {
+        let mut states = self.states.lock().await;
+        if let Some(State::Up { process, .. }) = states.get_mut(name) {
+            if let Some(process) = process.take() {
+                process.stop().await;
+                tracing::info!("service `{name}` stopped: no stage of this run needs it any more");
+            }
+            states.insert(name.to_owned(), State::Stopped);
+        }
+    }
+
+    /// The services up now.
+    pub async fn up(&self) -> Vec<String> {
+        let states = self.states.lock().await;
+        states
+            .iter()
+            .filter(|(_, state)| matches!(state, State::Up { .. }))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Stops every service this run brought up.
+    pub async fn stop_all(&self) {
+        for name in self.up().await {
+            self.stop(&name).await;
+        }
+    }
+
+    async fn bring_up(&self, spec: &Service) -> Result<(String, Option<ServiceProcess>), String> {
+        let deadline = Instant::now() + spec.start_timeout;
+        let log = self.log_dir.join(format!("{}.log", spec.name));
+        let (url, mut process) = match &spec.run {
+            None => (spec.url.clone(), None),
+            Some(run) => {
+                let port = free_port().map_err(|e| format!("found no free port: {e}"))?;
+                let url = with_port(&spec.url, port);
+                let process = self.spawn(&with_port_command(run, port), spec, &url, &log)?;
+                (url, Some(process))
+            }
+        };
+        let probe = ready_url(&url, &spec.ready);
+        crate::tls::install_provider();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+        let mut last;
+        loop {
+            if let Some(process) = &mut process
+                && let Ok(Some(status)) = process.child.try_wait()
+            {
+                return Err(format!(
+                    "exited ({status}) before it was ready{}",
+                    log_tail(&log)
+                ));
+            }
+            match client.get(&probe).send().await {
+                Ok(answer) if answer.status().is_success() => break,
+                Ok(answer) => last = format!("{probe} answered {}", answer.status()),
+                Err(error) => last = format!("{probe}: {}", error_chain(&error)),
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "was not ready within {} ({last}){}",
+                    humantime::format_duration(spec.start_timeout),
+                    if process.is_some() {
+                        log_tail(&log)
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
+        if let Some(check) = &spec.check {
+            self.check(check, spec, &url, &log, deadline).await?;
+        }
+        Ok((url, process))
+    }
+
+    /// The environment a service's processes (and its check) get.
+    fn environment(&self, spec: &Service, url: &str) -> Vec<(String, String)> {
+        let mut env = base_environment();
+        env.push((RUN_MARKER.to_owned(), self.token.clone()));
+        env.push((spec.env.clone(), url.to_owned()));
+        env
+    }
+
+    fn command(
+        &self,
+        command: &Command,
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<tokio::process::Command, String> {
+        std::fs::create_dir_all(&self.log_dir)
+            .map_err(|e| format!("cannot make {}: {e}", self.log_dir.display()))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| format!("cannot open its log {}: {e}", log.display()))?;
+        let err = file
+            .try_clone()
+            .map_err(|e| format!("cannot open its log {}: {e}", log.display()))?;
+        let mut process = match command {
+            Command::Shell(script) => {
+                let mut c = tokio::process::Command::new("/bin/sh");
+                c.arg("-c").arg(script);
+                c
+            }
+            Command::Exec(argv) => {
+                let mut c = tokio::process::Command::new(&argv[0]);
+                c.args(&argv[1..]);
+                c
+            }
+        };
+        process
+            .current_dir(&self.root)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .process_group(0);
+        Ok(process)
+    }
+
+    fn spawn(
+        &self,
+        run: &Command,
+        spec: &Service,
+        url: &str,
+        log: &Path,
+    ) -> Result<ServiceProcess, String> {
+        let env = self.environment(spec, url);
+        let child = self
+            .command(run, &env, log)?
+            .spawn()
+            .map_err(|e| format!("could not be started: {e}"))?;
+        let group = child.id().map(|pid| pid as i32);
+        Ok(ServiceProcess { child, group })
+    }
+
+    /// Runs `check` with the service's URL set; it must exit 0 in time.
+    async fn check(
+        &self,
+        check: &Command,
+        spec: &Service,
+        url: &str,
+        log: &Path,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let env = self.environment(spec, url);
+        let mut child = self
+            .command(check, &env, log)?
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("check could not be started: {e}"))?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, child.wait()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(format!("failed its check ({status}){}", log_tail(log))),
+            Ok(Err(error)) => Err(format!("check could not be waited for: {error}")),
+            Err(_) => Err(format!(
+                "check did not finish within {}{}",
+                humantime::format_duration(spec.start_timeout),
+                log_tail(log)
+            )),
+        }
+    }
+}
+
+/// A port on loopback no one listens on now.
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `text` with `{service.port}` filled in.
+fn with_port(text: &str, port: u16) -> String {
+    let filled: Result<String, Vec<()>> = walk(text, false, |p| {
+        Ok((&text[p.range.clone()] == crate::manifest::SERVICE_PORT).then(|| port.to_string()))
+    });
+    filled.unwrap_or_else(|_| text.to_owned())
+}
+
+fn with_port_command(command: &Command, port: u16) -> Command {
+    match command {
+        Command::Shell(script) => Command::Shell(with_port(script, port)),
+        Command::Exec(argv) => Command::Exec(argv.iter().map(|a| with_port(a, port)).collect()),
+    }
+}
+
+/// Where readiness is asked: `ready` under `url` (or a URL of its own).
+fn ready_url(url: &str, ready: &str) -> String {
+    if ready.starts_with("http://") || ready.starts_with("https://") {
+        ready.to_owned()
+    } else if ready.is_empty() {
+        url.to_owned()
+    } else {
+        format!(
+            "{}/{}",
+            url.trim_end_matches('/'),
+            ready.trim_start_matches('/')
+        )
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The last lines of a log, as `; its log ends: …`, or nothing.
+fn log_tail(log: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return String::new();
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+    format!("; {} ends:\n  {}", log.display(), tail.join("\n  "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_port_is_filled_in_urls_and_commands_and_nothing_else_is() {
+        assert_eq!(
+            with_port("http://127.0.0.1:{service.port}/v1", 8123),
+            "http://127.0.0.1:8123/v1"
+        );
+        assert_eq!(
+            with_port("serve --port {service.port} '{{x.y}}' {other.z}", 9),
+            "serve --port 9 '{x.y}' {other.z}"
+        );
+    }
+
+    #[test]
+    fn readiness_is_asked_under_the_url_unless_it_is_a_url_itself() {
+        assert_eq!(
+            ready_url("http://h:1/v1", "/models"),
+            "http://h:1/v1/models"
+        );
+        assert_eq!(
+            ready_url("http://h:1/v1/", "models"),
+            "http://h:1/v1/models"
+        );
+        assert_eq!(ready_url("http://h:1/v1", ""), "http://h:1/v1");
+        assert_eq!(
+            ready_url("http://h:1/v1", "http://h:1/health"),
+            "http://h:1/health"
+        );
+    }
+}
