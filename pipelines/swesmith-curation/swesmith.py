@@ -16,8 +16,14 @@ images) with its built-ins; see ../swesmith-curation.toml.
     oracle TASK RESULT [--fault-rate F]      NOP must fail, gold must pass
     canary-lists RECEIPT SMOKE FULL VAL TRAIN MODELS [IMAGES]
                                              fixed canary lists from the registered freeze
-    canary MODEL TASK_ID RECEIPT RESULT      evaluate one fixture model on one task
-    canary-report RESULTS OUT                pass@1 per model and sub-list
+    canary MODEL TASK_ID RECEIPT AGENT RESULT
+                                             one sample of one model on one task, through
+                                             the model server at $OPENAI_BASE_URL
+    check-served MODELS AGENT TRAINER        the served models are the declared checkpoints
+                                             (by digest) and the context length agrees
+    digests CHECKPOINT_DIR                   the digests to declare a checkpoint by
+    canary-report RESULTS PASSK ... OUT      pass@k per model and sub-list, with what the
+                                             reporting rule asks for
     check-context AGENT SERVER TRAINER       the context length agrees everywhere
     train RECEIPT TRAINER OUT [--dry-run]    load every frozen task, resolve the config
 """
@@ -26,6 +32,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -330,48 +337,170 @@ def canary_lists(args):
     write_jsonl(trials, [trial(m, t, name) for m in models for name, tasks in lists for t in tasks])
 
 
+def post_json(url, body, timeout=60):
+    """(status, decoded body) of a JSON POST; raises OSError when no answer."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        try:
+            return error.code, json.loads(error.read())
+        except ValueError:
+            return error.code, {}
+
+
+def get_json(url, timeout=30):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=timeout) as answer:
+        return json.loads(answer.read())
+
+
+def agent_profile(path):
+    import tomllib
+    with open(path, "rb") as f:
+        return tomllib.load(f)["agent"]
+
+
 def canary(args):
-    model_name, task_id, receipt, result = args
+    """One sample of one model on one task, through the model server at
+    $OPENAI_BASE_URL (a cairn service): the agent asks, the model answers
+    with an action, the action is applied and the task's tests decide."""
+    model_name, task_id, receipt, agent_path, result = args
+    base = os.environ.get("OPENAI_BASE_URL")
+    if not base:
+        sys.exit("no model server: OPENAI_BASE_URL is not set (the stage uses `services = [\"model-server\"]`)")
+    agent = agent_profile(agent_path)
     root, _ = registered(receipt)
-    with open(os.path.join(HERE, "models", f"{model_name}.json")) as f:
-        model = json.load(f)
     task_dir = os.path.join(root, "items", task_id)
     with open(os.path.join(task_dir, "task.json")) as f:
         meta = json.load(f)
-    # The first attempt of some trials fails on infrastructure (the model
-    # server drops the connection); cairn retries it.
     attempt = int(os.environ.get("CAIRN_ATTEMPT", "1"))
-    seed = os.environ.get("CAIRN_SEED", "0")
-    if frac(model_name, task_id, "canary", seed) < model["infra_rate"] and attempt == 1:
-        print("vLLM server: connection reset by peer", file=sys.stderr)
-        sys.exit(75)
-    # A sample is a draw: its seed decides, so a task's samples differ.
-    empty = frac(model["revision"], task_id, "empty", seed) < model["empty_rate"]
-    solves = frac(model_name, task_id, "solve", seed) < model["accuracy"]
-    trajectory = [] if empty else [
-        {"role": "assistant", "content": f"Reading {meta['test']} to understand the failure."},
-        {"role": "tool", "content": "1 failed"},
-        {"role": "assistant", "content": "Editing the implementation." if solves else "Changing the test expectations."},
+    seed = int(os.environ.get("CAIRN_SEED", "0"))
+    messages = [
+        {"role": "system", "content": f"You are a software engineering agent ({agent['prompt_profile']})."},
+        {"role": "user", "content": f"Task: {task_id}\nThe test {meta['test']} fails. Fix the repository."},
     ]
+    request = {"model": model_name, "messages": messages, "seed": seed,
+               "temperature": agent["temperature"], "top_p": agent["top_p"],
+               "max_tokens": agent["max_tokens"]}
+    try:
+        status, answer = post_json(base.rstrip("/") + "/chat/completions", request)
+    except OSError as error:
+        # No answer at all: the server, not the model.
+        print(f"model server: {error}", file=sys.stderr)
+        sys.exit(75)
+    if status >= 500:
+        print(f"model server answered {status}: {answer.get('error', {}).get('message', '')}", file=sys.stderr)
+        sys.exit(75)
+    if status != 200:
+        sys.exit(f"model server refused the request ({status}): {answer.get('error', {}).get('message', '')}")
+    if answer.get("model") != model_name:
+        sys.exit(f"asked {model_name}, answered by {answer.get('model')}: the server serves another model")
+    content = answer["choices"][0]["message"]["content"] or ""
+    trajectory = [] if not content.strip() else [
+        {"role": "assistant", "content": content},
+        {"role": "tool", "content": "applied"},
+    ]
+    action = re.search(r"ACTION: (\S+)", content)
+    action = action.group(1) if action else None
     with tempfile.TemporaryDirectory() as tmp:
         repo = os.path.join(tmp, "repo")
         shutil.copytree(os.path.join(task_dir, "repo"), repo)
-        if solves:
+        if action == "edit-implementation":
             subprocess.run(["patch", "-p1", "--fuzz=0", "-s", "-d", repo, "-i",
                             os.path.abspath(os.path.join(task_dir, "gold.patch"))], check=False)
-        passed = (not empty) and run_tests(repo, meta["test"])
-    write_json(result, {"model": model_name, "task": task_id, "turns": len(trajectory),
-                        "reward": 1 if passed else 0, "model_revision": model["revision"],
-                        "attempt": attempt, "seed": int(seed)})
-    print(f"{model_name} {task_id}: reward {1 if passed else 0}, {len(trajectory)} turns")
+        passed = bool(trajectory) and run_tests(repo, meta["test"])
+    write_json(result, {"model": model_name, "task": task_id, "turns": len([t for t in trajectory if t["role"] == "assistant"]),
+                        "reward": 1 if passed else 0, "action": action, "attempt": attempt, "seed": seed,
+                        "usage": answer.get("usage", {})})
+    print(f"{model_name} {task_id} seed {seed}: reward {1 if passed else 0}, action {action}")
+
+
+def checkpoint_digests(path):
+    """The digests a checkpoint is declared by: its weight files (as the
+    SHA-256 of their SHA256SUMS listing, in name order), its tokenizer and
+    its chat template."""
+    def sha(p):
+        with open(p, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    weights = sorted(n for n in os.listdir(path) if n.endswith((".safetensors", ".bin", ".pt")))
+    listing = "".join(f"{sha(os.path.join(path, n))}  {n}\n" for n in weights)
+    template = os.path.join(path, "chat_template.jinja")
+    if os.path.exists(template):
+        chat_template = sha(template)
+    else:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            chat_template = hashlib.sha256(json.load(f)["chat_template"].encode()).hexdigest()
+    return {"weights_sha256": hashlib.sha256(listing.encode()).hexdigest() if weights else None,
+            "tokenizer_sha256": sha(os.path.join(path, "tokenizer.json")),
+            "chat_template_sha256": chat_template}
+
+
+def digests(args):
+    print(json.dumps(checkpoint_digests(args[0]), indent=2))
+
+
+def declared_models(path):
+    import tomllib
+    with open(path, "rb") as f:
+        return tomllib.load(f)["models"]
+
+
+def check_served(args):
+    """Before any canary trial: every declared model is served under its
+    name from its checkpoint, whose weights, tokenizer and chat template
+    have the declared digests, and the served context length agrees with
+    the agent profile and the trainer."""
+    models_path, agent_path, trainer_path = args
+    base = os.environ["OPENAI_BASE_URL"].rstrip("/")
+    served = {m["id"]: m for m in get_json(base + "/models")["data"]}
+    agent = agent_profile(agent_path)["max_context"]
+    trainer = trainer_context(trainer_path)
+    problems = []
+    for name, declared in declared_models(models_path).items():
+        model = served.get(declared["served_name"])
+        if model is None:
+            problems.append(f"{name}: `{declared['served_name']}` is not served (served: {', '.join(sorted(served)) or 'nothing'})")
+            continue
+        root = model.get("root")
+        if not root or not os.path.isdir(root):
+            problems.append(f"{name}: the server loads it from `{root}`, which this machine cannot read to verify")
+            continue
+        if os.path.realpath(root) != os.path.realpath(declared["checkpoint"]):
+            problems.append(f"{name}: served from {root}, declared {declared['checkpoint']}")
+        found = checkpoint_digests(root)
+        for key, value in found.items():
+            if value != declared[key]:
+                problems.append(f"{name}: {key} is {value}, declared {declared[key]}")
+        lengths = {"server": model.get("max_model_len"), "agent": agent, "trainer": trainer}
+        if len(set(lengths.values())) != 1:
+            problems.append(f"{name}: context length disagrees: " + ", ".join(f"{k} {v}" for k, v in lengths.items()))
+        else:
+            print(f"{name}: served as {model['id']} from {root}, digests as declared, context {agent} everywhere")
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        sys.exit(1)
+
+
+def file_sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def canary_report(args):
-    results, summary_path, out = args
+    results, summary_path, models_path, agent_path, receipt, trials_path, jobs, retries, out = args
     rows = read_jsonl(results)
     with open(summary_path) as f:
         summary = json.load(f)
     k = summary["samples"]["k"]
+    models = declared_models(models_path)
+    agent = agent_profile(agent_path)
+    _, manifest = registered(receipt)
+    trials = read_jsonl(trials_path)
     stats = {}
     for r in rows:
         item = r["item"]
@@ -389,14 +518,30 @@ def canary_report(args):
         for sample in r["samples"]:
             if sample["class"] not in ("ok", "failed", "error"):
                 s["marked"] += 1
+    images = sorted({t["reference"] for t in trials if t.get("reference")})
     lines = ["# Canary", "",
-             f"Each task sampled k = {k} times (seeds {summary['samples']['seed']} + sample index; a",
-             "re-drawn sample's own seed is in the ledger). pass@1 and pass@k by the unbiased",
-             "estimator over the requested denominator: a trial in `error` (an empty trajectory)",
-             "counts as a fail and is never dropped; the valid denominator is shown beside it.",
-             "Infrastructure failures are retried inside their sample, never a verdict; every",
-             "attempt is in the ledger (`cairn show canary/MODEL:TASK#SAMPLE`). A model whose",
-             "smoke task never completes is marked harness-incompatible and not run further.", "",
+             "## What was run", "",
+             "| | |", "|---|---|",
+             f"| dataset | {manifest['name']} {manifest['version']} (semantic digest `{manifest['semantic_digest']}`) |",
+             f"| lists | {', '.join(sorted({t['list'] for t in trials}))} ({len({t['task'] for t in trials})} tasks) |",
+             f"| agent profile | {agent['prompt_profile']}, configs/agent.toml sha256 `{file_sha256(agent_path)}` |",
+             f"| context / max tokens / steps | {agent['max_context']} / {agent['max_tokens']} / {agent['max_steps']} (checked against the server and the trainer before the first trial) |",
+             f"| sampling | temperature {agent['temperature']}, top_p {agent['top_p']}; k = {k} samples per task, seed {summary['samples']['seed']} + sample index (a re-drawn sample's own seed is in the ledger) |",
+             f"| concurrency | one model at a time, at most {jobs} trials of it at once, inside the cluster window |",
+             f"| retries | {retries} per sample, on infrastructure failures only |",
+             f"| runtime images | {len(images)} task images by digest" + (f", list sha256 `{hashlib.sha256(chr(10).join(images).encode()).hexdigest()}`" if images else " (none: the trials ran on this machine)") + " |",
+             f"| kind | internal experiment on fixture models |" if all("fixture" in m.get("revision", "") for m in models.values()) else "| kind | evaluation |",
+             "", "| model | served as | revision | weights sha256 | tokenizer sha256 | chat template sha256 |",
+             "|---|---|---|---|---|---|"]
+    for name, m in sorted(models.items()):
+        lines.append(f"| {name} | {m['served_name']} | {m['revision']} | `{m['weights_sha256'][:16]}…` | "
+                     f"`{m['tokenizer_sha256'][:16]}…` | `{m['chat_template_sha256'][:16]}…` |")
+    lines += ["", "## Results", "",
+             "pass@1 and pass@k by the unbiased estimator over the requested denominator: a trial in",
+             "`error` (an empty trajectory) counts as a fail and is never dropped; the valid denominator is",
+             "shown beside it. Infrastructure failures are retried inside their sample, never a verdict;",
+             "every attempt is in the ledger (`cairn show canary/MODEL:TASK#SAMPLE`). A model whose smoke",
+             "task never completes is marked harness-incompatible and not run further.", "",
              f"| model | list | tasks | samples requested | valid | errors | marked | passed | pass@1 | pass@{k} | mixed groups |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in sorted(stats):
@@ -416,18 +561,18 @@ def canary_report(args):
 
 # ---- train -----------------------------------------------------------------
 
-def context_lengths(agent, server, trainer):
-    import tomllib
-    with open(agent, "rb") as f:
-        a = tomllib.load(f)["agent"]["max_context"]
-    with open(server) as f:
-        s = json.load(f)["max_model_len"]
-    t = None
+def trainer_context(trainer):
     with open(trainer) as f:
         for line in f:
             if line.strip().startswith("max_seq_len:"):
-                t = int(line.split(":", 1)[1])
-    return {"agent": a, "server": s, "trainer": t}
+                return int(line.split(":", 1)[1])
+    return None
+
+
+def context_lengths(agent, server, trainer):
+    with open(server) as f:
+        s = json.load(f)["max_model_len"]
+    return {"agent": agent_profile(agent)["max_context"], "server": s, "trainer": trainer_context(trainer)}
 
 
 def check_context(args):
@@ -472,6 +617,7 @@ COMMANDS = {
     "pool": pool, "combine": combine, "materialize-one": materialize_one, "static-check": static_check,
     "accepted": accepted, "oracle": oracle, "canary-lists": canary_lists, "canary": canary,
     "canary-report": canary_report, "check-context": check_context, "train": train,
+    "check-served": check_served, "digests": digests,
 }
 
 if __name__ == "__main__":

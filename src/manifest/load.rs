@@ -83,7 +83,7 @@ const ITEM_ONLY_KEYS: &[&str] = &[
     "samples",
     "isolate",
 ];
-const ISOLATE_KEYS: &[&str] = &["by", "smoke", "mark"];
+const ISOLATE_KEYS: &[&str] = &["by", "smoke", "mark", "one_at_a_time", "jobs"];
 const SAMPLES_KEYS: &[&str] = &[
     "k", "seed", "pass_at", "split", "errors", "summary", "compare",
 ];

@@ -348,6 +348,12 @@ pub struct Isolate {
     pub smoke: String,
     /// What a skipped item of a marked group is reported as.
     pub mark: String,
+    /// Groups run one after another (in the order of their names), each
+    /// its smoke items first: one model served at a time.
+    pub one_at_a_time: bool,
+    /// At most this many items of one group at once (a model server's
+    /// concurrency), within the stage's `jobs`.
+    pub jobs: Option<usize>,
 }
 
 /// `samples = { k, seed, pass_at, split, errors }`: a per-item stage whose

@@ -356,7 +356,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // critical path moving; recording results can wait a moment.
             tokio::select! {
                 biased;
-                Some((i, records, elapsed)) = hashed_rx.recv() => self.outputs_known(i, &records, elapsed),
+                Some((i, records, elapsed)) = hashed_rx.recv() => {
+                    self.outputs_known(i, &records, elapsed);
+                    // Its commands are done: a service only it needed
+                    // stops before the stages it releases start.
+                    self.release_services().await;
+                }
                 Some(attempt) = attempts_rx.recv() => {
                     // Whatever else has finished meanwhile goes into the
                     // same transaction.
@@ -604,7 +609,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             Err(error) => {
                 let message = super::with_causes(&error);
                 self.record_failure(i, key, None, now_ms(), &log, &message, None)?;
-                self.fail(i, &message, Some(log));
+                // A service that did not come up ran nothing of the
+                // stage: the message quotes the service's log.
+                let log = (!matches!(error, ScheduleError::Service(_))).then_some(log);
+                self.fail(i, &message, log);
                 return Ok(());
             }
         };

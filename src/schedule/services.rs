@@ -202,7 +202,7 @@ impl Services {
             match client.get(&probe).send().await {
                 Ok(answer) if answer.status().is_success() => break,
                 Ok(answer) => last = format!("{probe} answered {}", answer.status()),
-                Err(error) => last = format!("{probe}: {}", error_chain(&error)),
+                Err(error) => last = format!("{probe}: {}", root_cause(&error)),
             }
             if Instant::now() >= deadline {
                 return Err(format!(
@@ -352,15 +352,14 @@ fn ready_url(url: &str, ready: &str) -> String {
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+/// The innermost cause of `error` (`Connection refused (os error 111)`),
+/// which says what the layers above it only wrap.
+fn root_cause(error: &dyn std::error::Error) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
     }
-    text
+    cause.to_string()
 }
 
 /// The last lines of a log, as `; its log ends: …`, or nothing.

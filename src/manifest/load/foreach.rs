@@ -312,7 +312,24 @@ impl Checker<'_> {
                 mark
             }
         };
-        Some(Isolate { by, smoke, mark })
+        let one_at_a_time = match find(table, "one_at_a_time") {
+            None => false,
+            Some(e) => match e.value.kind {
+                NodeKind::Boolean(b) => b,
+                _ => {
+                    self.type_error(&e.value, "`isolate.one_at_a_time`", "true or false");
+                    false
+                }
+            },
+        };
+        let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`isolate.jobs`", 1));
+        Some(Isolate {
+            by,
+            smoke,
+            mark,
+            one_at_a_time,
+            jobs,
+        })
     }
 
     /// `classify` and `retry`: how any stage's attempts are classed and

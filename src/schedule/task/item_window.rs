@@ -119,28 +119,56 @@ impl StageTask {
             producer: self.producer.clone(),
         });
         // With `isolate`, each group's smoke items run first; a group one
-        // of them fails is marked, and its other items are not run.
+        // of them fails is marked, and its other items are not run. With
+        // `one_at_a_time`, group after group (its smoke items, then the
+        // rest); else every group's smoke items, then every group's rest.
         let isolate = items.spec.isolate.clone();
-        let (smoke, rest) = match &isolate {
-            None => (todo, Vec::new()),
-            Some(isolate) => todo
-                .into_iter()
-                .partition(|&i| is_smoke(&items.plan[i].item, isolate)),
+        let phases: Vec<Vec<usize>> = match &isolate {
+            None => vec![todo],
+            Some(isolate) if isolate.one_at_a_time => {
+                let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+                for i in todo {
+                    groups
+                        .entry(group_of(&items.plan[i].item, Some(isolate)))
+                        .or_default()
+                        .push(i);
+                }
+                groups.into_values().collect()
+            }
+            Some(_) => vec![todo],
         };
+        let group_jobs = GroupJobs::of(isolate.as_ref(), &items.plan);
         // Items that ended in error in this run: key, why, last log.
         let mut errors: Vec<(String, Option<String>, Option<PathBuf>)> = Vec::new();
-        let mut stopped =
-            run_window(&runner, &stage_jobs, &mut items.plan, smoke, &mut errors).await?;
-        let marked = match &isolate {
-            Some(isolate) => failed_groups(&items.plan, isolate),
-            None => BTreeMap::new(),
-        };
-        if !stopped {
+        let mut marked = BTreeMap::new();
+        let mut stopped = false;
+        for phase in phases {
+            let (smoke, rest): (Vec<usize>, Vec<usize>) = match &isolate {
+                None => (phase, Vec::new()),
+                Some(isolate) => phase
+                    .into_iter()
+                    .partition(|&i| is_smoke(&items.plan[i].item, isolate)),
+            };
+            let window = Window {
+                runner: &runner,
+                stage_jobs: &stage_jobs,
+                group_jobs: &group_jobs,
+            };
+            stopped = window.run(&mut items.plan, smoke, &mut errors).await?;
+            if let Some(isolate) = &isolate {
+                marked = failed_groups(&items.plan, isolate);
+            }
+            if stopped {
+                break;
+            }
             let rest = rest
                 .into_iter()
                 .filter(|&i| !marked.contains_key(&group_of(&items.plan[i].item, isolate.as_ref())))
                 .collect();
-            stopped = run_window(&runner, &stage_jobs, &mut items.plan, rest, &mut errors).await?;
+            stopped = window.run(&mut items.plan, rest, &mut errors).await?;
+            if stopped {
+                break;
+            }
         }
         let mut every_group_marked = false;
         if let Some(isolate) = &isolate {
@@ -312,51 +340,100 @@ pub(super) async fn cancel_orphans(orphans: &[(String, Option<Arc<dyn Executor>>
     cancelled
 }
 
-/// Runs the items `todo` of `plan` in a bounded window, each with its own
-/// retries, and notes each outcome in `plan` (and each error in `errors`).
-/// `true` if the run stopped first.
-async fn run_window(
-    runner: &Arc<ItemRunner>,
-    stage_jobs: &Arc<Semaphore>,
-    plan: &mut [PlannedItem],
-    todo: Vec<usize>,
-    errors: &mut Vec<(String, Option<String>, Option<PathBuf>)>,
-) -> Result<bool, ScheduleError> {
-    // A bounded window of item tasks: tens of thousands of waiting
-    // futures would cost memory and buy nothing.
-    let mut queue = todo.into_iter();
-    let mut running = JoinSet::new();
-    let mut spawn_next = |running: &mut JoinSet<_>, plan: &[PlannedItem]| {
-        if let Some(index) = queue.next() {
-            let planned = plan[index].clone();
-            let (runner, stage_jobs) = (runner.clone(), stage_jobs.clone());
-            running.spawn(async move {
-                let _slot = stage_jobs.acquire_owned().await;
-                (index, runner.run(&planned).await)
-            });
-        }
-    };
-    for _ in 0..ITEMS_IN_FLIGHT {
-        spawn_next(&mut running, plan);
-    }
-    let mut stopped = false;
-    while let Some(joined) = running.join_next().await {
-        let (index, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
-        match result? {
-            Some(end) => {
-                if end.class == ItemClass::Error {
-                    errors.push((plan[index].item.key.clone(), end.why, end.log));
-                }
-                plan[index].outcome = Some((end.class, end.attempts));
-                plan[index].result = end.result;
+/// The slots of each group, with `isolate.jobs`: at most that many items of
+/// one group at once.
+struct GroupJobs {
+    isolate: Option<Isolate>,
+    slots: std::collections::HashMap<String, Arc<Semaphore>>,
+}
+
+impl GroupJobs {
+    fn of(isolate: Option<&Isolate>, plan: &[PlannedItem]) -> Self {
+        let mut slots = std::collections::HashMap::new();
+        if let Some(isolate) = isolate
+            && let Some(jobs) = isolate.jobs
+        {
+            for planned in plan {
+                slots
+                    .entry(group_of(&planned.item, Some(isolate)))
+                    .or_insert_with(|| Arc::new(Semaphore::new(jobs)));
             }
-            None => stopped = true,
         }
-        if !stopped {
+        Self {
+            isolate: isolate.cloned(),
+            slots,
+        }
+    }
+
+    /// The slots of `item`'s group, if its groups are capped.
+    fn of_item(&self, item: &Item) -> Option<Arc<Semaphore>> {
+        self.slots
+            .get(&group_of(item, self.isolate.as_ref()))
+            .cloned()
+    }
+}
+
+/// What a window of items runs with: the runner, the stage's job slots
+/// and each group's.
+struct Window<'w> {
+    runner: &'w Arc<ItemRunner>,
+    stage_jobs: &'w Arc<Semaphore>,
+    group_jobs: &'w GroupJobs,
+}
+
+impl Window<'_> {
+    /// Runs the items `todo` of `plan` in a bounded window, each with its
+    /// own retries, and notes each outcome in `plan` (and each error in
+    /// `errors`). `true` if the run stopped first.
+    async fn run(
+        &self,
+        plan: &mut [PlannedItem],
+        todo: Vec<usize>,
+        errors: &mut Vec<(String, Option<String>, Option<PathBuf>)>,
+    ) -> Result<bool, ScheduleError> {
+        // A bounded window of item tasks: tens of thousands of waiting
+        // futures would cost memory and buy nothing.
+        let mut queue = todo.into_iter();
+        let mut running = JoinSet::new();
+        let mut spawn_next = |running: &mut JoinSet<_>, plan: &[PlannedItem]| {
+            if let Some(index) = queue.next() {
+                let planned = plan[index].clone();
+                let (runner, stage_jobs) = (self.runner.clone(), self.stage_jobs.clone());
+                let group_jobs = self.group_jobs.of_item(&planned.item);
+                running.spawn(async move {
+                    // The group's slot first: an item waiting for its
+                    // group holds none of the stage's.
+                    let _group_slot = match group_jobs {
+                        Some(slots) => Some(slots.acquire_owned().await),
+                        None => None,
+                    };
+                    let _slot = stage_jobs.acquire_owned().await;
+                    (index, runner.run(&planned).await)
+                });
+            }
+        };
+        for _ in 0..ITEMS_IN_FLIGHT {
             spawn_next(&mut running, plan);
         }
+        let mut stopped = false;
+        while let Some(joined) = running.join_next().await {
+            let (index, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
+            match result? {
+                Some(end) => {
+                    if end.class == ItemClass::Error {
+                        errors.push((plan[index].item.key.clone(), end.why, end.log));
+                    }
+                    plan[index].outcome = Some((end.class, end.attempts));
+                    plan[index].result = end.result;
+                }
+                None => stopped = true,
+            }
+            if !stopped {
+                spawn_next(&mut running, plan);
+            }
+        }
+        Ok(stopped)
     }
-    Ok(stopped)
 }
 
 /// Whether `item` is a smoke item of its group (its `smoke` field true).

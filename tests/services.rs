@@ -1,0 +1,282 @@
+//! `[services]`: a server brought up for the stages that reach it, with real
+//! processes on real ports — started only when such a stage runs, checked
+//! before any command, stopped when its last stage ends, reaped after a
+//! `kill -9`, and replaced by a running server's address under a profile.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Project;
+
+/// A tiny HTTP server: `serve.py PORT` answers every GET with `hello`, and
+/// notes its start and its pid.
+const SERVER: &str = r#"import http.server, os, sys
+with open("starts.log", "a") as f:
+    f.write(f"{os.getpid()}\n")
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Hello).serve_forever()
+"#;
+
+/// The stage command that fetches `$WEB`.
+const FETCH: &str = r#"python3 -c 'import os, urllib.request; print(urllib.request.urlopen(os.environ["WEB"]).read().decode().strip())'"#;
+
+fn project(service: &str, stages: &str) -> Project {
+    let p = Project::new();
+    p.file("serve.py", SERVER);
+    p.file(
+        "cairn.toml",
+        &format!("[pipeline]\nname = \"services\"\n\n{service}\n{stages}"),
+    );
+    p
+}
+
+const WEB: &str = r#"[services.web]
+run = "exec python3 serve.py {service.port}"
+url = "http://127.0.0.1:{service.port}/"
+env = "WEB"
+"#;
+
+fn is_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // A zombie has finished; only its parent has not reaped it yet.
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn starts(p: &Project) -> Vec<i32> {
+    p.lines("starts.log")
+        .iter()
+        .map(|l| l.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_service_comes_up_for_the_stage_that_runs_and_is_gone_once_its_last_stage_ended() {
+    let stages = format!(
+        r#"[stages.fetch]
+run = '''{FETCH} > {{out.o}}'''
+outputs = {{ o = "fetched.txt" }}
+services = ["web"]
+
+[stages.after]
+run = "if kill -0 $(cat starts.log) 2>/dev/null; then echo running; else echo gone; fi > {{out.o}}"
+inputs = {{ x = "fetched.txt" }}
+outputs = {{ o = "after.txt" }}
+"#
+    );
+    let p = project(WEB, &stages);
+    p.cairn(&["run"]).success();
+    assert_eq!(
+        p.read("fetched.txt"),
+        "hello\n",
+        "the stage reached the server"
+    );
+    assert_eq!(
+        p.read("after.txt"),
+        "gone\n",
+        "stopped when its last stage ended, before the next stage ran"
+    );
+    let pids = starts(&p);
+    assert_eq!(pids.len(), 1);
+    assert!(is_gone(pids[0]));
+
+    // Nothing to run: the server is not started at all.
+    let again = p.cairn(&["run"]);
+    again.success();
+    assert!(
+        again.stderr().contains("0 ran, 2 fresh"),
+        "{}",
+        again.stderr()
+    );
+    assert_eq!(starts(&p).len(), 1, "a fresh stage starts no service");
+}
+
+#[test]
+fn a_service_that_exits_before_it_is_ready_fails_its_stage_with_its_log_and_runs_nothing() {
+    let service = r#"[services.web]
+run = "echo cannot load the weights >&2; exit 3"
+url = "http://127.0.0.1:{service.port}/"
+env = "WEB"
+"#;
+    let stages = r#"[stages.fetch]
+run = "touch ran && echo x > {out.o}"
+outputs = { o = "fetched.txt" }
+services = ["web"]
+"#;
+    let p = project(service, stages);
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    let stderr = out.stderr();
+    assert!(
+        stderr.contains("service `web` exited (exit status: 3) before it was ready")
+            && stderr.contains("cannot load the weights"),
+        "{stderr}"
+    );
+    assert!(!p.exists("ran"), "no command of the stage ran");
+}
+
+#[test]
+fn a_failed_check_keeps_every_command_from_running_and_stops_the_server() {
+    let service = format!(
+        "{WEB}check = '''python3 -c 'import os; print(\"serving\", os.environ[\"WEB\"])' && echo served model is not the declared checkpoint >&2 && exit 1'''\n"
+    );
+    let stages = r#"[stages.fetch]
+run = "touch ran && echo x > {out.o}"
+outputs = { o = "fetched.txt" }
+services = ["web"]
+
+[stages.other]
+run = "touch other-ran && echo x > {out.o}"
+outputs = { o = "other.txt" }
+services = ["web"]
+"#;
+    let p = project(&service, stages);
+    let out = p.cairn(&["run", "--keep-going"]);
+    out.code_is(1);
+    let stderr = out.stderr();
+    assert!(
+        stderr.contains("service `web` failed its check (exit status: 1)")
+            && stderr.contains("served model is not the declared checkpoint")
+            && stderr.contains("serving http://127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 failed"), "both stages failed: {stderr}");
+    assert!(!p.exists("ran") && !p.exists("other-ran"));
+    let pids = starts(&p);
+    assert_eq!(pids.len(), 1, "brought up once for both stages");
+    assert!(is_gone(pids[0]), "stopped when the run ended");
+}
+
+#[test]
+fn a_profile_points_a_service_at_a_server_already_running() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let service = format!(
+        "{WEB}\n[profiles.remote]\nservices.web = {{ url = \"http://127.0.0.1:{port}/\", env = \"WEB\", start_timeout = \"2s\" }}\n"
+    );
+    let stages = format!(
+        r#"[stages.fetch]
+run = '''{FETCH} > {{out.o}}'''
+outputs = {{ o = "fetched.txt" }}
+services = ["web"]
+"#
+    );
+    let p = project(&service, &stages);
+
+    // Nothing listens there yet: a clear failure, no command run.
+    let down = p.cairn(&["--profile", "remote", "run"]);
+    down.code_is(1);
+    assert!(
+        down.stderr().contains(&format!(
+            "service `web` was not ready within 2s (http://127.0.0.1:{port}/"
+        )),
+        "{}",
+        down.stderr()
+    );
+    assert!(!p.exists("fetched.txt"));
+
+    let mut server: Child = std::process::Command::new("python3")
+        .arg("serve.py")
+        .arg(port.to_string())
+        .current_dir(p.root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the server to start", || !starts(&p).is_empty());
+    let up = p.cairn(&["--profile", "remote", "run"]);
+    let _ = server.kill();
+    let _ = server.wait();
+    up.success();
+    assert_eq!(p.read("fetched.txt"), "hello\n");
+    assert_eq!(starts(&p).len(), 1, "cairn started no server of its own");
+}
+
+#[test]
+fn kill_9_of_cairn_leaves_a_service_that_the_next_run_reaps() {
+    let stages = r#"[stages.wait]
+run = "touch waiting; while [ ! -f release ]; do sleep 0.02; done; echo x > {out.o}"
+outputs = { o = "waited.txt" }
+services = ["web"]
+"#;
+    let p = project(WEB, stages);
+    let mut cairn = p
+        .command(&["run"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the stage to run", || p.exists("waiting"));
+    let server = starts(&p)[0];
+    cairn.kill().unwrap(); // SIGKILL
+    cairn.wait().unwrap();
+    assert!(!is_gone(server), "the server outlived the killed cairn");
+
+    p.file("release", "");
+    p.cairn(&["run"]).success();
+    assert!(
+        is_gone(server),
+        "the next run reaped the server left behind"
+    );
+    let pids = starts(&p);
+    assert_eq!(pids.len(), 2, "the next run brought up its own");
+    assert!(is_gone(pids[1]));
+}
+
+#[test]
+fn services_are_checked_where_they_are_written() {
+    let service = r#"[services.web]
+run = "serve --model {params.missing}"
+url = "http://127.0.0.1:{service.port}/"
+env = "1WEB"
+
+[services.gateway]
+url = "http://127.0.0.1:{service.port}/"
+
+[profiles.gpu]
+services.webb = { url = "http://gpu:8000/v1" }
+"#;
+    let stages = r#"[stages.fetch]
+run = "true"
+services = ["wbe"]
+"#;
+    let p = project(service, stages);
+    let out = p.cairn(&["status"]);
+    out.code_is(2);
+    let stderr = out.stderr();
+    for expected in [
+        "service `web` cannot fill `{params.missing}`",
+        "invalid environment variable name `1WEB`",
+        "service `gateway` has `{service.port}` in its `url` but no `run`",
+        "profile `gpu` replaces undeclared service `webb`",
+        "stage `fetch` uses undeclared service `wbe`",
+    ] {
+        assert!(stderr.contains(expected), "{expected}: {stderr}");
+    }
+}
