@@ -758,3 +758,82 @@ fn an_item_key_with_a_hash_is_refused_in_a_sampled_stage() {
     );
     assert!(draws(&p).is_empty());
 }
+
+/// `one_at_a_time`: each model's trials run only after the previous
+/// model's ended (smoke first within each), and `jobs` caps how many of one
+/// model's trials run at once, below the run's `-j`. The count of trials
+/// running is kept under `flock`, so the peak is exact.
+#[test]
+fn models_run_one_at_a_time_with_a_cap_on_each_models_trials() {
+    common::require_tool("flock");
+    let p = Project::new();
+    let mut items = String::new();
+    for model in ["m1", "m2", "m3"] {
+        for task in 0..6 {
+            let smoke = task == 0;
+            items.push_str(&format!(
+                "{{\"id\": \"{model}-t{task}\", \"model\": \"{model}\", \"smoke\": {smoke}}}\n"
+            ));
+        }
+    }
+    p.file("trials.jsonl", &items);
+    p.file("count", "0\n");
+    p.file(
+        "cairn.toml",
+        r#"[pipeline]
+name = "one-at-a-time"
+
+[stages.canary]
+foreach = { items = "trials.jsonl", key = "id" }
+isolate = { by = "model", smoke = "smoke", one_at_a_time = true, jobs = 2 }
+samples = { k = 2 }
+run = '''flock lock sh -c 'n=$(($(cat count) + 1)); echo $n > count; echo "start {item.model} {item.smoke} $n" >> events.log'; sleep 0.1; flock lock sh -c 'echo $(($(cat count) - 1)) > count; echo "end {item.model}" >> events.log' '''
+outputs = { results = "state/canary.jsonl" }
+"#,
+    );
+    p.cairn(&["run", "-j", "6"]).success();
+    let events = p.lines("events.log");
+    assert_eq!(events.len(), 2 * 3 * 6 * 2, "{events:?}");
+    let mut running: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut finished: BTreeSet<String> = BTreeSet::new();
+    let mut current: Option<String> = None;
+    let mut smoke_pending = 0;
+    let mut peak = 0;
+    for event in &events {
+        let words: Vec<&str> = event.split_whitespace().collect();
+        let model = words[1].to_owned();
+        match words[0] {
+            "start" => {
+                assert!(
+                    !finished.contains(&model),
+                    "{model} started again after another model: {events:?}"
+                );
+                if current.as_deref() != Some(&model) {
+                    assert!(
+                        running.values().all(|&n| n == 0),
+                        "{model} started while another model's trials ran: {events:?}"
+                    );
+                    if let Some(previous) = current.replace(model.clone()) {
+                        finished.insert(previous);
+                    }
+                    smoke_pending = 2;
+                }
+                let smoke = words[2] == "true";
+                assert!(
+                    smoke || smoke_pending == 0,
+                    "{model}: a trial started before its smoke samples ended: {events:?}"
+                );
+                *running.entry(model.clone()).or_default() += 1;
+                peak = peak.max(running[&model]);
+            }
+            _ => {
+                *running.get_mut(&model).unwrap() -= 1;
+                if smoke_pending > 0 {
+                    smoke_pending -= 1;
+                }
+            }
+        }
+    }
+    assert_eq!(finished.len(), 2, "three models in turn: {events:?}");
+    assert!(peak <= 2, "at most 2 trials of a model at once, saw {peak}");
+}

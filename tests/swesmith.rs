@@ -533,3 +533,71 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
         again.stdout()
     );
 }
+
+/// Before any canary trial, the model server's check runs against the
+/// server the run started: a checkpoint whose weights are not the declared
+/// ones, or a context length the trainer does not share, stops the canary
+/// with the reason and no trial runs; put right, the canary runs, asking the
+/// server once per sample (its log has the requests) and stopping it after.
+#[test]
+fn the_canary_runs_only_against_the_declared_checkpoints_at_one_context_length() {
+    let p = shipped();
+    let weights = "pipelines/swesmith-curation/models/model-b/model.safetensors";
+    let original = std::fs::read(p.path(weights)).unwrap();
+    let mut flipped = original.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x01;
+    std::fs::write(p.path(weights), &flipped).unwrap();
+    let trials = "state/swesmith-curation/canary/trials";
+
+    let tampered = cairn(&p, &["run", "canary"]);
+    tampered.code_is(1);
+    let stderr = tampered.stderr();
+    assert!(
+        stderr.contains("service `model-server` failed its check")
+            && stderr.contains("model-b: weights_sha256 is ")
+            && !stderr.contains("model-a: weights_sha256"),
+        "{stderr}"
+    );
+    assert!(!p.exists(trials), "no trial ran");
+
+    std::fs::write(p.path(weights), &original).unwrap();
+    let trainer = p.read("configs/trainer.yaml");
+    p.file(
+        "configs/trainer.yaml",
+        &trainer.replace("max_seq_len: 65536", "max_seq_len: 32768"),
+    );
+    let short = cairn(&p, &["run", "canary"]);
+    short.code_is(1);
+    assert!(
+        short
+            .stderr()
+            .contains("model-a: context length disagrees: server 65536, agent 65536, trainer 32768"),
+        "{}",
+        short.stderr()
+    );
+    assert!(!p.exists(trials), "no trial ran");
+
+    p.file("configs/trainer.yaml", &trainer);
+    let ok = cairn(&p, &["run", "canary"]);
+    ok.success();
+    let results = jsonl(&p, "state/swesmith-curation/canary.jsonl");
+    let samples: usize = results.iter().map(|r| r["requested"].as_u64().unwrap() as usize).sum();
+    let run_id = ok
+        .stderr()
+        .rsplit("(run ")
+        .next()
+        .and_then(|tail| tail.split(')').next())
+        .unwrap()
+        .to_owned();
+    let log = p.read(&format!("cache/logs/{run_id}/services/model-server.log"));
+    let asked = log.matches("POST /v1/chat/completions").count();
+    assert!(
+        asked >= samples,
+        "each of the {samples} samples asked the server at least once, {asked} asks: {log}"
+    );
+    assert!(log.contains("model-a: served as model-a from "), "{log}");
+    let answered: usize = log.matches("POST /v1/chat/completions HTTP/1.1\" 200").count();
+    let busy: usize = log.matches("POST /v1/chat/completions HTTP/1.1\" 503").count();
+    assert_eq!(answered + busy, asked, "{log}");
+}
