@@ -178,7 +178,7 @@ elif command == "static-check":
 elif command == "oracle":
     write(args[1], {"verdict": "accepted"})
 elif command == "canary":
-    write(args[3], {"turns": 1})
+    write(args[4], {"turns": 1})
 "#;
 
 /// The shipped pipeline's per-item stages, cut loose from their upstream
@@ -192,6 +192,8 @@ fn shipped_per_item_stages() -> String {
     let mut manifest: toml::Table = shipped.parse().unwrap();
     let stages = manifest["stages"].as_table_mut().unwrap();
     stages.retain(|name, _| matches!(name, "materialize" | "static-filter" | "oracle" | "canary"));
+    // The commands' arguments are under test, not the model server.
+    stages["canary"].as_table_mut().unwrap().remove("services");
     stages["materialize"]
         .as_table_mut()
         .unwrap()
@@ -200,6 +202,10 @@ fn shipped_per_item_stages() -> String {
         "needs".into(),
         toml::Value::Array(vec!["static-filter".into()]),
     );
+    manifest.remove("services");
+    for (_, profile) in manifest["profiles"].as_table_mut().unwrap().iter_mut() {
+        profile.as_table_mut().unwrap().remove("services");
+    }
     toml::to_string(&manifest).unwrap()
 }
 
@@ -216,7 +222,8 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
     );
     p.file(&format!("{tool}/swesmith.py"), RECORDING_TOOL);
     p.file(&format!("{state}/registered.json"), "{}");
-    p.file(&format!("{tool}/models/model.txt"), "");
+    p.file("configs/agent.toml", "");
+    p.file("configs/models.toml", "");
     let hostile_fields = [
         "$(touch PWNED)",
         "; touch PWNED",
@@ -287,6 +294,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
                 field.to_string(),
                 id.clone(),
                 format!("{state}/registered.json"),
+                "configs/agent.toml".to_owned(),
                 format!("{state}/canary/trials/{field}/{id}/0.json"),
             ],
         ];

@@ -570,9 +570,9 @@ fn the_canary_runs_only_against_the_declared_checkpoints_at_one_context_length()
     let short = cairn(&p, &["run", "canary"]);
     short.code_is(1);
     assert!(
-        short
-            .stderr()
-            .contains("model-a: context length disagrees: server 65536, agent 65536, trainer 32768"),
+        short.stderr().contains(
+            "model-a: context length disagrees: server 65536, agent 65536, trainer 32768"
+        ),
         "{}",
         short.stderr()
     );
@@ -582,7 +582,10 @@ fn the_canary_runs_only_against_the_declared_checkpoints_at_one_context_length()
     let ok = cairn(&p, &["run", "canary"]);
     ok.success();
     let results = jsonl(&p, "state/swesmith-curation/canary.jsonl");
-    let samples: usize = results.iter().map(|r| r["requested"].as_u64().unwrap() as usize).sum();
+    let samples: usize = results
+        .iter()
+        .map(|r| r["requested"].as_u64().unwrap() as usize)
+        .sum();
     let run_id = ok
         .stderr()
         .rsplit("(run ")
@@ -597,7 +600,11 @@ fn the_canary_runs_only_against_the_declared_checkpoints_at_one_context_length()
         "each of the {samples} samples asked the server at least once, {asked} asks: {log}"
     );
     assert!(log.contains("model-a: served as model-a from "), "{log}");
-    let answered: usize = log.matches("POST /v1/chat/completions HTTP/1.1\" 200").count();
-    let busy: usize = log.matches("POST /v1/chat/completions HTTP/1.1\" 503").count();
+    let answered: usize = log
+        .matches("POST /v1/chat/completions HTTP/1.1\" 200")
+        .count();
+    let busy: usize = log
+        .matches("POST /v1/chat/completions HTTP/1.1\" 503")
+        .count();
     assert_eq!(answered + busy, asked, "{log}");
 }

@@ -357,6 +357,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             tokio::select! {
                 biased;
                 Some((i, records, elapsed)) = hashed_rx.recv() => {
+                    // A per-item stage's attempts were all sent before its
+                    // outputs were hashed: they are recorded (and shown)
+                    // before the stage is done.
+                    let mut batch = Vec::new();
+                    while let Ok(attempt) = attempts_rx.try_recv() {
+                        batch.push(attempt);
+                    }
+                    self.item_attempts(batch).await?;
                     self.outputs_known(i, &records, elapsed);
                     // Its commands are done: a service only it needed
                     // stops before the stages it releases start.
