@@ -280,3 +280,39 @@ services = ["wbe"]
         assert!(stderr.contains(expected), "{expected}: {stderr}");
     }
 }
+
+#[test]
+fn a_services_secret_reaches_its_processes_and_no_log_or_message() {
+    let service = r#"[services.web]
+run = "echo starting with key $API_KEY; exec python3 serve.py {service.port}"
+url = "http://127.0.0.1:{service.port}/"
+env = "WEB"
+secrets = ["API_KEY"]
+check = "echo checking with key $API_KEY; test -n \"$API_KEY\" && exit 1"
+"#;
+    let stages = r#"[stages.fetch]
+run = "echo x > {out.o}"
+outputs = { o = "fetched.txt" }
+services = ["web"]
+"#;
+    let p = project(service, stages);
+    let secret = "sk-live-0123456789abcdef";
+    let out = p
+        .command(&["run"])
+        .env("API_KEY", secret)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("checking with key [redacted API_KEY]"),
+        "the check saw the key, the message does not: {stderr}"
+    );
+    assert!(!stderr.contains(secret), "{stderr}");
+    let log = p.read("cache/logs/1/services/web.log");
+    assert!(
+        log.contains("starting with key [redacted API_KEY]") && !log.contains(secret),
+        "{log}"
+    );
+}

@@ -55,6 +55,9 @@ pub struct Service {
     /// Run once it is up, with `env` set; must exit 0 before any stage
     /// uses the service (the served model and its checksums verified).
     pub check: Option<Command>,
+    /// Variables passed through from cairn's environment to `run` and
+    /// `check` (an API key), whose values are redacted from its log.
+    pub secrets: Vec<String>,
     /// How long it may take to come up (and `check` to pass).
     pub start_timeout: Duration,
 }

@@ -135,6 +135,7 @@ impl Services {
                 Ok((spec.env.clone(), url))
             }
             Err(why) => {
+                self.redact_log(spec).await;
                 let why = format!("service `{name}` {why}");
                 states.insert(name.to_owned(), State::Failed(why.clone()));
                 Err(why)
@@ -149,6 +150,9 @@ impl Services {
             if let Some(process) = process.take() {
                 process.stop().await;
                 tracing::info!("service `{name}` stopped: no stage of this run needs it any more");
+            }
+            if let Some(spec) = self.specs.get(name) {
+                self.redact_log(spec).await;
             }
             states.insert(name.to_owned(), State::Stopped);
         }
@@ -196,7 +200,7 @@ impl Services {
             {
                 return Err(format!(
                     "exited ({status}) before it was ready{}",
-                    log_tail(&log)
+                    log_tail(&log, &redactable(spec))
                 ));
             }
             match client.get(&probe).send().await {
@@ -209,7 +213,7 @@ impl Services {
                     "was not ready within {} ({last}){}",
                     humantime::format_duration(spec.start_timeout),
                     if process.is_some() {
-                        log_tail(&log)
+                        log_tail(&log, &redactable(spec))
                     } else {
                         String::new()
                     }
@@ -223,11 +227,24 @@ impl Services {
         Ok((url, process))
     }
 
+    /// Replaces the service's secret values in its log once nothing writes
+    /// to it any more.
+    async fn redact_log(&self, spec: &Service) {
+        let log = self.log_dir.join(format!("{}.log", spec.name));
+        let secrets = redactable(spec);
+        if !secrets.is_empty()
+            && let Err(error) = crate::exec::redact_log(&log, &secrets).await
+        {
+            tracing::warn!(path = %log.display(), error = %error, "could not redact the service's log");
+        }
+    }
+
     /// The environment a service's processes (and its check) get.
     fn environment(&self, spec: &Service, url: &str) -> Vec<(String, String)> {
         let mut env = base_environment();
         env.push((RUN_MARKER.to_owned(), self.token.clone()));
         env.push((spec.env.clone(), url.to_owned()));
+        env.extend(secret_values(spec));
         env
     }
 
@@ -304,15 +321,36 @@ impl Services {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, child.wait()).await {
             Ok(Ok(status)) if status.success() => Ok(()),
-            Ok(Ok(status)) => Err(format!("failed its check ({status}){}", log_tail(log))),
+            Ok(Ok(status)) => Err(format!(
+                "failed its check ({status}){}",
+                log_tail(log, &redactable(spec))
+            )),
             Ok(Err(error)) => Err(format!("check could not be waited for: {error}")),
             Err(_) => Err(format!(
                 "check did not finish within {}{}",
                 humantime::format_duration(spec.start_timeout),
-                log_tail(log)
+                log_tail(log, &redactable(spec))
             )),
         }
     }
+}
+
+/// (name, value) of each of the service's secrets set in cairn's
+/// environment.
+fn secret_values(spec: &Service) -> Vec<(String, String)> {
+    spec.secrets
+        .iter()
+        .filter_map(|name| std::env::var(name).ok().map(|value| (name.clone(), value)))
+        .collect()
+}
+
+/// Secret values long enough to redact (shorter ones would redact
+/// ordinary text).
+fn redactable(spec: &Service) -> Vec<(String, String)> {
+    secret_values(spec)
+        .into_iter()
+        .filter(|(_, value)| value.len() >= 4)
+        .collect()
 }
 
 /// A port on loopback no one listens on now.
@@ -363,10 +401,11 @@ fn root_cause(error: &dyn std::error::Error) -> String {
 }
 
 /// The last lines of a log, as `; its log ends: …`, or nothing.
-fn log_tail(log: &Path) -> String {
+fn log_tail(log: &Path, secrets: &[(String, String)]) -> String {
     let Ok(text) = std::fs::read_to_string(log) else {
         return String::new();
     };
+    let text = crate::exec::redact_text(&text, secrets).unwrap_or(text);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     if lines.is_empty() {
         return String::new();

@@ -20,6 +20,7 @@ const KEYS: &[&str] = &[
     "env",
     "ready",
     "check",
+    "secrets",
     "start_timeout",
 ];
 /// How long a service may take to come up unless `start_timeout` says.
@@ -167,6 +168,12 @@ impl Checker<'_> {
                 env
             }
         };
+        let secrets = find(table, "secrets")
+            .map(|e| self.named_list(&e.value, "`secrets`"))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| n.name)
+            .collect();
         let ready = text(self, "ready").unwrap_or_default();
         let start_timeout = find(table, "start_timeout")
             .and_then(|e| self.timeout(&e.value))
@@ -179,6 +186,7 @@ impl Checker<'_> {
             env,
             ready,
             check,
+            secrets,
             start_timeout,
         })
     }
