@@ -177,7 +177,7 @@ fn a_profile_points_a_service_at_a_server_already_running() {
         .unwrap()
         .port();
     let service = format!(
-        "{WEB}\n[profiles.remote]\nservices.web = {{ url = \"http://127.0.0.1:{port}/\", env = \"WEB\", start_timeout = \"2s\" }}\n"
+        "{WEB}\n[profiles.remote]\nservices.web = {{ url = \"http://127.0.0.1:{port}/\", start_timeout = \"2s\" }}\n"
     );
     let stages = format!(
         r#"[stages.fetch]
@@ -259,11 +259,17 @@ env = "1WEB"
 [services.gateway]
 url = "http://127.0.0.1:{service.port}/"
 
+[services."../escape"]
+url = "http://127.0.0.1:8000/"
+
+[services.keyed]
+url = "http://alice:s3cret@gpu:8000/v1"
+
 [profiles.gpu]
 services.webb = { url = "http://gpu:8000/v1" }
 "#;
     let stages = r#"[stages.fetch]
-run = "true"
+run = "echo {service.port}"
 services = ["wbe"]
 "#;
     let p = project(service, stages);
@@ -276,6 +282,9 @@ services = ["wbe"]
         "service `gateway` has `{service.port}` in its `url` but no `run`",
         "profile `gpu` replaces undeclared service `webb`",
         "stage `fetch` uses undeclared service `wbe`",
+        "invalid service name `../escape`",
+        "service `keyed` has credentials in its `url`",
+        "`{service.port}` in stage `fetch`",
     ] {
         assert!(stderr.contains(expected), "{expected}: {stderr}");
     }
@@ -315,4 +324,142 @@ services = ["web"]
         log.contains("starting with key [redacted API_KEY]") && !log.contains(secret),
         "{log}"
     );
+}
+
+#[test]
+fn a_service_coming_up_holds_up_no_other_service() {
+    // `slow` comes up only once the stage using `fast` has run: with one
+    // lock over every service, neither would ever come up.
+    let service = r#"[services.slow]
+run = "while [ ! -f fast-done ]; do sleep 0.02; done; exec python3 serve.py {service.port}"
+url = "http://127.0.0.1:{service.port}/"
+env = "WEB"
+start_timeout = "30s"
+
+[services.fast]
+run = "exec python3 serve.py {service.port}"
+url = "http://127.0.0.1:{service.port}/"
+env = "WEB"
+"#;
+    let stages = format!(
+        r#"[stages.a]
+run = '''{FETCH} > {{out.o}}'''
+outputs = {{ o = "a.txt" }}
+services = ["slow"]
+
+[stages.b]
+run = '''{FETCH} > {{out.o}} && touch fast-done'''
+outputs = {{ o = "b.txt" }}
+services = ["fast"]
+"#
+    );
+    let p = project(service, &stages);
+    p.cairn(&["run", "-j", "2"]).success();
+    assert_eq!(p.read("a.txt"), "hello\n");
+    assert_eq!(p.read("b.txt"), "hello\n");
+}
+
+#[test]
+fn a_service_that_dies_while_its_stage_runs_fails_the_stage() {
+    let stages = r#"[stages.use]
+run = "kill $(head -1 starts.log); sleep 0.5; echo done > {out.o}"
+outputs = { o = "used.txt" }
+services = ["web"]
+"#;
+    let p = project(WEB, stages);
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    assert!(
+        out.stderr()
+            .contains("service `web` exited (signal: 15 (SIGTERM)) while its stages ran"),
+        "{}",
+        out.stderr()
+    );
+    let status = p.cairn(&["status"]);
+    assert!(
+        !status
+            .stdout()
+            .lines()
+            .any(|l| l.starts_with("use ") && l.contains("fresh")),
+        "{}",
+        status.stdout()
+    );
+}
+
+#[test]
+fn a_server_under_a_shell_that_ignores_sigterm_is_killed_before_the_next_stage() {
+    let service = r#"[services.web]
+run = '''echo starting; python3 -c 'import signal, runpy, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); sys.argv = ["serve.py", "{service.port}"]; runpy.run_path("serve.py")' '''
+url = "http://127.0.0.1:{service.port}/"
+env = "WEB"
+"#;
+    let stages = format!(
+        r#"[stages.fetch]
+run = '''{FETCH} > {{out.o}}'''
+outputs = {{ o = "fetched.txt" }}
+services = ["web"]
+
+[stages.after]
+run = "if kill -0 $(cat starts.log) 2>/dev/null; then echo running; else echo gone; fi > {{out.o}}"
+inputs = {{ x = "fetched.txt" }}
+outputs = {{ o = "after.txt" }}
+"#
+    );
+    // The server is not cairn's child here (the shell is): once killed,
+    // it may linger as a zombie nobody reaps, which no longer runs.
+    let stages = stages.replace(
+        "if kill -0 $(cat starts.log) 2>/dev/null; then",
+        "pid=$(cat starts.log); if [ -e /proc/$pid ] && [ \\\"$(cut -d' ' -f3 /proc/$pid/stat)\\\" != Z ]; then",
+    );
+    let p = project(service, &stages);
+    p.cairn(&["run"]).success();
+    assert_eq!(p.read("fetched.txt"), "hello\n");
+    assert_eq!(p.read("after.txt"), "gone\n");
+}
+
+#[test]
+fn the_port_is_filled_in_ready_and_check_too() {
+    let service = r#"[services.web]
+run = "exec python3 serve.py {service.port}"
+url = "http://127.0.0.1:{service.port}/v1"
+ready = "http://127.0.0.1:{service.port}/health"
+env = "WEB"
+check = '''python3 -c 'import urllib.request; print("check", urllib.request.urlopen("http://127.0.0.1:{service.port}/").read().decode().strip(), "{{braces}}")' '''
+"#;
+    let stages = r#"[stages.fetch]
+run = "echo $WEB > {out.o}"
+outputs = { o = "url.txt" }
+services = ["web"]
+"#;
+    let p = project(service, stages);
+    p.cairn(&["run"]).success();
+    assert!(
+        p.read("url.txt").ends_with("/v1\n"),
+        "{}",
+        p.read("url.txt")
+    );
+    let log = p.read("cache/logs/1/services/web.log");
+    assert!(log.contains("check hello {braces}"), "{log}");
+}
+
+#[test]
+fn a_check_that_hangs_is_killed_with_its_children() {
+    let service = format!(
+        "{WEB}check = \"sleep 777 & echo $! > check-child.pid; wait\"\nstart_timeout = \"2s\"\n"
+    );
+    let stages = r#"[stages.fetch]
+run = "touch ran"
+services = ["web"]
+"#;
+    let p = project(&service, stages);
+    let out = p.cairn(&["run"]);
+    out.code_is(1);
+    assert!(
+        out.stderr().contains("check did not finish in the "),
+        "{}",
+        out.stderr()
+    );
+    let child: i32 = p.read("check-child.pid").trim().parse().unwrap();
+    assert!(is_gone(child), "the check's child outlived it");
+    assert!(!p.exists("ran"));
 }

@@ -470,15 +470,18 @@ def check_served(args):
         if not root or not os.path.isdir(root):
             problems.append(f"{name}: the server loads it from `{root}`, which this machine cannot read to verify")
             continue
+        mine = []
         if os.path.realpath(root) != os.path.realpath(declared["checkpoint"]):
-            problems.append(f"{name}: served from {root}, declared {declared['checkpoint']}")
+            mine.append(f"{name}: served from {root}, declared {declared['checkpoint']}")
         found = checkpoint_digests(root)
         for key, value in found.items():
             if value != declared[key]:
-                problems.append(f"{name}: {key} is {value}, declared {declared[key]}")
+                mine.append(f"{name}: {key} is {value}, declared {declared[key]}")
         lengths = {"server": model.get("max_model_len"), "agent": agent, "trainer": trainer}
         if len(set(lengths.values())) != 1:
-            problems.append(f"{name}: context length disagrees: " + ", ".join(f"{k} {v}" for k, v in lengths.items()))
+            mine.append(f"{name}: context length disagrees: " + ", ".join(f"{k} {v}" for k, v in lengths.items()))
+        if mine:
+            problems.extend(mine)
         else:
             print(f"{name}: served as {model['id']} from {root}, digests as declared, context {agent} everywhere")
     if problems:

@@ -341,6 +341,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let mut lookups: JoinSet<LookedUp> = JoinSet::new();
 
         loop {
+            // A stage that turned out fresh may have been the last to
+            // need a service.
+            self.release_services().await;
             self.start_ready(
                 &executors,
                 &mut running,
@@ -766,7 +769,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     /// selected stage that uses it has ended (or, the run stopping, never
     /// will start).
     async fn release_services(&self) {
-        for name in self.services.up().await {
+        for name in self.services.up() {
             let needed = self
                 .ctx
                 .manifest

@@ -28,28 +28,36 @@ pub struct Services {
     log_dir: PathBuf,
     token: String,
     specs: BTreeMap<String, Service>,
-    /// Each service brought up in this run (or that failed to come up:
-    /// the stages that use it fail with the same reason, nothing is
-    /// started twice).
-    states: Mutex<BTreeMap<String, State>>,
+    /// Each service's state, behind a lock of its own: one coming up never
+    /// holds up another, nor the run.
+    states: BTreeMap<String, Mutex<State>>,
 }
 
 enum State {
+    /// Not brought up in this run (or stopped since).
+    Down,
     Up {
         url: String,
         process: Option<ServiceProcess>,
     },
+    /// It could not come up, or died: the stages that use it fail with
+    /// this reason, and it is not started again in this run.
     Failed(String),
-    Stopped,
 }
 
-/// A service process: its process group is killed when dropped.
+/// A process group cairn started (a service, its check): killed when
+/// dropped.
 struct ServiceProcess {
     child: tokio::process::Child,
     group: Option<i32>,
 }
 
 impl ServiceProcess {
+    fn spawned(child: tokio::process::Child) -> Self {
+        let group = child.id().map(|pid| pid as i32);
+        Self { child, group }
+    }
+
     fn signal(&self, signal: i32) {
         if let Some(group) = self.group {
             // SAFETY: kill(2) with a negative pid signals that process group;
@@ -60,15 +68,28 @@ impl ServiceProcess {
         }
     }
 
-    /// SIGTERM, a grace period, then SIGKILL.
+    /// How it ended, if it has.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// SIGTERM to the whole group, a grace period for every process in it
+    /// (not only the first: a shell's server child outlives the shell),
+    /// then SIGKILL.
     async fn stop(mut self) {
         self.signal(libc::SIGTERM);
-        if tokio::time::timeout(STOP_GRACE, self.child.wait())
-            .await
-            .is_err()
-        {
-            self.signal(libc::SIGKILL);
-            let _ = self.child.wait().await;
+        let deadline = Instant::now() + STOP_GRACE;
+        let _ = tokio::time::timeout(STOP_GRACE, self.child.wait()).await;
+        while self.group.is_some_and(group_alive) && Instant::now() < deadline {
+            tokio::time::sleep(READY_POLL).await;
+        }
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait().await;
+        // SIGKILL is delivered, not waited for: the group is gone when no
+        // process of it still runs.
+        let deadline = Instant::now() + STOP_GRACE;
+        while self.group.is_some_and(group_alive) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.group = None;
     }
@@ -80,10 +101,31 @@ impl Drop for ServiceProcess {
     }
 }
 
+/// Whether any process of group `group` still runs (zombies, which only
+/// wait for a parent to reap them, do not count).
+fn group_alive(group: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        // SAFETY: kill(2) with signal 0 only checks; no preconditions.
+        return unsafe { libc::kill(-group, 0) } == 0;
+    };
+    entries.flatten().any(|entry| {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        // After the command's closing parenthesis: state, ppid, pgrp.
+        let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|f| f.parse::<i32>().ok());
+        pgrp == Some(group) && state != Some("Z")
+    })
+}
+
 /// How long a stopped service has to exit before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How often readiness is asked while a service comes up.
 const READY_POLL: Duration = Duration::from_millis(100);
+/// The longest one readiness request may take.
+const READY_REQUEST: Duration = Duration::from_secs(5);
 /// Lines of a service's log quoted when it fails to come up.
 const LOG_TAIL: usize = 8;
 
@@ -99,7 +141,10 @@ impl Services {
             log_dir: log_dir.join("services"),
             token: token.to_owned(),
             specs: specs.clone(),
-            states: Mutex::new(BTreeMap::new()),
+            states: specs
+                .keys()
+                .map(|name| (name.clone(), Mutex::new(State::Down)))
+                .collect(),
         }
     }
 
@@ -107,103 +152,149 @@ impl Services {
     /// (the variable, the URL) a stage's commands are given; or why it
     /// could not be.
     pub async fn reach(&self, name: &str) -> Result<(String, String), String> {
-        let spec = self
-            .specs
-            .get(name)
-            .ok_or_else(|| format!("no service `{name}`"))?;
-        // One lock for all: a service comes up once, whoever asks first.
-        let mut states = self.states.lock().await;
-        match states.get(name) {
-            Some(State::Up { url, .. }) => return Ok((spec.env.clone(), url.clone())),
-            Some(State::Failed(why)) => return Err(why.clone()),
-            Some(State::Stopped) | None => {}
+        let (Some(spec), Some(state)) = (self.specs.get(name), self.states.get(name)) else {
+            return Err(format!("no service `{name}`"));
+        };
+        // A service comes up once, whoever asks first; the others wait.
+        let mut state = state.lock().await;
+        self.notice_exit(spec, &mut state);
+        match &*state {
+            State::Up { url, .. } => return Ok((spec.env.clone(), url.clone())),
+            State::Failed(why) => return Err(why.clone()),
+            State::Down => {}
         }
         let started = Instant::now();
         match self.bring_up(spec).await {
             Ok((url, process)) => {
                 tracing::info!(
-                    "service `{name}` is up at {url} ({:.1} s)",
+                    "service `{name}` is up ({:.1} s)",
                     started.elapsed().as_secs_f64()
                 );
-                states.insert(
-                    name.to_owned(),
-                    State::Up {
-                        url: url.clone(),
-                        process,
-                    },
-                );
+                *state = State::Up {
+                    url: url.clone(),
+                    process,
+                };
                 Ok((spec.env.clone(), url))
             }
             Err(why) => {
                 self.redact_log(spec).await;
                 let why = format!("service `{name}` {why}");
-                states.insert(name.to_owned(), State::Failed(why.clone()));
+                *state = State::Failed(why.clone());
                 Err(why)
             }
         }
     }
 
+    /// `Err` with why if a service `names` names has died since it came
+    /// up: what its stage's commands got from it is not to be trusted.
+    pub async fn still_up(&self, names: &[String]) -> Result<(), String> {
+        for name in names {
+            let (Some(spec), Some(state)) = (self.specs.get(name), self.states.get(name)) else {
+                continue;
+            };
+            let mut state = state.lock().await;
+            self.notice_exit(spec, &mut state);
+            if let State::Failed(why) = &*state {
+                return Err(why.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// A service cairn started that has exited on its own is failed.
+    fn notice_exit(&self, spec: &Service, state: &mut State) {
+        if let State::Up {
+            process: Some(process),
+            ..
+        } = state
+            && let Some(status) = process.exited()
+        {
+            *state = State::Failed(format!(
+                "service `{}` exited ({status}) while its stages ran{}",
+                spec.name,
+                log_tail(
+                    &self.log_dir.join(format!("{}.log", spec.name)),
+                    &redactable(spec)
+                )
+            ));
+        }
+    }
+
     /// Stops the service `name` if this run brought it up.
     pub async fn stop(&self, name: &str) {
-        let mut states = self.states.lock().await;
-        if let Some(State::Up { process, .. }) = states.get_mut(name) {
+        let (Some(spec), Some(state)) = (self.specs.get(name), self.states.get(name)) else {
+            return;
+        };
+        let mut state = state.lock().await;
+        if let State::Up { process, .. } = &mut *state {
             if let Some(process) = process.take() {
                 process.stop().await;
                 tracing::info!("service `{name}` stopped: no stage of this run needs it any more");
             }
-            if let Some(spec) = self.specs.get(name) {
-                self.redact_log(spec).await;
-            }
-            states.insert(name.to_owned(), State::Stopped);
+            self.redact_log(spec).await;
+            *state = State::Down;
         }
     }
 
-    /// The services up now.
-    pub async fn up(&self) -> Vec<String> {
-        let states = self.states.lock().await;
-        states
+    /// The services up now (one coming up this moment is not yet).
+    pub fn up(&self) -> Vec<String> {
+        self.states
             .iter()
-            .filter(|(_, state)| matches!(state, State::Up { .. }))
+            .filter(|(_, state)| {
+                state
+                    .try_lock()
+                    .is_ok_and(|state| matches!(*state, State::Up { .. }))
+            })
             .map(|(name, _)| name.clone())
             .collect()
     }
 
     /// Stops every service this run brought up.
     pub async fn stop_all(&self) {
-        for name in self.up().await {
-            self.stop(&name).await;
+        for name in self.specs.keys() {
+            self.stop(name).await;
         }
     }
 
     async fn bring_up(&self, spec: &Service) -> Result<(String, Option<ServiceProcess>), String> {
         let deadline = Instant::now() + spec.start_timeout;
         let log = self.log_dir.join(format!("{}.log", spec.name));
-        let (url, mut process) = match &spec.run {
-            None => (spec.url.clone(), None),
-            Some(run) => {
-                let port = free_port().map_err(|e| format!("found no free port: {e}"))?;
-                let url = with_port(&spec.url, port);
-                let process = self.spawn(&with_port_command(run, port), spec, &url, &log)?;
-                (url, Some(process))
-            }
+        // `{service.port}` filled in everything that names it (and the
+        // literal braces a first pass kept escaped, unescaped).
+        let port = match &spec.run {
+            None => None,
+            Some(_) => Some(free_port().map_err(|e| format!("found no free port: {e}"))?),
         };
-        let probe = ready_url(&url, &spec.ready);
+        let url = fill(&spec.url, port);
+        let mut process = match &spec.run {
+            None => None,
+            Some(run) => Some(self.spawn(&fill_command(run, port), spec, &url, &log)?),
+        };
+        let probe = ready_url(&url, &fill(&spec.ready, port));
         crate::tls::install_provider();
         let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
         let mut last;
         loop {
-            if let Some(process) = &mut process
-                && let Ok(Some(status)) = process.child.try_wait()
-            {
+            if let Some(status) = process.as_mut().and_then(ServiceProcess::exited) {
+                let hint = if status.success() {
+                    " (a service's `run` must keep serving in the foreground, not start a daemon and return)"
+                } else {
+                    ""
+                };
                 return Err(format!(
-                    "exited ({status}) before it was ready{}",
+                    "exited ({status}) before it was ready{hint}{}",
                     log_tail(&log, &redactable(spec))
                 ));
             }
-            match client.get(&probe).send().await {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match client
+                .get(&probe)
+                .timeout(left.clamp(READY_POLL, READY_REQUEST))
+                .send()
+                .await
+            {
                 Ok(answer) if answer.status().is_success() => break,
                 Ok(answer) => last = format!("{probe} answered {}", answer.status()),
                 Err(error) => last = format!("{probe}: {}", root_cause(&error)),
@@ -222,7 +313,8 @@ impl Services {
             tokio::time::sleep(READY_POLL).await;
         }
         if let Some(check) = &spec.check {
-            self.check(check, spec, &url, &log, deadline).await?;
+            self.check(&fill_command(check, port), spec, &url, &log, deadline)
+                .await?;
         }
         Ok((url, process))
     }
@@ -299,11 +391,11 @@ impl Services {
             .command(run, &env, log)?
             .spawn()
             .map_err(|e| format!("could not be started: {e}"))?;
-        let group = child.id().map(|pid| pid as i32);
-        Ok(ServiceProcess { child, group })
+        Ok(ServiceProcess::spawned(child))
     }
 
     /// Runs `check` with the service's URL set; it must exit 0 in time.
+    /// Its whole process group is killed if it does not.
     async fn check(
         &self,
         check: &Command,
@@ -313,13 +405,13 @@ impl Services {
         deadline: Instant,
     ) -> Result<(), String> {
         let env = self.environment(spec, url);
-        let mut child = self
+        let child = self
             .command(check, &env, log)?
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("check could not be started: {e}"))?;
+        let mut check = ServiceProcess::spawned(child);
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, child.wait()).await {
+        match tokio::time::timeout(left, check.child.wait()).await {
             Ok(Ok(status)) if status.success() => Ok(()),
             Ok(Ok(status)) => Err(format!(
                 "failed its check ({status}){}",
@@ -327,8 +419,8 @@ impl Services {
             )),
             Ok(Err(error)) => Err(format!("check could not be waited for: {error}")),
             Err(_) => Err(format!(
-                "check did not finish within {}{}",
-                humantime::format_duration(spec.start_timeout),
+                "check did not finish in the {:.1} s left of its start_timeout{}",
+                left.as_secs_f64(),
                 log_tail(log, &redactable(spec))
             )),
         }
@@ -360,18 +452,21 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// `text` with `{service.port}` filled in.
-fn with_port(text: &str, port: u16) -> String {
+/// `text` (a template: literal braces escaped) with `{service.port}`
+/// filled in, if there is a port, and every other brace made literal.
+fn fill(text: &str, port: Option<u16>) -> String {
     let filled: Result<String, Vec<()>> = walk(text, false, |p| {
-        Ok((&text[p.range.clone()] == crate::manifest::SERVICE_PORT).then(|| port.to_string()))
+        Ok(port
+            .filter(|_| &text[p.range.clone()] == crate::manifest::SERVICE_PORT)
+            .map(|port| port.to_string()))
     });
     filled.unwrap_or_else(|_| text.to_owned())
 }
 
-fn with_port_command(command: &Command, port: u16) -> Command {
+fn fill_command(command: &Command, port: Option<u16>) -> Command {
     match command {
-        Command::Shell(script) => Command::Shell(with_port(script, port)),
-        Command::Exec(argv) => Command::Exec(argv.iter().map(|a| with_port(a, port)).collect()),
+        Command::Shell(script) => Command::Shell(fill(script, port)),
+        Command::Exec(argv) => Command::Exec(argv.iter().map(|a| fill(a, port)).collect()),
     }
 }
 
@@ -421,13 +516,14 @@ mod tests {
     #[test]
     fn the_port_is_filled_in_urls_and_commands_and_nothing_else_is() {
         assert_eq!(
-            with_port("http://127.0.0.1:{service.port}/v1", 8123),
+            fill("http://127.0.0.1:{service.port}/v1", Some(8123)),
             "http://127.0.0.1:8123/v1"
         );
         assert_eq!(
-            with_port("serve --port {service.port} '{{x.y}}' {other.z}", 9),
+            fill("serve --port {service.port} '{{x.y}}' {other.z}", Some(9)),
             "serve --port 9 '{x.y}' {other.z}"
         );
+        assert_eq!(fill("check '{{x}}'", None), "check '{x}'");
     }
 
     #[test]

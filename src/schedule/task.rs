@@ -537,10 +537,24 @@ impl StageTask {
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
         self.reach_services().await?;
-        if self.items.is_some() {
-            return self.run_items(executor, links).await;
+        let services = self
+            .run_services
+            .clone()
+            .filter(|_| !self.services.is_empty());
+        let names = self.services.clone();
+        let ran = if self.items.is_some() {
+            self.run_items(executor, links).await
+        } else {
+            self.run_command(executor, links).await
+        };
+        // A service that died while the commands ran: what they got from
+        // it is not to be trusted, whatever they made of it.
+        if let Some(services) = services
+            && let Err(why) = services.still_up(&names).await
+        {
+            return Err(ScheduleError::Service(why));
         }
-        self.run_command(executor, links).await
+        ran
     }
 
     /// Stages the outputs, announces their digests, then publishes them.

@@ -278,6 +278,11 @@ impl Checker<'_> {
                 locate(),
                 Some("`{item.FIELD}` is filled in per item; add `foreach = { items = \"…\", key = \"…\" }` to the stage".to_owned()),
             )),
+            "service" => Err((
+                format!("`{whole}` in stage `{}`", stage.name),
+                locate(),
+                Some("`{service.…}` is filled only in a service's own `run`, `url`, `ready` and `check`; a stage's commands reach a service it names in `services` through the service's `env` variable (e.g. `$OPENAI_BASE_URL`)".to_owned()),
+            )),
             other => Err((
                 format!("unknown placeholder namespace `{other}` in `{whole}`"),
                 locate(),

@@ -84,9 +84,18 @@ impl Checker<'_> {
                     );
                     continue;
                 }
-                if let Some(spec) = self.service(&service.key, &service.value, params)
+                if let Some(mut spec) = self.service(&service.key, &service.value, params)
                     && let Some(rank) = selected.iter().position(|p| *p == body.key)
                 {
+                    // The stages find it where they always did unless the
+                    // replacement says otherwise.
+                    let names_env = service
+                        .value
+                        .as_table()
+                        .is_some_and(|t| find(t, "env").is_some());
+                    if !names_env {
+                        spec.env = services[&service.key].env.clone();
+                    }
                     replacements.push((rank, service.key.clone(), spec));
                 }
             }
@@ -104,6 +113,17 @@ impl Checker<'_> {
     ) -> Option<Service> {
         let context = format!("service `{name}`");
         let table = self.expect_table(node, &context)?;
+        let valid_name = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !valid_name {
+            self.problems.push(
+                Problem::new(format!("invalid service name `{name}`"), node.span.clone(), "here")
+                    .help("a service is named with letters, digits, `-` and `_`, starting with a letter (its log and its variable are named after it)"),
+            );
+            return None;
+        }
         self.unknown_keys(table, KEYS, &context);
         let text = |checker: &mut Self, key: &str| {
             find(table, key).and_then(|e| checker.string(&e.value, &format!("`{key}`")))
@@ -128,6 +148,20 @@ impl Checker<'_> {
                     "here",
                 )
                 .help("write an http:// or https:// address"),
+            );
+            return None;
+        }
+        if url
+            .split_once("://")
+            .is_some_and(|(_, rest)| rest.split('/').next().unwrap_or("").contains('@'))
+        {
+            self.problems.push(
+                Problem::new(
+                    format!("service `{name}` has credentials in its `url`"),
+                    url_entry.value.span.clone(),
+                    "here",
+                )
+                .help("the address is handed to every command and may be logged; pass a key through `secrets` (e.g. `secrets = [\"OPENAI_API_KEY\"]`) instead"),
             );
             return None;
         }
@@ -174,7 +208,13 @@ impl Checker<'_> {
             .into_iter()
             .map(|n| n.name)
             .collect();
-        let ready = text(self, "ready").unwrap_or_default();
+        let ready = match find(table, "ready") {
+            None => String::new(),
+            Some(entry) => {
+                let ready = self.string(&entry.value, "`ready`")?;
+                self.service_text(name, &ready, &entry.value, params, false)?
+            }
+        };
         let start_timeout = find(table, "start_timeout")
             .and_then(|e| self.timeout(&e.value))
             .unwrap_or(DEFAULT_START_TIMEOUT);

@@ -449,8 +449,9 @@ fn group_of(item: &Item, isolate: Option<&Isolate>) -> String {
 }
 
 /// The groups a smoke item failed: one none of whose samples (the item
-/// itself, unsampled) ended `ok` or with a verdict — the harness never
-/// completed it. Group → (the item's key, how its first unit ended).
+/// itself, unsampled) ended `ok` or with a verdict, and one of which ended
+/// in error — the harness never completed it. A smoke item failing only on
+/// infrastructure marks nothing. Group → (the item's key, how its first unit ended).
 fn failed_groups(plan: &[PlannedItem], isolate: &Isolate) -> BTreeMap<String, (String, String)> {
     // item → (group, completed once, how its first unit ended)
     let mut smoke: BTreeMap<&str, (String, bool, Option<&'static str>)> = BTreeMap::new();
@@ -465,10 +466,9 @@ fn failed_groups(plan: &[PlannedItem], isolate: &Isolate) -> BTreeMap<String, (S
             Some((ItemClass::Error, _)) => {
                 entry.2.get_or_insert("in error");
             }
-            Some((ItemClass::Infra, _)) => {
-                entry.2.get_or_insert("on infrastructure");
-            }
-            None => {}
+            // Infrastructure says nothing of the harness: the group is
+            // not marked, its items stay to be retried.
+            Some((ItemClass::Infra, _)) | None => {}
         }
     }
     let mut failed = BTreeMap::new();
