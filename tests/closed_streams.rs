@@ -7,16 +7,7 @@ mod common;
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Project;
-
-/// Polls `condition` until it holds; panics after a generous deadline.
-fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{Project, wait_for};
 
 /// Waits for `child` to exit; kills it and fails if it does not in time.
 fn exit_within_deadline(child: &mut Child) -> ExitStatus {

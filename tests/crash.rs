@@ -3,18 +3,8 @@
 mod common;
 
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
 
-use common::Project;
-
-/// Polls `condition` until it holds; panics after a generous deadline.
-fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{Project, is_gone, wait_for};
 
 fn spawn(p: &Project, args: &[&str]) -> Child {
     p.command(args)
@@ -29,17 +19,6 @@ fn signal(pid: i32, signal: i32) {
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe {
         libc::kill(pid, signal);
-    }
-}
-
-fn is_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // A zombie has finished; only its parent has not reaped it yet.
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
 

@@ -6,9 +6,8 @@
 mod common;
 
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
 
-use common::Project;
+use common::{Project, is_gone, wait_for};
 
 /// A tiny HTTP server: `serve.py PORT` answers every GET with `hello`, and
 /// notes its start and its pid.
@@ -45,25 +44,6 @@ run = "exec python3 serve.py {service.port}"
 url = "http://127.0.0.1:{service.port}/"
 env = "WEB"
 "#;
-
-fn is_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // A zombie has finished; only its parent has not reaped it yet.
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
-}
-
-fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn starts(p: &Project) -> Vec<i32> {
     p.lines("starts.log")

@@ -8,6 +8,7 @@ pub mod registry;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 pub struct Project {
     dir: tempfile::TempDir,
@@ -297,4 +298,25 @@ pub fn spans_of_two_projects(log: &Path) -> Vec<(f64, f64)> {
 /// Whether two spans of time overlap.
 pub fn overlap(spans: &[(f64, f64)]) -> bool {
     spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1
+}
+
+/// Polls `condition` until it holds; panics after a generous deadline.
+pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` has ended (a zombie has: only its parent has not
+/// reaped it yet).
+pub fn is_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
 }
