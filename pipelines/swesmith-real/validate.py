@@ -6,7 +6,7 @@ bugged tree and are read test by test (JUnit XML); against the clean
 tree and fail on the bugged one, PASS_TO_PASS those that pass on both. A
 task with an empty FAIL_TO_PASS is rejected (`no-fail-to-pass`). A bugged
 tree whose tests cannot be collected, or run past their budget (TIMEOUT
-seconds, or ten times the clean tree's run if that is longer: the bug made
+seconds, or five times the clean tree's run if that is longer: the bug made
 a loop endless, the machine is not slow), cannot be graded (`error`, never
 a verdict); a test run that fails to start is infrastructure (retried). The accepted task's directory holds its bug, its gold
 patch and its record (OUT), whatever the verdict."""
@@ -32,7 +32,7 @@ def main(task_id, repo_key, owner, project, version, pin, tests, pythonpath, mod
         work = os.path.join(tmp, "tree")
         copy_tree(tree, work)
         subprocess.run(["git", "apply", bug], cwd=work, check=True)
-        budget = max(float(timeout), 10 * baseline["seconds"])
+        budget = max(float(timeout), 5 * baseline["seconds"])
         try:
             outcomes, code, output = run_tests(python, work, repo, budget, os.path.join(tmp, "junit.xml"))
         except TimeoutError as error:
