@@ -122,6 +122,12 @@ pub async fn run(
     let mut dispatcher = Dispatcher::begin(ctx, options, reporter)?;
     let driven = dispatcher.drive().await;
     dispatcher.services.stop_all().await;
+    // Whatever a command or a service started that left its process group
+    // (a daemon) and still carries this run's marker.
+    let leaked = kill_marked_processes(&dispatcher.token);
+    if leaked > 0 {
+        tracing::warn!("killed {leaked} process(es) this run left behind");
+    }
     // A run that ended early (an error) dropped its tasks: their remote
     // jobs are being cancelled on this runtime; let that finish.
     if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {

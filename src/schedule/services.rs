@@ -226,6 +226,9 @@ impl Services {
             return;
         };
         let mut state = state.lock().await;
+        // One that died first stays failed: a stage still to check it
+        // learns why.
+        self.notice_exit(spec, &mut state);
         if let State::Up { process, .. } = &mut *state {
             if let Some(process) = process.take() {
                 process.stop().await;
@@ -249,10 +252,13 @@ impl Services {
             .collect()
     }
 
-    /// Stops every service this run brought up.
+    /// Stops every service this run brought up, and redacts every
+    /// service log, whatever became of the service (one that died, one
+    /// whose start was cut short).
     pub async fn stop_all(&self) {
-        for name in self.specs.keys() {
+        for (name, spec) in &self.specs {
             self.stop(name).await;
+            self.redact_log(spec).await;
         }
     }
 

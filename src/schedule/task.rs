@@ -425,8 +425,17 @@ impl StageTask {
         self
     }
 
+    /// Why the stage's commands cannot be trusted if a service they used
+    /// died while they ran (whatever they made of its silence).
+    async fn service_died(&self) -> Option<String> {
+        let services = self.run_services.as_ref()?;
+        services.still_up(&self.services).await.err()
+    }
+
     /// Each service the stage uses, up and checked, in its commands'
-    /// environment; or why one could not be.
+    /// environment; or why one could not be. Called once the stage holds
+    /// what it needs to run (a job slot, its resources) and has something
+    /// to run.
     async fn reach_services(&mut self) -> Result<(), ScheduleError> {
         let Some(services) = self.run_services.clone() else {
             return Ok(());
@@ -532,29 +541,14 @@ impl StageTask {
 
     /// Runs the command, then the checks; then stores the outputs.
     pub async fn run(
-        mut self,
+        self,
         executor: Arc<dyn Executor>,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
-        self.reach_services().await?;
-        let services = self
-            .run_services
-            .clone()
-            .filter(|_| !self.services.is_empty());
-        let names = self.services.clone();
-        let ran = if self.items.is_some() {
-            self.run_items(executor, links).await
-        } else {
-            self.run_command(executor, links).await
-        };
-        // A service that died while the commands ran: what they got from
-        // it is not to be trusted, whatever they made of it.
-        if let Some(services) = services
-            && let Err(why) = services.still_up(&names).await
-        {
-            return Err(ScheduleError::Service(why));
+        if self.items.is_some() {
+            return self.run_items(executor, links).await;
         }
-        ran
+        self.run_command(executor, links).await
     }
 
     /// Stages the outputs, announces their digests, then publishes them.

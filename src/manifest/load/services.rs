@@ -215,6 +215,22 @@ impl Checker<'_> {
                 self.service_text(name, &ready, &entry.value, params, false)?
             }
         };
+        let check_text = match &check {
+            Some(Command::Shell(script)) => script.clone(),
+            Some(Command::Exec(argv)) => argv.join(" "),
+            None => String::new(),
+        };
+        if run.is_none() && (ready.contains(PORT) || check_text.contains(PORT)) {
+            self.problems.push(
+                Problem::new(
+                    format!("service `{name}` has `{PORT}` in its `ready` or `check` but no `run`"),
+                    node.span.clone(),
+                    "here",
+                )
+                .help("cairn picks the port only for a service it starts; write the running server's address"),
+            );
+            return None;
+        }
         let start_timeout = find(table, "start_timeout")
             .and_then(|e| self.timeout(&e.value))
             .unwrap_or(DEFAULT_START_TIMEOUT);

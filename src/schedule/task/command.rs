@@ -10,7 +10,7 @@ use crate::store::COMMAND_ITEM;
 impl StageTask {
     /// Runs the command until an attempt succeeds or no retry is left.
     pub(super) async fn run_command(
-        self,
+        mut self,
         executor: Arc<dyn Executor>,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
@@ -29,6 +29,12 @@ impl StageTask {
             let Some(held) = self.hold_windows().await? else {
                 return Ok(stopped(failed, cancelled_orphans));
             };
+            if attempt == 1
+                && let Err(error) = self.reach_services().await
+            {
+                release_windows(held).await;
+                return Err(error);
+            }
             let started_ms = now_ms();
             let started = Instant::now();
             let job = self.attempt_job(self.attempts_before + attempt);
@@ -49,7 +55,10 @@ impl StageTask {
             let (class, rule) = classify(&self.classify, outcome, &job.log, log_start, None);
             // The checks run inside the windows, like the command.
             let failure = match &class {
-                ItemClass::Ok => self.outputs_and_checks(executor.as_ref(), &job).await?,
+                ItemClass::Ok => match self.outputs_and_checks(executor.as_ref(), &job).await? {
+                    None => self.service_died().await,
+                    failure => failure,
+                },
                 _ if outcome == Outcome::Success => Some(format!(
                     "command succeeded but is classified `{}` by `{}`",
                     class.name(),

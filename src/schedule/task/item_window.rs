@@ -95,6 +95,12 @@ impl StageTask {
         } else {
             Vec::new()
         };
+        if !todo.is_empty()
+            && let Err(error) = self.reach_services().await
+        {
+            release_windows(held_across).await;
+            return Err(error);
+        }
         let stage_jobs = Arc::new(Semaphore::new(
             items.spec.jobs.unwrap_or(Semaphore::MAX_PERMITS),
         ));
@@ -256,6 +262,8 @@ impl StageTask {
                 task.failure_log = log;
             }
             task.failure = Some(failure);
+        } else if let Some(why) = self.service_died().await {
+            task.failure = Some(format!("{why} ({})", counts.summary()));
         } else if judged.infra > 0 {
             task.failure = Some(format!(
                 "{} item(s) still failing on infrastructure after retries; a later run retries them ({})",
@@ -365,6 +373,28 @@ impl GroupJobs {
         }
     }
 
+    /// `todo` with its groups taking turns (the first item of each group,
+    /// then the second, …), if groups are capped; else as it is.
+    fn interleaved(&self, todo: Vec<usize>, plan: &[PlannedItem]) -> Vec<usize> {
+        if self.slots.is_empty() {
+            return todo;
+        }
+        let mut groups: BTreeMap<String, std::collections::VecDeque<usize>> = BTreeMap::new();
+        for i in todo {
+            groups
+                .entry(group_of(&plan[i].item, self.isolate.as_ref()))
+                .or_default()
+                .push_back(i);
+        }
+        let mut turns = Vec::new();
+        while groups.values().any(|g| !g.is_empty()) {
+            for group in groups.values_mut() {
+                turns.extend(group.pop_front());
+            }
+        }
+        turns
+    }
+
     /// The slots of `item`'s group, if its groups are capped.
     fn of_item(&self, item: &Item) -> Option<Arc<Semaphore>> {
         self.slots
@@ -392,7 +422,10 @@ impl Window<'_> {
         errors: &mut Vec<(String, Option<String>, Option<PathBuf>)>,
     ) -> Result<bool, ScheduleError> {
         // A bounded window of item tasks: tens of thousands of waiting
-        // futures would cost memory and buy nothing.
+        // futures would cost memory and buy nothing. With a cap per group,
+        // the groups take turns in the queue, so a window full of one
+        // group's items waiting for its slots never idles the others.
+        let todo = self.group_jobs.interleaved(todo, plan);
         let mut queue = todo.into_iter();
         let mut running = JoinSet::new();
         let mut spawn_next = |running: &mut JoinSet<_>, plan: &[PlannedItem]| {
