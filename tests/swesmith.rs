@@ -9,23 +9,6 @@ use std::path::Path;
 
 use common::Project;
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if ["state", "cache", "dist", "__pycache__"].contains(&name.to_str().unwrap()) {
-            continue;
-        }
-        let target = to.join(&name);
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// The repository's shape in a temp dir: the manifest and its files under
 /// `pipelines/`, the configs under `configs/`; the root is the top.
 fn shipped() -> Project {
@@ -39,11 +22,16 @@ fn shipped() -> Project {
         p.path("pipelines/swesmith-curation.toml"),
     )
     .unwrap();
-    copy_tree(
+    common::copy_tree(
         &repo.join("pipelines/swesmith-curation"),
         &p.path("pipelines/swesmith-curation"),
+        &["state", "cache", "dist", "__pycache__"],
     );
-    copy_tree(&repo.join("configs"), &p.path("configs"));
+    common::copy_tree(
+        &repo.join("configs"),
+        &p.path("configs"),
+        &["state", "cache", "dist", "__pycache__"],
+    );
     p
 }
 

@@ -12,21 +12,6 @@ use std::process::Command;
 
 use common::Project;
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            if entry.file_name() != "__pycache__" {
-                copy_tree(&entry.path(), &target);
-            }
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 fn cairn(p: &Project, args: &[&str]) -> common::Run {
     let mut all = vec!["-f", "pipelines/swesmith-real.toml", "--profile", "ci"];
     all.extend_from_slice(args);
@@ -60,9 +45,10 @@ fn real_tasks_are_generated_and_graded_and_a_new_repository_validates_only_its_o
     let p = Project::new();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(p.path("pipelines")).unwrap();
-    copy_tree(
+    common::copy_tree(
         &repo.join("pipelines/swesmith-real"),
         &p.path("pipelines/swesmith-real"),
+        &["__pycache__"],
     );
     let manifest = std::fs::read_to_string(repo.join("pipelines/swesmith-real.toml")).unwrap();
     let four = "repos = \"toolz,cachetools,parse,inflection\"";
@@ -179,7 +165,11 @@ fn real_tasks_are_generated_and_graded_and_a_new_repository_validates_only_its_o
         assert!(!f2p.is_empty(), "{id}");
         let work = tempfile::tempdir().unwrap();
         let tree = work.path().join("tree");
-        copy_tree(&p.path(&format!("state/swesmith-real/repos/{key}")), &tree);
+        common::copy_tree(
+            &p.path(&format!("state/swesmith-real/repos/{key}")),
+            &tree,
+            &["__pycache__"],
+        );
         let pytest = |tree: &Path| {
             Command::new(&python)
                 .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])

@@ -110,6 +110,15 @@ type Joined = (usize, StageKey, Result<TaskResult, ScheduleError>);
 /// remote has nothing, what the remote had.
 type LookedUp = (usize, StageKey, DirtyReason, Option<Fetched>);
 
+/// Every item attempt already sent and not yet recorded.
+fn pending(attempts: &mut UnboundedReceiver<ItemAttempt>) -> Vec<ItemAttempt> {
+    let mut batch = Vec::new();
+    while let Ok(attempt) = attempts.try_recv() {
+        batch.push(attempt);
+    }
+    batch
+}
+
 /// How long a run waits at its end for its uploads to the remote cache.
 const UPLOADS_WAIT: Duration = Duration::from_secs(120);
 
@@ -369,11 +378,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     // A per-item stage's attempts were all sent before its
                     // outputs were hashed: they are recorded (and shown)
                     // before the stage is done.
-                    let mut batch = Vec::new();
-                    while let Ok(attempt) = attempts_rx.try_recv() {
-                        batch.push(attempt);
-                    }
-                    self.item_attempts(batch).await?;
+                    self.item_attempts(pending(&mut attempts_rx)).await?;
                     self.outputs_known(i, &records, elapsed);
                     // Its commands are done: a service only it needed
                     // stops before the stages it releases start.
@@ -383,20 +388,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     // Whatever else has finished meanwhile goes into the
                     // same transaction.
                     let mut batch = vec![attempt];
-                    while let Ok(more) = attempts_rx.try_recv() {
-                        batch.push(more);
-                    }
+                    batch.extend(pending(&mut attempts_rx));
                     self.item_attempts(batch).await?;
                 }
                 joined = running.join_next(), if !running.is_empty() => {
                     let Some(joined) = joined else { continue };
                     let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
                     // A task reports its attempts and digests before it ends.
-                    let mut batch = Vec::new();
-                    while let Ok(attempt) = attempts_rx.try_recv() {
-                        batch.push(attempt);
-                    }
-                    self.item_attempts(batch).await?;
+                    self.item_attempts(pending(&mut attempts_rx)).await?;
                     self.drain_hashed(&mut hashed_rx);
                     self.finished(i, &key, result)?;
                     self.release_services().await;
@@ -433,11 +432,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         tracing::warn!("some remote jobs could not be cancelled in time");
                     }
                     // Items that finished before the interrupt are kept.
-                    let mut batch = Vec::new();
-                    while let Ok(attempt) = attempts_rx.try_recv() {
-                        batch.push(attempt);
-                    }
-                    self.item_attempts(batch).await?;
+                    self.item_attempts(pending(&mut attempts_rx)).await?;
                     // Those that did not are cancelled, or left running
                     // for the next run to adopt or cancel (`--detach`, or
                     // a cancellation not confirmed in time).

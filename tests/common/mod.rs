@@ -320,3 +320,21 @@ pub fn is_gone(pid: i32) -> bool {
             .is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
+
+/// Copies the tree `from` to `to`, leaving out entries named in `skip`.
+pub fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if skip.contains(&name.to_str().unwrap_or("")) {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target, skip);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

@@ -52,52 +52,90 @@ impl Checker<'_> {
                 }
             }
         }
+        for (replacement, spec) in self.profile_replacements(
+            entries,
+            "executor",
+            "executors",
+            selected,
+            |name| executors.contains_key(name),
+            |checker, entry| checker.executor_spec(&entry.key, &entry.value),
+        ) {
+            executors.insert(replacement.key.clone(), spec);
+        }
+        executors
+    }
+
+    /// `[profiles.P.SECTION.NAME]` of every profile, each checked (it must
+    /// replace a NAME that `[SECTION]` declares, and `parse` must take it):
+    /// the replacements of the selected profiles, in the order they were
+    /// selected. A replacement is a whole table.
+    pub(super) fn profile_replacements<'n, T>(
+        &mut self,
+        entries: &'n [Entry],
+        what: &str,
+        section: &str,
+        selected: &[&str],
+        declared: impl Fn(&str) -> bool,
+        mut parse: impl FnMut(&mut Self, &'n Entry) -> Option<T>,
+    ) -> Vec<(&'n Entry, T)> {
         let Some(profiles) = find(entries, "profiles").and_then(|e| e.value.as_table()) else {
-            return executors;
+            return Vec::new();
         };
+        let declared_names: Vec<&str> = find(entries, section)
+            .and_then(|e| e.value.as_table())
+            .map(|t| t.iter().map(|e| e.key.as_str()).collect())
+            .unwrap_or_default();
         let mut replacements = Vec::new();
         for body in profiles {
             let Some(table) = body
                 .value
                 .as_table()
-                .and_then(|t| find(t, "executors"))
-                .and_then(|e| self.expect_table(&e.value, "profile executors"))
+                .and_then(|t| find(t, section))
+                .and_then(|e| self.expect_table(&e.value, &format!("profile {section}")))
             else {
                 continue;
             };
-            for executor in table {
-                if !executors.contains_key(&executor.key) {
+            for replacement in table {
+                if !declared(&replacement.key) {
+                    // A declaration that could not be read is reported
+                    // already.
+                    if declared_names.contains(&replacement.key.as_str()) {
+                        continue;
+                    }
                     let help = self.did_you_mean(
-                        &executor.key,
-                        executors.keys().map(String::as_str),
+                        &replacement.key,
+                        declared_names.iter().copied(),
                         &format!(
-                            "declare `[executors.{}]` first; a profile replaces an executor, it does not add one",
-                            executor.key
+                            "declare `[{section}.{}]` first; a profile replaces {} {what}, it does not add one",
+                            replacement.key,
+                            if what.starts_with('e') { "an" } else { "a" },
                         ),
                     );
                     self.problems.push(
                         Problem::new(
                             format!(
-                                "profile `{}` replaces undeclared executor `{}`",
-                                body.key, executor.key
+                                "profile `{}` replaces undeclared {what} `{}`",
+                                body.key, replacement.key
                             ),
-                            executor.key_span.clone(),
-                            "not in `[executors]`",
+                            replacement.key_span.clone(),
+                            format!("not in `[{section}]`"),
                         )
                         .help(help),
                     );
                     continue;
                 }
-                if let Some(spec) = self.executor_spec(&executor.key, &executor.value)
+                if let Some(spec) = parse(self, replacement)
                     && let Some(rank) = selected.iter().position(|p| *p == body.key)
                 {
-                    replacements.push((rank, executor.key.clone(), spec));
+                    replacements.push((rank, replacement, spec));
                 }
             }
         }
-        replacements.sort_by_key(|(rank, _, _)| *rank);
-        executors.extend(replacements.into_iter().map(|(_, name, spec)| (name, spec)));
-        executors
+        replacements.sort_by_key(|(rank, ..)| *rank);
+        replacements
+            .into_iter()
+            .map(|(_, replacement, spec)| (replacement, spec))
+            .collect()
     }
 
     fn executor_spec(&mut self, name: &str, node: &Node) -> Option<ExecutorSpec> {

@@ -48,60 +48,26 @@ impl Checker<'_> {
                 }
             }
         }
-        let Some(profiles) = find(entries, "profiles").and_then(|e| e.value.as_table()) else {
-            return services;
-        };
-        let mut replacements = Vec::new();
-        for body in profiles {
-            let Some(table) = body
+        let replacements = self.profile_replacements(
+            entries,
+            "service",
+            "services",
+            selected,
+            |name| services.contains_key(name),
+            |checker, entry| checker.service(&entry.key, &entry.value, params),
+        );
+        for (replacement, mut spec) in replacements {
+            // The stages find it where they always did unless the
+            // replacement says otherwise.
+            let names_env = replacement
                 .value
                 .as_table()
-                .and_then(|t| find(t, "services"))
-                .and_then(|e| self.expect_table(&e.value, "profile services"))
-            else {
-                continue;
-            };
-            for service in table {
-                if !services.contains_key(&service.key) {
-                    let help = self.did_you_mean(
-                        &service.key,
-                        services.keys().map(String::as_str),
-                        &format!(
-                            "declare `[services.{}]` first; a profile replaces a service, it does not add one",
-                            service.key
-                        ),
-                    );
-                    self.problems.push(
-                        Problem::new(
-                            format!(
-                                "profile `{}` replaces undeclared service `{}`",
-                                body.key, service.key
-                            ),
-                            service.key_span.clone(),
-                            "not in `[services]`",
-                        )
-                        .help(help),
-                    );
-                    continue;
-                }
-                if let Some(mut spec) = self.service(&service.key, &service.value, params)
-                    && let Some(rank) = selected.iter().position(|p| *p == body.key)
-                {
-                    // The stages find it where they always did unless the
-                    // replacement says otherwise.
-                    let names_env = service
-                        .value
-                        .as_table()
-                        .is_some_and(|t| find(t, "env").is_some());
-                    if !names_env {
-                        spec.env = services[&service.key].env.clone();
-                    }
-                    replacements.push((rank, service.key.clone(), spec));
-                }
+                .is_some_and(|t| find(t, "env").is_some());
+            if !names_env {
+                spec.env = services[&replacement.key].env.clone();
             }
+            services.insert(replacement.key.clone(), spec);
         }
-        replacements.sort_by_key(|(rank, _, _)| *rank);
-        services.extend(replacements.into_iter().map(|(_, name, spec)| (name, spec)));
         services
     }
 

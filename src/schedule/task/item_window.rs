@@ -184,7 +184,7 @@ impl StageTask {
                 .map(|p| group_of(&p.item, Some(isolate)))
                 .collect();
             every_group_marked = !marked.is_empty() && marked.len() == groups.len();
-            for (group, (key, class)) in &marked {
+            for (group, key) in &marked {
                 let skipped = mark_group(&mut items.plan, isolate, group);
                 let others = if every_group_marked {
                     "no group went on"
@@ -192,7 +192,7 @@ impl StageTask {
                     "the other groups went on"
                 };
                 tracing::warn!(
-                    "group `{group}` of `{}` is {}: smoke item `{key}` never completed (it ended {class}); {skipped} of its items were not run, {others}",
+                    "group `{group}` of `{}` is {}: smoke item `{key}` never completed (it ended in error); {skipped} of its items were not run, {others}",
                     items.name,
                     isolate.mark
                 );
@@ -484,32 +484,27 @@ fn group_of(item: &Item, isolate: Option<&Isolate>) -> String {
 /// The groups a smoke item failed: one none of whose samples (the item
 /// itself, unsampled) ended `ok` or with a verdict, and one of which ended
 /// in error — the harness never completed it. A smoke item failing only on
-/// infrastructure marks nothing. Group → (the item's key, how its first unit ended).
-fn failed_groups(plan: &[PlannedItem], isolate: &Isolate) -> BTreeMap<String, (String, String)> {
-    // item → (group, completed once, how its first unit ended)
-    let mut smoke: BTreeMap<&str, (String, bool, Option<&'static str>)> = BTreeMap::new();
-    let mut units: Vec<&PlannedItem> = plan.iter().filter(|p| is_smoke(&p.item, isolate)).collect();
-    units.sort_by(|a, b| a.item.key.cmp(&b.item.key));
-    for unit in units {
+/// infrastructure marks nothing. Group → the item's key.
+fn failed_groups(plan: &[PlannedItem], isolate: &Isolate) -> BTreeMap<String, String> {
+    // item → (group, completed once, ended in error once)
+    let mut smoke: BTreeMap<&str, (String, bool, bool)> = BTreeMap::new();
+    for unit in plan.iter().filter(|p| is_smoke(&p.item, isolate)) {
         let entry = smoke
             .entry(unit.item.item_key())
-            .or_insert_with(|| (group_of(&unit.item, Some(isolate)), false, None));
+            .or_insert_with(|| (group_of(&unit.item, Some(isolate)), false, false));
         match &unit.outcome {
             Some((ItemClass::Ok | ItemClass::Verdict(_), _)) => entry.1 = true,
-            Some((ItemClass::Error, _)) => {
-                entry.2.get_or_insert("in error");
-            }
+            Some((ItemClass::Error, _)) => entry.2 = true,
             // Infrastructure says nothing of the harness: the group is
             // not marked, its items stay to be retried.
             Some((ItemClass::Infra, _)) | None => {}
         }
     }
     let mut failed = BTreeMap::new();
-    for (key, (group, completed, ended)) in smoke {
-        if let (false, Some(ended)) = (completed, ended) {
-            failed
-                .entry(group)
-                .or_insert_with(|| (key.to_owned(), ended.to_owned()));
+    // In key order: the first failing smoke item speaks for its group.
+    for (key, (group, completed, errored)) in smoke {
+        if errored && !completed {
+            failed.entry(group).or_insert_with(|| key.to_owned());
         }
     }
     failed
