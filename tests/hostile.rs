@@ -160,24 +160,25 @@ fn a_placeholder_where_quoting_cannot_be_safe_is_refused_at_load() {
     }
 }
 
-/// A stand-in for `swesmith.py` that records its arguments and writes what
-/// each per-item command must write.
+/// A stand-in for each per-item stage's script (written under every
+/// script name those stages use) that records its name and arguments and
+/// writes what that stage's command must write.
 const RECORDING_TOOL: &str = r#"
 import json, os, sys
+script, args = os.path.basename(sys.argv[0]), sys.argv[1:]
 with open("argv.jsonl", "a") as f:
-    f.write(json.dumps(sys.argv[1:]) + "\n")
-command, args = sys.argv[1], sys.argv[2:]
+    f.write(json.dumps([script] + args) + "\n")
 def write(path, value):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(value, f)
-if command == "materialize-one":
+if script == "materialize.py":
     os.makedirs(args[0])
-elif command == "static-check":
+elif script == "static_check.py":
     write(args[1], {"verdict": "accepted"})
-elif command == "oracle":
+elif script == "oracle.py":
     write(args[1], {"verdict": "accepted"})
-elif command == "canary":
+elif script == "canary.py":
     write(args[4], {"turns": 1})
 "#;
 
@@ -216,11 +217,17 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
     // the repository root, its state in state/swesmith-curation/.
     let tool = "pipelines/swesmith-curation";
     let state = "state/swesmith-curation";
-    p.file(
-        "pipelines/swesmith-curation.toml",
-        &shipped_per_item_stages(),
-    );
-    p.file(&format!("{tool}/swesmith.py"), RECORDING_TOOL);
+    let manifest = shipped_per_item_stages();
+    p.file("pipelines/swesmith-curation.toml", &manifest);
+    // Each stage's own script is the stand-in; what it imports is empty.
+    let parsed: toml::Table = manifest.parse().unwrap();
+    for (_, stage) in parsed["stages"].as_table().unwrap() {
+        let inputs = stage["inputs"].as_table().unwrap();
+        p.file(inputs["tool"].as_str().unwrap(), RECORDING_TOOL);
+        if let Some(common) = inputs.get("common") {
+            p.file(common.as_str().unwrap(), "");
+        }
+    }
     p.file(&format!("{state}/registered.json"), "{}");
     p.file("configs/agent.toml", "");
     p.file("configs/models.toml", "");
@@ -268,7 +275,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
         let id = task_id(field, i);
         let expected = [
             vec![
-                "materialize-one".to_owned(),
+                "materialize.py".to_owned(),
                 format!("{state}/tasks/{id}"),
                 id.clone(),
                 field.to_string(),
@@ -278,19 +285,19 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
                 field.to_string(),
             ],
             vec![
-                "static-check".to_owned(),
+                "static_check.py".to_owned(),
                 format!("{state}/tasks/{id}"),
                 format!("{state}/static/{id}.json"),
             ],
             vec![
-                "oracle".to_owned(),
+                "oracle.py".to_owned(),
                 format!("{state}/tasks/{id}"),
                 format!("{state}/oracle/{id}.json"),
                 "--fault-rate".to_owned(),
                 "0.0".to_owned(),
             ],
             vec![
-                "canary".to_owned(),
+                "canary.py".to_owned(),
                 field.to_string(),
                 id.clone(),
                 format!("{state}/registered.json"),

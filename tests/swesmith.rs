@@ -13,7 +13,7 @@ use common::Project;
 /// `pipelines/`, the configs under `configs/`; the root is the top.
 fn shipped() -> Project {
     common::require_tool("python3");
-    common::require_tool("patch");
+    common::require_tool("git");
     let p = Project::new();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(p.path("pipelines")).unwrap();
@@ -219,15 +219,17 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
 
 /// Every task whose gold patch was made against another revision (the
 /// fixture's `bad-patch` defect) is rejected by the static filter: the patch
-/// must apply exactly, with no fuzz. Each repository function is tried,
-/// with an intact task of the same function as the control.
+/// must apply exactly, with no fuzz (`git apply --check`). Each repository
+/// function is tried, with an intact task of the same function as the
+/// control.
 #[test]
 fn a_gold_patch_that_needs_fuzz_to_apply_is_statically_rejected() {
     common::require_tool("python3");
-    common::require_tool("patch");
+    common::require_tool("git");
     let dir = tempfile::tempdir().unwrap();
     let pipelines = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/swesmith-curation");
-    let tool = pipelines.join("swesmith.py");
+    let materialize = pipelines.join("materialize.py");
+    let static_check = pipelines.join("static_check.py");
     let mut tried = 0;
     for template in ["dateparse", "listutil", "mathops", "textkit"] {
         let mutations: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
@@ -239,16 +241,14 @@ fn a_gold_patch_that_needs_fuzz_to_apply_is_statically_rejected() {
             for (defect, accepted) in [("bad-patch", false), ("none", true)] {
                 let task = dir.path().join(format!("{template}-{func}-{defect}"));
                 let made = std::process::Command::new("python3")
-                    .arg(&tool)
-                    .arg("materialize-one")
+                    .arg(&materialize)
                     .arg(&task)
                     .args(["id", "repo", template, func, defect, "image"])
                     .output()
                     .unwrap();
                 assert!(made.status.success(), "{made:?}");
                 let checked = std::process::Command::new("python3")
-                    .arg(&tool)
-                    .arg("static-check")
+                    .arg(&static_check)
                     .arg(&task)
                     .arg(task.with_extension("json"))
                     .output()

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""generate.py REPO OWNER PROJECT PIN SOURCE MODIFIER TREE WHEELS REQUIREMENTS SEED LIMIT OUT:
+"""generate.py REPO OWNER PROJECT PIN SOURCE MODIFIER TREE WHEELS REQUIREMENTS SEED LIMIT OUT BUGS:
 candidate bugs in one repository by one of SWE-smith's procedural Python
 modifiers (the real `swesmith` package, its entity extraction and
 `generate_patch_fast`, on the local tree; no clone, no GitHub). The same
-seed gives the same bugs. Each bug is a unified diff with a task id in
-SWE-smith's form, `owner__repo.PIN8.MODIFIER__HASH`."""
+seed gives the same bugs. Each bug is a unified diff, BUGS/ID/bug.diff,
+with a task id in SWE-smith's form, `owner__repo.PIN8.MODIFIER__HASH`;
+OUT lists them (id, file, entity) with the counts."""
 
 import json
 import os
@@ -43,15 +44,19 @@ print(json.dumps({"entities": len(entities), "candidates": len(candidates), "bug
 """
 
 
-def main(key, owner, project, pin, source, modifier, tree, wheels, requirements, seed, limit, out):
+def main(key, owner, project, pin, source, modifier, tree, wheels, requirements, seed, limit, out, bugs):
     python = venv("generate", requirements, wheels)
     done = subprocess.run([python, "-c", INSIDE, os.path.abspath(tree), source, modifier, seed, limit],
                           check=True, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     found = json.loads(done.stdout)
+    os.makedirs(bugs, exist_ok=True)
     for bug in found["bugs"]:
         bug["id"] = f"{owner}__{project}.{pin[:8]}.{modifier}__{bug['hash']}"
         bug["repo"] = key
         bug["modifier"] = modifier
+        os.makedirs(os.path.join(bugs, bug["id"]), exist_ok=True)
+        with open(os.path.join(bugs, bug["id"], "bug.diff"), "w") as f:
+            f.write(bug.pop("patch"))
     write_json(out, found)
     print(f"{key} {modifier}: {found['entities']} entities, {found['candidates']} candidates, {len(found['bugs'])} bugs")
 

@@ -1,31 +1,25 @@
 #!/usr/bin/env python3
-"""tasks.py GENERATION_RESULTS OUT_LIST OUT_DIR: every generated bug as a
-candidate task: a directory OUT_DIR/ID holding its `bug.diff`, and a line
-of OUT_LIST (id, repo, modifier, file, entity), in id order. A bug two
-modifiers both made is one task."""
+"""tasks.py GENERATION_RESULTS REPOS OUT_LIST: every generated bug as a
+candidate task, a line of OUT_LIST (id, repo, stage, modifier, file,
+entity, the pin), in id order. A task's stage is its repository's
+(REPOS); its diff is where `generate` wrote it,
+bugs/REPO.MODIFIER/ID/bug.diff."""
 
-import os
 import sys
 
 from common import read_jsonl, write_jsonl
 
 
-def main(results, out_list, out_dir):
+def main(results, repos, out_list):
+    stages = {r["key"]: r["stage"] for r in read_jsonl(repos)}
     tasks = {}
     for line in read_jsonl(results):
         if line["class"] != "ok":
             continue
         repo = {k: line["item"][k] for k in ("owner", "project", "version", "sha256", "tests", "pythonpath")}
         for bug in line["result"]["bugs"]:
-            tasks.setdefault(bug["id"], {**bug, **repo})
-    os.makedirs(out_dir, exist_ok=True)
-    rows = []
-    for task_id in sorted(tasks):
-        bug = tasks[task_id]
-        os.makedirs(os.path.join(out_dir, task_id))
-        with open(os.path.join(out_dir, task_id, "bug.diff"), "w") as f:
-            f.write(bug["patch"])
-        rows.append({k: v for k, v in bug.items() if k not in ("patch", "hash")})
+            tasks.setdefault(bug["id"], {**bug, **repo, "stage": stages[bug["repo"]]})
+    rows = [{k: v for k, v in tasks[task_id].items() if k != "hash"} for task_id in sorted(tasks)]
     write_jsonl(out_list, rows)
     print(f"{len(rows)} candidate tasks")
 

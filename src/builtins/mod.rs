@@ -121,16 +121,19 @@ fn read_ids(
     path: &std::path::Path,
     key: &str,
 ) -> Result<std::collections::BTreeSet<String>, BuiltinError> {
-    let mut ids = std::collections::BTreeSet::new();
+    Ok(read_id_list(path, key)?.into_iter().collect())
+}
+
+/// The same, in the file's order.
+fn read_id_list(path: &std::path::Path, key: &str) -> Result<Vec<String>, BuiltinError> {
+    let mut ids = Vec::new();
     for (n, value) in read_records(path, "ID list")?.iter().enumerate() {
         let id = match value {
             serde_json::Value::String(s) => Some(s.clone()),
             other => crate::manifest::settings::field_text(other, key),
         };
         match id {
-            Some(id) => {
-                ids.insert(id);
-            }
+            Some(id) => ids.push(id),
             None => {
                 return Err(BuiltinError::Invocation(format!(
                     "entry {} of `{}` is neither a string nor a record with `{key}`",

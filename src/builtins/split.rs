@@ -7,6 +7,12 @@
 //! other items are then left out: a group is never in two splits). A split
 //! that runs out of groups is short: an error naming the numbers, unless
 //! `allow_shortfall`, which keeps the largest feasible split and records it.
+//!
+//! With `previous` (an earlier version's assignments), the splits are
+//! stable: every earlier ID still present stays in its split, and takes its
+//! group there first; the other groups fill what is left as above. An
+//! earlier version that had a group in two splits, or more earlier IDs in a
+//! split than its size, is an error.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,12 +28,20 @@ pub struct Split {
     /// Per split: (wanted, got, groups).
     pub sizes: BTreeMap<String, (usize, usize, usize)>,
     pub unused: usize,
+    /// Earlier IDs kept in their split, and earlier IDs no longer present.
+    pub kept: usize,
+    pub gone: usize,
 }
 
 pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     let settings: SplitSettings = invocation.settings()?;
     let records = read_records(&invocation.input("items")?, "items")?;
-    let split = split(&records, &settings).map_err(BuiltinError::Checks)?;
+    let previous = match invocation.optional_input("previous") {
+        Some(path) => previous_splits(&read_records(&path, "previous")?, &settings)
+            .map_err(BuiltinError::Checks)?,
+        None => BTreeMap::new(),
+    };
+    let split = split(&records, &settings, &previous).map_err(BuiltinError::Checks)?;
     let rows = split.assigned.iter().map(|(i, name)| {
         let mut record = records[*i].clone();
         if let Value::Object(map) = &mut record {
@@ -51,7 +65,7 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
             .collect();
         write_json(
             &path,
-            &serde_json::json!({ "splits": sizes, "shortfall": shortfall, "unused": split.unused }),
+            &serde_json::json!({ "splits": sizes, "shortfall": shortfall, "unused": split.unused, "kept_from_previous": split.kept, "previous_gone": split.gone }),
         )?;
     }
     let parts: Vec<String> = split
@@ -59,8 +73,16 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         .iter()
         .map(|(name, (wanted, got, groups))| format!("{name} {got}/{wanted} ({groups} groups)"))
         .collect();
+    let stable = if previous.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} earlier IDs kept in their splits, {} no longer present",
+            split.kept, split.gone
+        )
+    };
     Ok(format!(
-        "split {}: {}{}",
+        "split {}: {}{stable}{}",
         split.assigned.len(),
         parts.join(", "),
         if shortfall > 0 {
@@ -71,16 +93,56 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     ))
 }
 
-pub fn split(records: &[Value], settings: &SplitSettings) -> Result<Split, Vec<String>> {
+/// An earlier version's assignments: ID → split.
+pub fn previous_splits(
+    records: &[Value],
+    settings: &SplitSettings,
+) -> Result<BTreeMap<String, String>, Vec<String>> {
+    let mut previous = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (n, record) in records.iter().enumerate() {
+        let key = field_text(record, &settings.key);
+        let split = field_text(record, &settings.field);
+        match (key, split) {
+            (Some(key), Some(split)) if settings.sizes.contains_key(&split) => {
+                previous.insert(key, split);
+            }
+            (Some(key), Some(split)) => problems.push(format!(
+                "previous record {} (`{key}`) is in split `{split}`, which is not one of the sizes ({})",
+                n + 1,
+                settings.sizes.keys().cloned().collect::<Vec<_>>().join(", ")
+            )),
+            _ => problems.push(format!(
+                "previous record {} needs `{}` and `{}`",
+                n + 1,
+                settings.key,
+                settings.field
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(previous)
+    } else {
+        Err(problems)
+    }
+}
+
+pub fn split(
+    records: &[Value],
+    settings: &SplitSettings,
+    previous: &BTreeMap<String, String>,
+) -> Result<Split, Vec<String>> {
     let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
     let mut position: HashMap<String, usize> = HashMap::new();
     let mut problems = Vec::new();
     let mut seen = HashMap::new();
+    let mut keys = vec![String::new(); records.len()];
     for (i, record) in records.iter().enumerate() {
         let Some(key) = field_text(record, &settings.key) else {
             problems.push(format!("record {} has no field `{}`", i + 1, settings.key));
             continue;
         };
+        keys[i] = key.clone();
         if let Some(first) = seen.insert(key.clone(), i) {
             problems.push(format!(
                 "records {} and {} share the ID `{key}`",
@@ -102,6 +164,28 @@ pub fn split(records: &[Value], settings: &SplitSettings) -> Result<Split, Vec<S
         return Err(problems);
     }
 
+    // Each group an earlier ID pins, and to which split.
+    let mut pinned: HashMap<usize, (&String, &String)> = HashMap::new();
+    let mut kept = 0;
+    for (g, (group, members)) in groups.iter().enumerate() {
+        for &i in members {
+            let key = &keys[i];
+            let Some(split) = previous.get(key) else {
+                continue;
+            };
+            kept += 1;
+            match pinned.get(&g) {
+                Some((first, other)) if *other != split => problems.push(format!(
+                    "group `{group}` was in two splits in the previous version: `{first}` in `{other}`, `{key}` in `{split}`"
+                )),
+                Some(_) => {}
+                None => {
+                    pinned.insert(g, (key, split));
+                }
+            }
+        }
+    }
+    let gone = previous.len() - kept;
     let mut order: Vec<(&String, &usize)> = settings.sizes.iter().collect();
     order.sort_by_key(|(name, size)| (**size, (*name).clone()));
     let mut used = vec![false; groups.len()];
@@ -110,6 +194,27 @@ pub fn split(records: &[Value], settings: &SplitSettings) -> Result<Split, Vec<S
     for (name, &wanted) in order {
         let mut need = wanted;
         let mut taken_groups = 0;
+        // The groups of earlier IDs first: earlier IDs, then the others
+        // while there is room.
+        let mut earlier = 0;
+        for (g, (_, members)) in groups.iter().enumerate() {
+            if pinned.get(&g).is_none_or(|(_, split)| *split != name) {
+                continue;
+            }
+            used[g] = true;
+            taken_groups += 1;
+            let (old, new): (Vec<usize>, Vec<usize>) =
+                members.iter().partition(|&&i| previous.contains_key(&keys[i]));
+            earlier += old.len();
+            let room = need.saturating_sub(old.len()).min(new.len());
+            need = need.saturating_sub(old.len() + room);
+            assigned.extend(old.iter().chain(&new[..room]).map(|&i| (i, name.clone())));
+        }
+        if earlier > wanted {
+            problems.push(format!(
+                "split `{name}` must keep {earlier} IDs of the previous version, more than its size of {wanted}"
+            ));
+        }
         for (g, (_, members)) in groups.iter().enumerate() {
             if !used[g] && members.len() <= need && !members.is_empty() {
                 used[g] = true;
@@ -124,9 +229,12 @@ pub fn split(records: &[Value], settings: &SplitSettings) -> Result<Split, Vec<S
             used[g] = true;
             taken_groups += 1;
             assigned.extend(groups[g].1.iter().take(need).map(|&i| (i, name.clone())));
-            need = 0;
         }
-        sizes.insert(name.clone(), (wanted, wanted - need, taken_groups));
+        let got = assigned.iter().filter(|(_, split)| split == name).count();
+        sizes.insert(name.clone(), (wanted, got, taken_groups));
+    }
+    if !problems.is_empty() {
+        return Err(problems);
     }
     let short: Vec<String> = sizes
         .iter()
@@ -147,6 +255,8 @@ pub fn split(records: &[Value], settings: &SplitSettings) -> Result<Split, Vec<S
         unused: records.len() - assigned.len(),
         assigned,
         sizes,
+        kept,
+        gone,
     })
 }
 
@@ -164,6 +274,10 @@ mod tests {
             .collect()
     }
 
+    fn split_new(records: &[Value], settings: &SplitSettings) -> Result<Split, Vec<String>> {
+        split(records, settings, &BTreeMap::new())
+    }
+
     fn settings(sizes: &[(&str, usize)], allow: bool) -> SplitSettings {
         serde_json::from_value(json!({
             "group": "repo",
@@ -176,7 +290,7 @@ mod tests {
     #[test]
     fn exact_sizes_without_sharing_a_group() {
         let r = records(&[0, 0, 0, 1, 1, 2, 3, 3, 3, 3]);
-        let s = split(&r, &settings(&[("train", 6), ("eval", 2)], false)).unwrap();
+        let s = split_new(&r, &settings(&[("train", 6), ("eval", 2)], false)).unwrap();
         assert_eq!(s.sizes["eval"], (2, 2, 1));
         assert_eq!(s.sizes["train"], (6, 6, 3));
     }
@@ -184,10 +298,70 @@ mod tests {
     #[test]
     fn a_shortfall_fails_with_the_numbers_unless_allowed() {
         let r = records(&[0, 0, 1]);
-        let error = split(&r, &settings(&[("train", 2), ("eval", 2)], false)).unwrap_err();
+        let error = split_new(&r, &settings(&[("train", 2), ("eval", 2)], false)).unwrap_err();
         assert!(error[0].contains("`train` needs 2, got 1"), "{error:?}");
-        let s = split(&r, &settings(&[("train", 2), ("eval", 2)], true)).unwrap();
+        let s = split_new(&r, &settings(&[("train", 2), ("eval", 2)], true)).unwrap();
         assert_eq!(s.sizes["eval"].1 + s.sizes["train"].1, 3);
+    }
+
+    #[test]
+    fn an_earlier_version_keeps_its_splits_when_tasks_are_added() {
+        let sizes = [("train", 6), ("val", 2), ("test", 2)];
+        let v1 = records(&[0, 0, 0, 1, 1, 2, 2, 3, 4, 4]);
+        let first = split_new(&v1, &settings(&sizes, false)).unwrap();
+        let previous: BTreeMap<String, String> = first
+            .assigned
+            .iter()
+            .map(|(i, name)| (v1[*i]["id"].as_str().unwrap().to_owned(), name.clone()))
+            .collect();
+        // The next version adds groups in front, which would change every
+        // assignment without `previous`, and a task to an earlier group.
+        let mut v2 = records(&[5, 5, 6, 6, 6, 7]);
+        for (i, record) in v1.iter().enumerate() {
+            let mut record = record.clone();
+            record["id"] = json!(format!("t{i}"));
+            v2.push(record);
+        }
+        for record in v2.iter_mut().take(6) {
+            let id = record["id"].as_str().unwrap().replace('t', "n");
+            record["id"] = json!(id);
+        }
+        v2.push(json!({"id": "n9", "repo": "r3"}));
+        let sizes = [("train", 9), ("val", 3), ("test", 3)];
+        let second = split(&v2, &settings(&sizes, true), &previous).unwrap();
+        assert_eq!((second.kept, second.gone), (10, 0));
+        let now: BTreeMap<String, String> = second
+            .assigned
+            .iter()
+            .map(|(i, name)| (v2[*i]["id"].as_str().unwrap().to_owned(), name.clone()))
+            .collect();
+        for (id, name) in &previous {
+            assert_eq!(now.get(id), Some(name), "{id} moved");
+        }
+        let without = split_new(&v2, &settings(&sizes, true)).unwrap();
+        let moved = without
+            .assigned
+            .iter()
+            .filter(|(i, name)| previous.get(v2[*i]["id"].as_str().unwrap()).is_some_and(|p| p != name))
+            .count();
+        assert!(moved > 0, "the test needs an order that moves IDs without `previous`");
+    }
+
+    #[test]
+    fn an_earlier_version_that_broke_isolation_or_overfills_is_an_error() {
+        let r = records(&[0, 0, 1, 1]);
+        let previous = BTreeMap::from([
+            ("t0".to_owned(), "train".to_owned()),
+            ("t1".to_owned(), "val".to_owned()),
+        ]);
+        let error = split(&r, &settings(&[("train", 2), ("val", 2)], true), &previous).unwrap_err();
+        assert!(error[0].contains("group `r0` was in two splits"), "{error:?}");
+        let previous = BTreeMap::from([
+            ("t0".to_owned(), "train".to_owned()),
+            ("t1".to_owned(), "train".to_owned()),
+        ]);
+        let error = split(&r, &settings(&[("train", 1), ("val", 2)], true), &previous).unwrap_err();
+        assert!(error[0].contains("split `train` must keep 2 IDs"), "{error:?}");
     }
 
     proptest! {
@@ -199,7 +373,7 @@ mod tests {
         ) {
             let r = records(&groups);
             let s = settings(&[("a", a), ("b", b)], true);
-            let result = split(&r, &s).unwrap();
+            let result = split_new(&r, &s).unwrap();
             let mut owner: HashMap<String, &str> = HashMap::new();
             for (i, name) in &result.assigned {
                 let g = r[*i]["repo"].as_str().unwrap().to_owned();
@@ -221,7 +395,7 @@ mod tests {
                 prop_assert_eq!(result.sizes["a"].1, a);
                 prop_assert_eq!(result.sizes["b"].1, b);
             }
-            let strict = split(&r, &settings(&[("a", a), ("b", b)], false));
+            let strict = split_new(&r, &settings(&[("a", a), ("b", b)], false));
             let short = result.sizes.values().any(|(w, g, _)| g < w);
             prop_assert_eq!(strict.is_err(), short);
         }

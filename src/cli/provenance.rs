@@ -1,11 +1,16 @@
 //! `cairn provenance PATH|STAGE`.
 
+use std::collections::HashSet;
+
 use super::args::{Global, ProvenanceArgs};
 use super::error::CliError;
 use super::render;
 use super::targets::PathTarget;
 use super::workspace;
-use crate::store::{AttestationError, Ledger, LineageError, PipelineId, lineage, statement};
+use crate::schedule::{self, item_lineage};
+use crate::store::{
+    AttestationError, ItemStep, Ledger, LineageError, PipelineId, lineage, statement,
+};
 
 pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
@@ -23,11 +28,19 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
             other => return Err(loaded.not_an_output(&args.target, &other)),
         },
     };
-    let lineage = match lineage(&loaded.manifest, &loaded.dag, &ledger, &target) {
+    let mut lineage = match lineage(&loaded.manifest, &loaded.dag, &ledger, &target) {
         Ok(lineage) => lineage,
         Err(LineageError::Store(e)) => return Err(e.into()),
         Err(other) => return Err(CliError::usage(other.to_string())),
     };
+    if loaded.manifest.stage(&target).is_none() {
+        // A file an item wrote: the items behind it too.
+        let mut ctx = loaded.read_context()?;
+        let every = vec![true; loaded.manifest.stages.len()];
+        schedule::evaluate(&mut ctx, &every, &HashSet::new())?;
+        lineage.items = item_lineage(&ctx, &target)?;
+        loaded.save_learnt(&mut ctx);
+    }
     if args.format.is_some() {
         let statement = match statement(&loaded.manifest, &lineage) {
             Ok(statement) => statement,
@@ -42,6 +55,9 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
         return Ok(());
     }
     outln!("provenance of {}\n", lineage.target);
+    for step in &lineage.items {
+        print_item(step)?;
+    }
     for source in &lineage.sources {
         outln!("source  {}  {}", source.path, source.digest);
     }
@@ -75,5 +91,55 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
             outln!("  output    {}  {}", output.path, output.digest);
         }
     }
+    Ok(())
+}
+
+fn print_item(step: &ItemStep) -> Result<(), CliError> {
+    let outcome = match &step.class {
+        Some(class) => format!("{class} after {} attempt(s)", step.attempts),
+        None => "NOT RUN under its inputs as they are now: `cairn run` brings it up to date".to_owned(),
+    };
+    outln!("item `{}` of `{}`  {}", step.key, step.stage, step.fingerprint);
+    outln!("  outcome   {outcome}");
+    if let (Some(run), Some(started), Some(finished)) =
+        (step.run_id, step.started_ms, step.finished_ms)
+    {
+        outln!(
+            "  run       {run} at {}, took {}",
+            render::time(started),
+            render::elapsed_ms(started, finished)
+        );
+    }
+    outln!("  code      {}", step.code);
+    if let Some(image) = &step.image {
+        outln!("  image     {image}");
+    }
+    if let serde_json::Value::Object(fields) = &step.fields {
+        for (name, value) in fields {
+            let value = match value {
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            outln!("  field     {name} = {value}");
+        }
+    }
+    for input in &step.inputs {
+        let from = match (&input.from, &input.item) {
+            (Some(stage), Some(item)) => format!("item `{item}` of `{stage}`"),
+            (Some(stage), None) => format!("from `{stage}`"),
+            _ => "source".to_owned(),
+        };
+        outln!("  input     {}  {}  ({from})", input.path, input.digest);
+    }
+    if let Some(result) = &step.result {
+        outln!("  result    {result}");
+    }
+    for output in &step.outputs {
+        outln!("  output    {}  {}", output.path, output.digest);
+    }
+    if let Some(log) = &step.log {
+        outln!("  log       {log}");
+    }
+    outln!();
     Ok(())
 }

@@ -127,8 +127,16 @@ pub const BUILTINS: &[BuiltinSpec] = &[
                 "IDs (strings or records) that must be selected",
             ),
             optional_port(
+                "keep",
+                "IDs (strings or records) taken first when eligible, e.g. an older freeze; those that are not are named in the report",
+            ),
+            optional_port(
                 "exclude",
                 "IDs (strings or records) that must not be selected",
+            ),
+            optional_port(
+                "order",
+                "IDs in the order to take them (a plan's main list, then its reserves), before tiers",
             ),
         ],
         open_inputs: false,
@@ -138,6 +146,10 @@ pub const BUILTINS: &[BuiltinSpec] = &[
                 "the selected records, JSONL, in selection order",
             ),
             optional_port("reserves", "the next records in the same order, JSONL"),
+            optional_port(
+                "planned",
+                "the selected records, then the reserves, JSONL: the list the next stages work through",
+            ),
             optional_port(
                 "report",
                 "counts per tier and group, and the shortfall, JSON",
@@ -175,30 +187,48 @@ pub const BUILTINS: &[BuiltinSpec] = &[
                 "round-robin over this field inside each tier",
             ),
             setting("max_per_group", Count, false, "at most this many per group"),
-            setting("target", Count, true, "how many to select"),
+            setting("target", Count, false, "how many to select (or `quotas`)"),
+            setting(
+                "stage",
+                SettingKind::String,
+                false,
+                "with `quotas`: the field naming a record's stage",
+            ),
+            setting(
+                "quotas",
+                Counts,
+                false,
+                "a target per stage, each filled only from its own stage (in the order of their names), the cap counted across them",
+            ),
             setting(
                 "reserves",
                 Count,
                 false,
-                "how many reserves to keep after them",
+                "how many reserves to keep after them (per stage, with `quotas`)",
             ),
             setting(
                 "allow_shortfall",
                 Bool,
                 false,
-                "accept fewer than `target` (always reported)",
+                "accept fewer than a target (always reported)",
             ),
         ],
-        validate: Some(|with, _| settings::check::<settings::SelectSettings>(with)),
+        validate: Some(settings::check_select),
     },
     BuiltinSpec {
         name: "split",
         version: 1,
         summary: "a group-isolated split with exact sizes",
-        inputs: &[port(
-            "items",
-            "a JSON array or JSONL file of records, in preference order",
-        )],
+        inputs: &[
+            port(
+                "items",
+                "a JSON array or JSONL file of records, in preference order",
+            ),
+            optional_port(
+                "previous",
+                "an earlier version's assignments (records with the ID and split): each ID still present stays in its split",
+            ),
+        ],
         open_inputs: false,
         outputs: &[
             port(

@@ -143,15 +143,58 @@ pub struct SelectSettings {
     pub group: Option<String>,
     #[serde(default)]
     pub max_per_group: Option<usize>,
-    /// How many to select.
-    pub target: usize,
-    /// How many more, in the same order, to keep as reserves.
+    /// How many to select (or `quotas`, one target per stage).
+    #[serde(default)]
+    pub target: Option<usize>,
+    /// The field naming a record's stage, with `quotas`.
+    #[serde(default)]
+    pub stage: Option<String>,
+    /// A target per stage: each stage is filled only from its own
+    /// candidates, in the order of the stages' names.
+    #[serde(default)]
+    pub quotas: Option<BTreeMap<String, usize>>,
+    /// How many more, in the same order, to keep as reserves (per stage,
+    /// with `quotas`).
     #[serde(default)]
     pub reserves: usize,
-    /// Fewer than `target` is an error unless this is set; either way the
-    /// shortfall is reported.
+    /// Fewer than the target (of any stage) is an error unless this is set;
+    /// either way the shortfall is reported.
     #[serde(default)]
     pub allow_shortfall: bool,
+}
+
+impl SelectSettings {
+    /// The stages to fill, in order: `(stage, target)`; one unnamed stage
+    /// without `quotas`.
+    pub fn pools(&self) -> Vec<(Option<&str>, usize)> {
+        match &self.quotas {
+            Some(quotas) => quotas
+                .iter()
+                .map(|(name, target)| (Some(name.as_str()), *target))
+                .collect(),
+            None => vec![(None, self.target.unwrap_or(0))],
+        }
+    }
+
+    /// The whole target: the sum of the quotas, or `target`.
+    pub fn total(&self) -> usize {
+        self.pools().iter().map(|(_, target)| target).sum()
+    }
+}
+
+/// `target`, or `quotas` with `stage`: one of the two.
+pub fn check_select(with: &Value, _: &[&str]) -> Result<(), String> {
+    let settings: SelectSettings =
+        serde_json::from_value(with.clone()).map_err(|e| e.to_string())?;
+    match (&settings.target, &settings.quotas, &settings.stage) {
+        (Some(_), None, None) | (None, Some(_), Some(_)) => Ok(()),
+        (None, None, _) => Err("set `target`, or `quotas` (with `stage`)".to_owned()),
+        (Some(_), Some(_), _) => {
+            Err("`target` and `quotas` exclude each other: the quotas are the target".to_owned())
+        }
+        (_, Some(_), None) => Err("`quotas` needs `stage`, the field naming a record's stage".to_owned()),
+        (_, None, Some(_)) => Err("`stage` goes with `quotas`, a target per stage".to_owned()),
+    }
 }
 
 /// `uses = "split"`.

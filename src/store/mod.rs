@@ -29,7 +29,9 @@ pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, Loc
 pub use objects::{
     INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,
 };
-pub use provenance::{InputRecord, Lineage, LineageError, StageRecord, lineage};
+pub use provenance::{
+    InputRecord, ItemInput, ItemStep, Lineage, LineageError, StageRecord, lineage,
+};
 pub use workspace_lock::{WhenLocked, WorkspaceLock};
 
 use std::path::{Path, PathBuf};

@@ -49,6 +49,50 @@ pub struct Lineage {
     pub stages: Vec<StageRecord>,
     /// Files no stage produces that the chain read.
     pub sources: Vec<InputRecord>,
+    /// When an item wrote the target: that item first, then the items of
+    /// per-item stages whose files it read, and theirs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<ItemStep>,
+}
+
+/// One item's outcome in a chain, under the fingerprint its inputs give
+/// today.
+#[derive(Debug, Clone, Serialize)]
+pub struct ItemStep {
+    pub stage: String,
+    pub key: String,
+    pub fingerprint: Digest,
+    /// The fingerprint of the stage's code it ran under.
+    pub code: Digest,
+    /// Its outcome (`ok`, a verdict, …); `None`: none under these inputs,
+    /// it has not run since they changed.
+    pub class: Option<String>,
+    pub attempts: u32,
+    pub run_id: Option<i64>,
+    pub started_ms: Option<i64>,
+    pub finished_ms: Option<i64>,
+    /// Its log, relative to the cache.
+    pub log: Option<String>,
+    /// The image it ran in, pinned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Its record in the item list.
+    pub fields: serde_json::Value,
+    pub inputs: Vec<ItemInput>,
+    /// The JSON its command wrote (`item_result`).
+    pub result: Option<serde_json::Value>,
+    /// What it wrote (`item_outputs`).
+    pub outputs: Vec<OutputRecord>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ItemInput {
+    pub path: String,
+    pub digest: Digest,
+    /// The stage that wrote it; `None` for a source file.
+    pub from: Option<String>,
+    /// The item of that stage that wrote it, when one did.
+    pub item: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,5 +194,6 @@ pub fn lineage(
         target: target.to_owned(),
         stages,
         sources: sources.into_values().collect(),
+        items: Vec::new(),
     })
 }

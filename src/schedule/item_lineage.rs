@@ -1,0 +1,163 @@
+//! Provenance to the item: the outcomes of the items behind a file that a
+//! per-item stage wrote (or that a freeze copied from one), back through
+//! every per-item stage whose files each of them read.
+//!
+//! An item is found by the paths it writes: its `item_result` and its
+//! entries under `item_outputs`. What it read is its `item_inputs`, with
+//! the digests its fingerprint hashed today; its outcome is the one the
+//! ledger holds under that fingerprint, so a chain that is shown is the
+//! chain of the files as they are now. An item whose inputs changed since
+//! it ran has no outcome under them, and says so.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use super::context::Context;
+use super::items::{PlannedItem, fill};
+use super::ScheduleError;
+use crate::manifest::{Manifest, OutputIndex, ProjectPath};
+use crate::release::format::ITEMS_DIR;
+use crate::store::{ItemInput, ItemStep};
+
+/// Where each item's files are: path → (stage index, item index).
+struct ItemFiles<'c> {
+    ctx: &'c Context<'c>,
+    owners: HashMap<String, (usize, usize)>,
+}
+
+impl<'c> ItemFiles<'c> {
+    fn new(ctx: &'c Context<'c>) -> Self {
+        let mut owners = HashMap::new();
+        for (&i, plan) in &ctx.item_plans {
+            let stage = &ctx.manifest.stages[i];
+            let Some(foreach) = &stage.foreach else {
+                continue;
+            };
+            for (j, planned) in plan.iter().enumerate() {
+                if planned.item.sample.is_some() {
+                    continue;
+                }
+                if let Some(result) = &foreach.result
+                    && let Ok(path) = fill(result, &planned.item)
+                {
+                    owners.insert(normal(&path), (i, j));
+                }
+                for entry in &foreach.item_outputs {
+                    let Some(dir) = stage.outputs.iter().find(|o| o.name == entry.output) else {
+                        continue;
+                    };
+                    if let Ok(name) = fill(&entry.template, &planned.item) {
+                        owners.insert(format!("{}/{name}", dir.path.as_str()), (i, j));
+                    }
+                }
+            }
+        }
+        ItemFiles { ctx, owners }
+    }
+
+    /// The item that wrote `path` (or the entry it lies in).
+    fn owner_of(&self, path: &str) -> Option<(usize, usize)> {
+        let path = ProjectPath::new(normal(path));
+        path.self_and_ancestors()
+            .find_map(|candidate| self.owners.get(candidate).copied())
+    }
+
+    fn planned(&self, (i, j): (usize, usize)) -> &PlannedItem {
+        &self.ctx.item_plans[&i][j]
+    }
+}
+
+fn normal(path: &str) -> String {
+    path.trim_start_matches("./").trim_end_matches('/').to_owned()
+}
+
+/// A file inside a freeze's `items/ID/` is the freeze's copy of its
+/// `items` input's `ID/`: the path an item wrote.
+fn through_freeze(manifest: &Manifest, path: &str) -> String {
+    let path = normal(path);
+    for stage in &manifest.stages {
+        if stage.uses.as_ref().is_none_or(|u| u.name != "freeze") {
+            continue;
+        }
+        let (Some(freeze), Some(items)) = (
+            stage.outputs.iter().find(|o| o.name == "freeze"),
+            stage.inputs.iter().find(|i| i.name == "items"),
+        ) else {
+            continue;
+        };
+        let prefix = format!("{}/{ITEMS_DIR}/", freeze.path.as_str());
+        if let Some(rest) = path.strip_prefix(&prefix) {
+            return format!("{}/{rest}", items.path.as_str());
+        }
+    }
+    path
+}
+
+/// The chain of items behind `target` (a path), the item that wrote it
+/// first; empty when no item wrote it. `ctx` has evaluated every stage.
+pub fn item_lineage(ctx: &Context<'_>, target: &str) -> Result<Vec<ItemStep>, ScheduleError> {
+    let files = ItemFiles::new(ctx);
+    let writers = OutputIndex::new(&ctx.manifest.stages);
+    let Some(start) = files.owner_of(&through_freeze(ctx.manifest, target)) else {
+        return Ok(Vec::new());
+    };
+    let mut steps = Vec::new();
+    let mut queue = VecDeque::from([start]);
+    let mut seen = HashSet::from([start]);
+    while let Some(at) = queue.pop_front() {
+        let (i, _) = at;
+        let stage = &ctx.manifest.stages[i];
+        let planned = files.planned(at);
+        let mut inputs = Vec::new();
+        for (path, digest) in &planned.inputs {
+            if path.starts_with('\0') {
+                continue;
+            }
+            let item = files.owner_of(path);
+            if let Some(upstream) = item
+                && seen.insert(upstream)
+            {
+                queue.push_back(upstream);
+            }
+            let from = match item {
+                Some((u, _)) => Some(ctx.manifest.stages[u].name.clone()),
+                None => writers
+                    .producer_of(&ProjectPath::new(path.clone()))
+                    .map(|(s, _)| ctx.manifest.stages[s].name.clone()),
+            };
+            inputs.push(ItemInput {
+                path: path.clone(),
+                digest: *digest,
+                from,
+                item: item.map(|u| files.planned(u).item.key.clone()),
+            });
+        }
+        let attempt = match &ctx.ledger {
+            Some(ledger) => ledger
+                .item_attempts(&stage.name, &planned.item.key)?
+                .into_iter()
+                .rfind(|a| a.fingerprint == planned.fingerprint && a.class != "running"),
+            None => None,
+        };
+        steps.push(ItemStep {
+            stage: stage.name.clone(),
+            key: planned.item.key.clone(),
+            fingerprint: planned.fingerprint,
+            code: planned.code,
+            class: planned
+                .outcome
+                .as_ref()
+                .map(|(class, _)| class.name().to_owned()),
+            attempts: planned.outcome.as_ref().map_or(0, |(_, n)| *n),
+            run_id: attempt.as_ref().map(|a| a.run_id),
+            started_ms: attempt.as_ref().map(|a| a.started_ms),
+            finished_ms: attempt.as_ref().map(|a| a.finished_ms),
+            log: attempt.and_then(|a| a.log_path),
+            image: planned.image.clone(),
+            fields: planned.item.value.clone(),
+            inputs,
+            result: planned.result.clone(),
+            outputs: planned.outputs.clone().unwrap_or_default(),
+        });
+    }
+    Ok(steps)
+}
