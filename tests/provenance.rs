@@ -141,3 +141,145 @@ fn no_statement_for_an_output_that_changed_since_it_was_recorded() {
         out.stderr()
     );
 }
+
+/// Repositories pinned by content, a bug made per repository, a task per
+/// bug validated against its repository and its bug, a freeze: per-item
+/// stages, each reading files that items upstream wrote.
+fn items_project() -> Project {
+    let p = Project::new();
+    p.file(
+        "repos.jsonl",
+        "{\"key\": \"alpha\", \"pin\": \"aaa111\"}\n{\"key\": \"beta\", \"pin\": \"bbb222\"}\n",
+    );
+    p.file(
+        "tasks.jsonl",
+        "{\"id\": \"alpha.t1\", \"repo\": \"alpha\", \"split\": \"train\"}\n{\"id\": \"beta.t1\", \"repo\": \"beta\", \"split\": \"test\"}\n",
+    );
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "items-lineage"
+
+[stages.fetch]
+foreach = { items = "repos.jsonl", key = "key" }
+item_outputs = { trees = "{item.key}" }
+run = "mkdir -p {out.trees}/{item.key} && echo {item.pin} > {out.trees}/{item.key}/PIN"
+outputs = { results = "state/fetch.jsonl", trees = "state/repos" }
+
+[stages.bug]
+foreach = { items = "repos.jsonl", key = "key" }
+item_inputs = ["state/repos/{item.key}"]
+item_result = "state/bugs/{item.key}.json"
+needs = ["fetch"]
+run = "mkdir -p state/bugs && echo '{\"modifier\": \"swap\", \"repo\": \"{item.key}\"}' > state/bugs/{item.key}.json"
+outputs = { results = "state/bug.jsonl" }
+
+[stages.validate]
+foreach = { items = "tasks.jsonl", key = "id" }
+item_inputs = ["state/repos/{item.repo}", "state/bugs/{item.repo}.json"]
+item_outputs = { tasks = "{item.id}" }
+item_result = "state/validate/{item.id}.json"
+needs = ["bug"]
+run = "mkdir -p {out.tasks}/{item.id} state/validate && echo '{\"FAIL_TO_PASS\": [\"test_{item.id}\"]}' > {out.tasks}/{item.id}/task.json && echo '{\"fail_to_pass\": 1}' > state/validate/{item.id}.json"
+outputs = { results = "state/validate.jsonl", tasks = "state/tasks" }
+
+[stages.freeze]
+uses = "freeze"
+inputs = { selection = "tasks.jsonl", items = "state/tasks" }
+outputs = { freeze = "state/freeze" }
+needs = ["validate"]
+with = { name = "demo", version = "1" }
+"#,
+    );
+    p.cairn(&["run"]).success();
+    p
+}
+
+#[test]
+fn a_frozen_task_is_traced_through_the_items_behind_it() {
+    let p = items_project();
+    let out = p.cairn(&[
+        "provenance",
+        "state/freeze/items/beta.t1/task.json",
+        "--json",
+    ]);
+    out.success();
+    let json: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    let items: Vec<(String, String)> = json["items"]
+        .as_array()
+        .expect("an item chain")
+        .iter()
+        .map(|s| {
+            (
+                s["stage"].as_str().unwrap().to_owned(),
+                s["key"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    // The task's own item first; only its repository's items behind it.
+    assert_eq!(
+        items,
+        [
+            ("validate".to_owned(), "beta.t1".to_owned()),
+            ("fetch".to_owned(), "beta".to_owned()),
+            ("bug".to_owned(), "beta".to_owned()),
+        ]
+    );
+    let validate = &json["items"][0];
+    assert_eq!(validate["class"], "ok");
+    assert_eq!(validate["result"]["fail_to_pass"], 1);
+    assert_eq!(validate["inputs"][1]["from"], "bug");
+    assert_eq!(validate["inputs"][1]["item"], "beta");
+    assert!(validate["run_id"].as_i64().is_some());
+    let fetch = &json["items"][1];
+    assert_eq!(fetch["fields"]["pin"], "bbb222");
+    assert_eq!(json["items"][2]["result"]["modifier"], "swap");
+    // The stage chain is still there.
+    let stages: Vec<&str> = json["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, ["fetch", "bug", "validate", "freeze"]);
+
+    let text = p.cairn(&["provenance", "state/tasks/beta.t1"]);
+    text.success();
+    assert!(
+        text.stdout().contains("item `beta` of `fetch`") && text.stdout().contains("pin = bbb222"),
+        "{}",
+        text.stdout()
+    );
+    assert!(!text.stdout().contains("alpha"), "{}", text.stdout());
+}
+
+#[test]
+fn an_item_whose_inputs_changed_says_it_has_not_run_under_them() {
+    let p = items_project();
+    // beta's pin moves: its fetch has not run under the new one.
+    p.file(
+        "repos.jsonl",
+        "{\"key\": \"alpha\", \"pin\": \"aaa111\"}\n{\"key\": \"beta\", \"pin\": \"ccc333\"}\n",
+    );
+    let out = p.cairn(&["provenance", "state/tasks/beta.t1", "--json"]);
+    out.success();
+    let json: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    let fetch = &json["items"][1];
+    assert_eq!(
+        (&fetch["stage"], &fetch["key"]),
+        (&"fetch".into(), &"beta".into())
+    );
+    assert!(fetch["class"].is_null(), "{fetch}");
+    assert_eq!(fetch["fields"]["pin"], "ccc333");
+    let text = p.cairn(&["provenance", "state/tasks/beta.t1"]);
+    assert!(
+        text.stdout().contains("NOT RUN under its inputs"),
+        "{}",
+        text.stdout()
+    );
+    p.cairn(&["run"]).success();
+    let out = p.cairn(&["provenance", "state/tasks/beta.t1", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
+    assert_eq!(json["items"][1]["class"], "ok");
+}

@@ -110,6 +110,23 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
         .map(|r| r["class"].as_str().unwrap())
         .collect();
     assert!(classes.contains("ok"), "{classes:?}");
+    // Resolve: each stage's quota from its own stage, the older freeze's
+    // accepted tasks all kept.
+    let selected = jsonl(&p, &format!("{state}/resolve/selected.jsonl"));
+    let in_stage = |stage: &str| selected.iter().filter(|r| r["stage"] == stage).count();
+    assert_eq!((in_stage("A"), in_stage("B")), (9, 9));
+    let accepted = jsonl(&p, &format!("{state}/oracle-accepted.jsonl"));
+    for id in &old {
+        if accepted.iter().any(|r| r["id"] == *id) {
+            assert!(selected.iter().any(|r| r["id"] == *id), "{id} dropped");
+        }
+    }
+    let planned = jsonl(&p, &format!("{state}/plan/planned.jsonl"));
+    assert_eq!(
+        planned.len(),
+        16 + 16 + 8 + 8,
+        "main lists and each stage's reserves"
+    );
     let splits = jsonl(&p, &format!("{state}/resolve/splits.jsonl"));
     let mut repo_split = std::collections::HashMap::new();
     for r in &splits {

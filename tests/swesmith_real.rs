@@ -53,16 +53,21 @@ fn real_tasks_are_generated_and_graded_and_a_new_repository_validates_only_its_o
     let manifest = std::fs::read_to_string(repo.join("pipelines/swesmith-real.toml")).unwrap();
     let four = "repos = \"toolz,cachetools,parse,inflection\"";
     assert!(manifest.contains(four), "the ci profile's repositories");
+    // The first version has stage A's repositories only.
+    let b_quota = "stage_b = 6";
+    assert!(manifest.contains(b_quota), "the ci profile's stage B quota");
     p.file(
         "pipelines/swesmith-real.toml",
-        &manifest.replace(four, "repos = \"toolz,cachetools,parse\""),
+        &manifest
+            .replace(four, "repos = \"toolz,cachetools,parse\"")
+            .replace(b_quota, "stage_b = 0"),
     );
 
     let first = cairn(&p, &["run"]);
     first.success();
 
-    // A fourth repository: only its items are fetched, generated, filtered
-    // and validated.
+    // A fourth repository, in stage B: only its items are fetched,
+    // generated, filtered and validated.
     p.file("pipelines/swesmith-real.toml", &manifest);
     let second = cairn(&p, &["run"]);
     second.success();
@@ -124,11 +129,66 @@ fn real_tasks_are_generated_and_graded_and_a_new_repository_validates_only_its_o
         .collect();
     assert_eq!(repos.len(), 4, "{repos:?}");
 
+    // Each stage's quota, from its own stage; the older freeze's tasks all
+    // kept, each in the split it had.
+    let selected: Vec<serde_json::Value> = p
+        .read("state/swesmith-real/resolve/selected.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let in_stage = |stage: &str| selected.iter().filter(|r| r["stage"] == stage).count();
+    assert_eq!((in_stage("A"), in_stage("B")), (18, 6));
+    let old: Vec<serde_json::Value> = p
+        .read("pipelines/swesmith-real/old-freeze.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!old.is_empty());
+    for task in &old {
+        let id = task["id"].as_str().unwrap();
+        let split = task["split"].as_str().unwrap();
+        let frozen_in = frozen["splits"][split].as_array().unwrap();
+        assert!(
+            frozen_in.iter().any(|f| f == id),
+            "{id} is not in `{split}`"
+        );
+    }
+
+    // A frozen task traced to the item: its validation, its static check,
+    // its bug's generation (the modifier) and its repository's pin.
+    let id = &ids[0];
+    let traced = cairn(
+        &p,
+        &[
+            "provenance",
+            &format!("{freeze}/items/{id}/task.json"),
+            "--json",
+        ],
+    );
+    traced.success();
+    let chain: serde_json::Value = serde_json::from_str(&traced.stdout()).unwrap();
+    let step = |stage: &str| -> serde_json::Value {
+        chain["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == stage)
+            .unwrap_or_else(|| panic!("no `{stage}` item in {chain}"))
+            .clone()
+    };
+    let task = json(&p, &format!("{freeze}/items/{id}/task.json"));
+    assert_eq!(step("validate")["key"], id.as_str());
+    assert_eq!(step("validate")["class"], "ok");
+    assert_eq!(step("static-filter")["key"], id.as_str());
+    assert_eq!(step("generate")["fields"]["modifier"], task["modifier"]);
+    assert_eq!(step("fetch")["fields"]["sha256"], task["pin"]["sha256"]);
+    assert_eq!(step("baseline")["class"], "ok");
+
     // Nothing left to do.
     let again = cairn(&p, &["run"]);
     again.success();
     assert!(
-        again.stderr().contains("0 ran, 14 fresh"),
+        again.stderr().contains("0 ran, 15 fresh"),
         "{}",
         again.stderr()
     );

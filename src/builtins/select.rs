@@ -305,7 +305,9 @@ pub fn select(
                 && settings.filters.iter().all(|p| p.holds(record))
         })
         .map(|(i, record)| {
-            let place = place.get(keys[i].as_str()).map_or(Rank::Missing, |p| Rank::Number(*p as f64));
+            let place = place
+                .get(keys[i].as_str())
+                .map_or(Rank::Missing, |p| Rank::Number(*p as f64));
             let tiers = std::iter::once(place)
                 .chain(settings.tiers.iter().map(|t| rank_of(record, t)))
                 .collect();
@@ -353,7 +355,10 @@ pub fn select(
         let in_stage = lists
             .must_keep
             .iter()
-            .filter(|id| seen.get(*id).is_some_and(|&i| stage_of(i).as_deref() == *stage || stage.is_none()))
+            .filter(|id| {
+                seen.get(*id)
+                    .is_some_and(|&i| stage_of(i).as_deref() == *stage || stage.is_none())
+            })
             .count();
         if in_stage > *target {
             problems.push(match stage {
@@ -640,16 +645,35 @@ mod tests {
     #[test]
     fn a_short_stage_is_never_filled_from_another() {
         // Stage A has 2 candidates, stage B 6; A's quota is 3.
-        let records = staged_pool(&[("A", 0), ("A", 1), ("B", 2), ("B", 3), ("B", 4), ("B", 5), ("B", 6), ("B", 7)]);
-        let error = select(&records, &staged(&[("A", 3), ("B", 3)], None, 0), &Lists::default()).unwrap_err();
+        let records = staged_pool(&[
+            ("A", 0),
+            ("A", 1),
+            ("B", 2),
+            ("B", 3),
+            ("B", 4),
+            ("B", 5),
+            ("B", 6),
+            ("B", 7),
+        ]);
+        let error = select(
+            &records,
+            &staged(&[("A", 3), ("B", 3)], None, 0),
+            &Lists::default(),
+        )
+        .unwrap_err();
         assert!(
-            error[0].contains("shortfall in stage `A`: 2 selected of a quota of 3") && error[0].contains("never filled from another"),
+            error[0].contains("shortfall in stage `A`: 2 selected of a quota of 3")
+                && error[0].contains("never filled from another"),
             "{error:?}"
         );
         let mut allowed = staged(&[("A", 3), ("B", 3)], None, 0);
         allowed.allow_shortfall = true;
         let s = select(&records, &allowed, &Lists::default()).unwrap();
-        let stages: Vec<_> = s.stages.iter().map(|o| (o.name.clone().unwrap(), o.selected, o.shortfall())).collect();
+        let stages: Vec<_> = s
+            .stages
+            .iter()
+            .map(|o| (o.name.clone().unwrap(), o.selected, o.shortfall()))
+            .collect();
         assert_eq!(stages, [("A".to_owned(), 2, 1), ("B".to_owned(), 3, 0)]);
         assert_eq!(s.selected.len(), 5);
         let a: Vec<&Value> = s.selected[..2].iter().map(|&i| &records[i]).collect();
@@ -659,18 +683,48 @@ mod tests {
     #[test]
     fn reserves_are_per_stage_and_the_cap_counts_across_stages() {
         // r0 has candidates in both stages; at most 2 of r0 in all.
-        let records = staged_pool(&[("A", 0), ("A", 0), ("A", 1), ("A", 1), ("A", 2), ("B", 0), ("B", 3), ("B", 3), ("B", 4)]);
-        let s = select(&records, &staged(&[("A", 3), ("B", 2)], Some(2), 5), &Lists::default()).unwrap();
-        let r0 = s.selected.iter().filter(|&&i| records[i]["repo"] == "r0").count();
+        let records = staged_pool(&[
+            ("A", 0),
+            ("A", 0),
+            ("A", 1),
+            ("A", 1),
+            ("A", 2),
+            ("B", 0),
+            ("B", 3),
+            ("B", 3),
+            ("B", 4),
+        ]);
+        let s = select(
+            &records,
+            &staged(&[("A", 3), ("B", 2)], Some(2), 5),
+            &Lists::default(),
+        )
+        .unwrap();
+        let r0 = s
+            .selected
+            .iter()
+            .filter(|&&i| records[i]["repo"] == "r0")
+            .count();
         assert!(r0 <= 2, "{r0} of r0");
         for &i in &s.reserves {
             assert!(!s.selected.contains(&i));
         }
         // Each stage's reserves come right after its own selection's order.
         let a_reserves = s.stages[0].reserves;
-        assert!(s.reserves[..a_reserves].iter().all(|&i| records[i]["stage"] == "A"));
-        assert!(s.reserves[a_reserves..].iter().all(|&i| records[i]["stage"] == "B"));
-        assert_eq!(s.stages[0].reserves + s.stages[1].reserves, s.reserves.len());
+        assert!(
+            s.reserves[..a_reserves]
+                .iter()
+                .all(|&i| records[i]["stage"] == "A")
+        );
+        assert!(
+            s.reserves[a_reserves..]
+                .iter()
+                .all(|&i| records[i]["stage"] == "B")
+        );
+        assert_eq!(
+            s.stages[0].reserves + s.stages[1].reserves,
+            s.reserves.len()
+        );
         assert_eq!(s.reserves.len(), 9 - 5);
     }
 
@@ -680,7 +734,10 @@ mod tests {
         // Whatever the order would choose, t3 and t2 are kept; t4 is of
         // stage B; t8 is gone.
         let lists = Lists {
-            keep: ["t3", "t2", "t4", "t8"].iter().map(|id| (*id).to_owned()).collect(),
+            keep: ["t3", "t2", "t4", "t8"]
+                .iter()
+                .map(|id| (*id).to_owned())
+                .collect(),
             exclude: BTreeSet::from(["t2".to_owned()]),
             ..Lists::default()
         };
@@ -690,7 +747,10 @@ mod tests {
         assert_eq!(chosen[2], "t4");
         assert_eq!(
             s.not_kept,
-            [("t2".to_owned(), "excluded"), ("t8".to_owned(), "not a candidate")]
+            [
+                ("t2".to_owned(), "excluded"),
+                ("t8".to_owned(), "not a candidate")
+            ]
         );
         assert_eq!((s.stages[0].kept, s.stages[1].kept), (1, 1));
     }
@@ -700,13 +760,19 @@ mod tests {
         // The plan: A's main list t0 t1, its reserves t2 t3; B's main t4,
         // its reserve t5. Validation rejected t1 and t4 (not candidates).
         let planned = staged_pool(&[("A", 0), ("A", 1), ("A", 2), ("A", 3), ("B", 4), ("B", 5)]);
-        let order: Vec<String> = ["t0", "t1", "t4", "t3", "t2", "t5"].iter().map(|id| (*id).to_owned()).collect();
+        let order: Vec<String> = ["t0", "t1", "t4", "t3", "t2", "t5"]
+            .iter()
+            .map(|id| (*id).to_owned())
+            .collect();
         let validated: Vec<Value> = planned
             .iter()
             .filter(|r| r["id"] != "t1" && r["id"] != "t4")
             .cloned()
             .collect();
-        let lists = Lists { order, ..Lists::default() };
+        let lists = Lists {
+            order,
+            ..Lists::default()
+        };
         let s = select(&validated, &staged(&[("A", 2), ("B", 1)], None, 0), &lists).unwrap();
         // t3 is A's first reserve in the plan's order, whatever its hash.
         assert_eq!(ids(&validated, &s.selected), ["t0", "t3", "t5"]);
@@ -718,8 +784,16 @@ mod tests {
         assert!(check(json!({"target": 3})).is_ok());
         assert!(check(json!({"stage": "stage", "quotas": {"A": 1}})).is_ok());
         assert!(check(json!({})).unwrap_err().contains("set `target`"));
-        assert!(check(json!({"target": 1, "stage": "s", "quotas": {"A": 1}})).unwrap_err().contains("exclude each other"));
-        assert!(check(json!({"quotas": {"A": 1}})).unwrap_err().contains("needs `stage`"));
+        assert!(
+            check(json!({"target": 1, "stage": "s", "quotas": {"A": 1}}))
+                .unwrap_err()
+                .contains("exclude each other")
+        );
+        assert!(
+            check(json!({"quotas": {"A": 1}}))
+                .unwrap_err()
+                .contains("needs `stage`")
+        );
     }
 
     proptest! {

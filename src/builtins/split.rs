@@ -203,8 +203,9 @@ pub fn split(
             }
             used[g] = true;
             taken_groups += 1;
-            let (old, new): (Vec<usize>, Vec<usize>) =
-                members.iter().partition(|&&i| previous.contains_key(&keys[i]));
+            let (old, new): (Vec<usize>, Vec<usize>) = members
+                .iter()
+                .partition(|&&i| previous.contains_key(&keys[i]));
             earlier += old.len();
             let room = need.saturating_sub(old.len()).min(new.len());
             need = need.saturating_sub(old.len() + room);
@@ -342,9 +343,16 @@ mod tests {
         let moved = without
             .assigned
             .iter()
-            .filter(|(i, name)| previous.get(v2[*i]["id"].as_str().unwrap()).is_some_and(|p| p != name))
+            .filter(|(i, name)| {
+                previous
+                    .get(v2[*i]["id"].as_str().unwrap())
+                    .is_some_and(|p| p != name)
+            })
             .count();
-        assert!(moved > 0, "the test needs an order that moves IDs without `previous`");
+        assert!(
+            moved > 0,
+            "the test needs an order that moves IDs without `previous`"
+        );
     }
 
     #[test]
@@ -355,13 +363,19 @@ mod tests {
             ("t1".to_owned(), "val".to_owned()),
         ]);
         let error = split(&r, &settings(&[("train", 2), ("val", 2)], true), &previous).unwrap_err();
-        assert!(error[0].contains("group `r0` was in two splits"), "{error:?}");
+        assert!(
+            error[0].contains("group `r0` was in two splits"),
+            "{error:?}"
+        );
         let previous = BTreeMap::from([
             ("t0".to_owned(), "train".to_owned()),
             ("t1".to_owned(), "train".to_owned()),
         ]);
         let error = split(&r, &settings(&[("train", 1), ("val", 2)], true), &previous).unwrap_err();
-        assert!(error[0].contains("split `train` must keep 2 IDs"), "{error:?}");
+        assert!(
+            error[0].contains("split `train` must keep 2 IDs"),
+            "{error:?}"
+        );
     }
 
     proptest! {

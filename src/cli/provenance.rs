@@ -97,9 +97,16 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
 fn print_item(step: &ItemStep) -> Result<(), CliError> {
     let outcome = match &step.class {
         Some(class) => format!("{class} after {} attempt(s)", step.attempts),
-        None => "NOT RUN under its inputs as they are now: `cairn run` brings it up to date".to_owned(),
+        None => {
+            "NOT RUN under its inputs as they are now: `cairn run` brings it up to date".to_owned()
+        }
     };
-    outln!("item `{}` of `{}`  {}", step.key, step.stage, step.fingerprint);
+    outln!(
+        "item `{}` of `{}`  {}",
+        step.key,
+        step.stage,
+        step.fingerprint
+    );
     outln!("  outcome   {outcome}");
     if let (Some(run), Some(started), Some(finished)) =
         (step.run_id, step.started_ms, step.finished_ms)

@@ -192,7 +192,9 @@ pub fn check_select(with: &Value, _: &[&str]) -> Result<(), String> {
         (Some(_), Some(_), _) => {
             Err("`target` and `quotas` exclude each other: the quotas are the target".to_owned())
         }
-        (_, Some(_), None) => Err("`quotas` needs `stage`, the field naming a record's stage".to_owned()),
+        (_, Some(_), None) => {
+            Err("`quotas` needs `stage`, the field naming a record's stage".to_owned())
+        }
         (_, None, Some(_)) => Err("`stage` goes with `quotas`, a target per stage".to_owned()),
     }
 }

@@ -11,9 +11,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
+use super::ScheduleError;
 use super::context::Context;
 use super::items::{PlannedItem, fill};
-use super::ScheduleError;
 use crate::manifest::{Manifest, OutputIndex, ProjectPath};
 use crate::release::format::ITEMS_DIR;
 use crate::store::{ItemInput, ItemStep};
@@ -67,7 +67,9 @@ impl<'c> ItemFiles<'c> {
 }
 
 fn normal(path: &str) -> String {
-    path.trim_start_matches("./").trim_end_matches('/').to_owned()
+    path.trim_start_matches("./")
+        .trim_end_matches('/')
+        .to_owned()
 }
 
 /// A file inside a freeze's `items/ID/` is the freeze's copy of its

@@ -133,7 +133,11 @@ pub fn statement(
                     "profile": manifest.profile,
                     "target": lineage.target,
                 },
-                "internalParameters": { "stages": stages },
+                "internalParameters": if lineage.items.is_empty() {
+                    serde_json::json!({ "stages": stages })
+                } else {
+                    serde_json::json!({ "stages": stages, "items": item_lineage(&lineage.items) })
+                },
                 "resolvedDependencies": dependencies,
             },
             "runDetails": {
@@ -146,4 +150,25 @@ pub fn statement(
             },
         },
     }))
+}
+
+/// Each item of the chain by what it is, without times: stage, key,
+/// fingerprints, outcome, what it read and wrote.
+pub fn item_lineage(items: &[super::ItemStep]) -> serde_json::Value {
+    items
+        .iter()
+        .map(|step| {
+            serde_json::json!({
+                "stage": step.stage,
+                "key": step.key,
+                "fingerprint": step.fingerprint.to_string(),
+                "code": step.code.to_string(),
+                "outcome": step.class,
+                "fields": step.fields,
+                "inputs": step.inputs,
+                "result": step.result,
+                "outputs": step.outputs.iter().map(|o| serde_json::json!({"path": o.path, "digest": o.digest.to_string()})).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
 }

@@ -141,6 +141,14 @@ pub fn lineage(
         let stage = manifest
             .stage(&name)
             .expect("stages come from the manifest");
+        // What its items read, and what it needs, are upstream too.
+        if let Some(i) = manifest.stages.iter().position(|s| s.name == name) {
+            queue.extend(
+                dag.upstream(i)
+                    .iter()
+                    .map(|&u| manifest.stages[u].name.clone()),
+            );
+        }
         let mut inputs = Vec::new();
         let mut params = BTreeMap::new();
         for (component, value) in &key.components {
