@@ -31,7 +31,7 @@ pub struct Invocation {
 }
 
 impl Invocation {
-    fn input(&self, name: &str) -> Result<PathBuf, BuiltinError> {
+    pub fn input(&self, name: &str) -> Result<PathBuf, BuiltinError> {
         self.inputs
             .get(name)
             .map(PathBuf::from)
@@ -46,7 +46,7 @@ impl Invocation {
         self.outputs.get(name).map(PathBuf::from)
     }
 
-    fn output(&self, name: &str) -> Result<PathBuf, BuiltinError> {
+    pub fn output(&self, name: &str) -> Result<PathBuf, BuiltinError> {
         self.outputs
             .get(name)
             .map(PathBuf::from)
@@ -84,6 +84,30 @@ pub enum BuiltinError {
 /// Runs built-in `name_version` (`NAME@VERSION`) on the JSON `invocation`;
 /// returns a one-line summary for the stage's log.
 pub fn run(name_version: &str, invocation: &str) -> Result<String, BuiltinError> {
+    let (name, invocation) = prepare(name_version, invocation)?;
+    match name {
+        "select" => select::run(&invocation),
+        "split" => split::run(&invocation),
+        "gate" => gate::run(&invocation),
+        "groups" => groups::run(&invocation),
+        "oci-mirror" => oci_mirror::run(&invocation),
+        "freeze" => freeze::run(&invocation),
+        "export" => export::run(&invocation),
+        // It reads the ledger: the command line layer runs it.
+        "lineage" => Err(BuiltinError::Invocation(
+            "`lineage` runs through `cairn builtin`, which reads the workspace".to_owned(),
+        )),
+        "register" => register::run(&invocation),
+        other => Err(BuiltinError::Unknown(other.to_owned())),
+    }
+}
+
+/// The built-in `NAME@VERSION` names, if this cairn runs that version, and
+/// its invocation, parsed.
+pub fn prepare(
+    name_version: &str,
+    invocation: &str,
+) -> Result<(&'static str, Invocation), BuiltinError> {
     let (name, wanted) = name_version.split_once('@').unwrap_or((name_version, ""));
     let spec = catalog::builtin(name).ok_or_else(|| BuiltinError::Unknown(name.to_owned()))?;
     if wanted != spec.version.to_string() {
@@ -95,17 +119,7 @@ pub fn run(name_version: &str, invocation: &str) -> Result<String, BuiltinError>
     }
     let invocation: Invocation =
         serde_json::from_str(invocation).map_err(|e| BuiltinError::Invocation(e.to_string()))?;
-    match name {
-        "select" => select::run(&invocation),
-        "split" => split::run(&invocation),
-        "gate" => gate::run(&invocation),
-        "groups" => groups::run(&invocation),
-        "oci-mirror" => oci_mirror::run(&invocation),
-        "freeze" => freeze::run(&invocation),
-        "export" => export::run(&invocation),
-        "register" => register::run(&invocation),
-        other => Err(BuiltinError::Unknown(other.to_owned())),
-    }
+    Ok((spec.name, invocation))
 }
 
 /// The records of a JSON array or JSONL file.

@@ -188,7 +188,8 @@ pub fn split(
     let gone = previous.len() - kept;
     let mut order: Vec<(&String, &usize)> = settings.sizes.iter().collect();
     order.sort_by_key(|(name, size)| (**size, (*name).clone()));
-    let mut used = vec![false; groups.len()];
+    // A pinned group waits for its own split: no other takes it first.
+    let mut used: Vec<bool> = (0..groups.len()).map(|g| pinned.contains_key(&g)).collect();
     let mut assigned: Vec<(usize, String)> = Vec::new();
     let mut sizes = BTreeMap::new();
     for (name, &wanted) in order {
@@ -201,7 +202,6 @@ pub fn split(
             if pinned.get(&g).is_none_or(|(_, split)| *split != name) {
                 continue;
             }
-            used[g] = true;
             taken_groups += 1;
             let (old, new): (Vec<usize>, Vec<usize>) = members
                 .iter()
@@ -356,6 +356,27 @@ mod tests {
     }
 
     #[test]
+    fn a_group_kept_in_a_large_split_is_not_taken_by_a_smaller_one_first() {
+        // r0 was in train; val (the smaller split) is filled first and
+        // would take r0, the first group, without `previous`.
+        let r = records(&[0, 0, 1, 1, 2, 2, 2, 2]);
+        let previous = BTreeMap::from([("t0".to_owned(), "train".to_owned())]);
+        let s = split(&r, &settings(&[("train", 6), ("val", 2)], true), &previous).unwrap();
+        let of = |id: &str| {
+            s.assigned
+                .iter()
+                .filter(|(i, _)| r[*i]["id"] == id)
+                .map(|(_, name)| name.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of("t0"), ["train"]);
+        assert_eq!(of("t1"), ["train"]);
+        let ids: Vec<&Value> = s.assigned.iter().map(|(i, _)| &r[*i]["id"]).collect();
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "an item in two splits");
+    }
+
+    #[test]
     fn an_earlier_version_that_broke_isolation_or_overfills_is_an_error() {
         let r = records(&[0, 0, 1, 1]);
         let previous = BTreeMap::from([
@@ -412,6 +433,46 @@ mod tests {
             let strict = split_new(&r, &settings(&[("a", a), ("b", b)], false));
             let short = result.sizes.values().any(|(w, g, _)| g < w);
             prop_assert_eq!(strict.is_err(), short);
+        }
+
+        #[test]
+        fn an_earlier_split_is_kept_and_no_item_is_in_two_splits(
+            first in prop::collection::vec(0u8..8, 0..40),
+            added in prop::collection::vec(0u8..12, 0..40),
+            a in 0usize..30,
+            b in 0usize..30,
+        ) {
+            let sizes = [("a", a), ("b", b)];
+            let v1 = records(&first);
+            let earlier = split_new(&v1, &settings(&sizes, true)).unwrap();
+            let previous: BTreeMap<String, String> = earlier
+                .assigned
+                .iter()
+                .map(|(i, name)| (v1[*i]["id"].as_str().unwrap().to_owned(), name.clone()))
+                .collect();
+            // The next version: new items (new and old groups) first.
+            let mut v2: Vec<Value> = added
+                .iter()
+                .enumerate()
+                .map(|(i, g)| json!({"id": format!("n{i}"), "repo": format!("r{g}")}))
+                .collect();
+            v2.extend(v1.iter().cloned());
+            let bigger = [("a", a + 5), ("b", b + 5)];
+            let Ok(next) = split(&v2, &settings(&bigger, true), &previous) else {
+                return Ok(());
+            };
+            let mut seen = std::collections::HashSet::new();
+            let mut owner: HashMap<String, String> = HashMap::new();
+            for (i, name) in &next.assigned {
+                prop_assert!(seen.insert(*i), "an item in two splits");
+                let g = v2[*i]["repo"].as_str().unwrap().to_owned();
+                let was = owner.insert(g, name.clone());
+                prop_assert!(was.is_none_or(|w| &w == name), "a group in two splits");
+                if let Some(before) = previous.get(v2[*i]["id"].as_str().unwrap()) {
+                    prop_assert_eq!(before, name);
+                }
+            }
+            prop_assert_eq!(next.kept, previous.len());
         }
     }
 }

@@ -5,7 +5,13 @@ use super::args::BuiltinArgs;
 use super::error::{CliError, exit};
 
 pub fn builtin(args: &BuiltinArgs) -> Result<(), CliError> {
-    match crate::builtins::run(&args.name, &args.invocation) {
+    let outcome = match crate::builtins::prepare(&args.name, &args.invocation) {
+        // The one that reads the workspace runs at this layer.
+        Ok(("lineage", invocation)) => super::lineage::run(&invocation),
+        Ok(_) => crate::builtins::run(&args.name, &args.invocation),
+        Err(error) => Err(error),
+    };
+    match outcome {
         Ok(summary) => {
             outln!("{summary}");
             Ok(())

@@ -41,6 +41,7 @@ mod bundle;
 mod dag;
 mod error;
 mod gc;
+mod lineage;
 mod locked;
 mod log;
 mod progress;

@@ -457,13 +457,35 @@ pub const BUILTINS: &[BuiltinSpec] = &[
         validate: None,
     },
     BuiltinSpec {
-        name: "export",
+        name: "lineage",
         version: 1,
-        summary: "a reproducible tar + zstd bundle of a freeze, with its SHA-256 and an in-toto attestation inside",
+        summary: "each frozen item's chain of items, from the ledger, for a bundle that is traced without it",
         inputs: &[port(
             "freeze",
             "a freeze directory written by `uses = \"freeze\"`",
         )],
+        open_inputs: false,
+        outputs: &[port(
+            "lineage",
+            "JSON: per frozen ID, the items behind it (as `cairn provenance` shows them, without times)",
+        )],
+        settings: &[],
+        validate: None,
+    },
+    BuiltinSpec {
+        name: "export",
+        version: 1,
+        summary: "a reproducible tar + zstd bundle of a freeze, with its SHA-256 and an in-toto attestation inside",
+        inputs: &[
+            port(
+                "freeze",
+                "a freeze directory written by `uses = \"freeze\"`",
+            ),
+            optional_port(
+                "lineage",
+                "each item's chain, written by `uses = \"lineage\"`: carried in the attestation",
+            ),
+        ],
         open_inputs: false,
         outputs: &[
             port("bundle", "the archive (`.tar.zst`)"),

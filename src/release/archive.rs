@@ -44,10 +44,13 @@ enum Entry {
 /// Packs the freeze directory `freeze` into `bundle` (zstd `level`). The
 /// freeze's files are checked against its `SHA256SUMS` as they are read;
 /// on any error the bundle is not written.
+/// `lineage`: each frozen item's chain (what `uses = "lineage"` writes),
+/// carried in the attestation.
 pub fn write_bundle(
     freeze: &Path,
     bundle: &Path,
     level: i32,
+    lineage: Option<&serde_json::Value>,
 ) -> Result<BundleWritten, ReleaseError> {
     let read = |name: &str| {
         let path = freeze.join(name);
@@ -97,7 +100,7 @@ pub fn write_bundle(
                 .join(", ")
         )));
     }
-    let attestation = attestation(&manifest, &sums, &sha256_hex(sums_text.as_bytes()));
+    let attestation = attestation(&manifest, &sums, &sha256_hex(sums_text.as_bytes()), lineage);
     entries.insert(ATTESTATION_FILE.to_owned(), Entry::Attestation);
 
     let tmp = temp_sibling(bundle);
@@ -264,11 +267,13 @@ fn walk(
 }
 
 /// The in-toto statement packed with the freeze: its files as subjects,
-/// what it is as parameters. It carries no time, so it is reproducible.
+/// what it is as parameters, each item's lineage (when given) as internal
+/// parameters. It carries no time, so it is reproducible.
 fn attestation(
     manifest: &FreezeManifest,
     sums: &BTreeMap<String, String>,
     sums_sha256: &str,
+    lineage: Option<&serde_json::Value>,
 ) -> Vec<u8> {
     let subjects: Vec<serde_json::Value> = sums
         .iter()
@@ -287,6 +292,10 @@ fn attestation(
                     "semantic_digest": manifest.semantic_digest,
                     "counts": manifest.counts,
                     "total": manifest.total,
+                },
+                "internalParameters": match lineage {
+                    Some(lineage) => serde_json::json!({ "lineage": lineage }),
+                    None => serde_json::json!({}),
                 },
                 "resolvedDependencies": [
                     { "name": SUMS_FILE, "digest": { "sha256": sums_sha256 } }

@@ -28,7 +28,7 @@ pub use item_lineage::item_lineage;
 pub use items::{ItemCounts, load_items};
 pub use samples::summary as sampled_summary;
 pub use status::{StageStatus, State, evaluate};
-pub use task::Only;
+pub use task::{MANIFEST_VAR, Only, PROFILE_VAR};
 pub use transfer::{Pulled, Pushed, pull, push, remote_summary};
 
 use std::path::PathBuf;

@@ -109,6 +109,11 @@ struct Items {
     log_dir: PathBuf,
 }
 
+/// What a built-in stage's process is told of the pipeline it runs in: the
+/// manifest's path and the profile applied.
+pub const MANIFEST_VAR: &str = "CAIRN_MANIFEST";
+pub const PROFILE_VAR: &str = "CAIRN_PROFILE";
+
 /// A built-in stage's command (`cairn builtin …`) with the running cairn
 /// binary in place of `cairn`, so that the same build runs it.
 fn builtin_command(command: &Command) -> Command {
@@ -353,6 +358,16 @@ impl StageTask {
             .collect();
         let mut env = base_environment();
         env.push((RUN_MARKER.to_owned(), run_token.to_owned()));
+        if stage.uses.is_some() {
+            // A built-in that reads the workspace (`lineage`) finds it here.
+            env.push((
+                MANIFEST_VAR.to_owned(),
+                ctx.manifest.path.to_string_lossy().into_owned(),
+            ));
+            if let Some(profile) = &ctx.manifest.profile {
+                env.push((PROFILE_VAR.to_owned(), profile.clone()));
+            }
+        }
         for (name, value) in &stage.env {
             let value = match value {
                 EnvValue::Literal(text) => Some(text.clone()),

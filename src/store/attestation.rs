@@ -136,7 +136,7 @@ pub fn statement(
                 "internalParameters": if lineage.items.is_empty() {
                     serde_json::json!({ "stages": stages })
                 } else {
-                    serde_json::json!({ "stages": stages, "items": item_lineage(&lineage.items) })
+                    serde_json::json!({ "stages": stages, "items": items_by_content(&lineage.items) })
                 },
                 "resolvedDependencies": dependencies,
             },
@@ -152,9 +152,10 @@ pub fn statement(
     }))
 }
 
-/// Each item of the chain by what it is, without times: stage, key,
-/// fingerprints, outcome, what it read and wrote.
-pub fn item_lineage(items: &[super::ItemStep]) -> serde_json::Value {
+/// Each item of the chain by what it is, without times (the same chain
+/// gives the same bytes): stage, key, fingerprints, outcome, its fields,
+/// what it read and wrote.
+pub fn items_by_content(items: &[super::ItemStep]) -> serde_json::Value {
     items
         .iter()
         .map(|step| {

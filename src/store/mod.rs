@@ -15,7 +15,9 @@ mod provenance;
 pub mod remote;
 mod workspace_lock;
 
-pub use attestation::{AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, statement};
+pub use attestation::{
+    AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, items_by_content, statement,
+};
 pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
