@@ -258,7 +258,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
         let canary = serde_json::json!({"key": format!("{i}"), "model": field, "task": id});
         smoke.push_str(&format!("{canary}\n"));
     }
-    p.file(&format!("{state}/plan/main.jsonl"), &plan);
+    p.file(&format!("{state}/plan/planned.jsonl"), &plan);
     // What the mirror would list: the oracle's items.
     p.file(&format!("{state}/images.jsonl"), &plan);
     p.file(&format!("{state}/canary/trials.jsonl"), &smoke);

@@ -85,7 +85,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     let first = cairn(&p, &["run"]);
     first.success();
     assert!(
-        first.stderr().contains("21 ran, 0 fresh"),
+        first.stderr().contains("22 ran, 0 fresh"),
         "{}",
         first.stderr()
     );
@@ -161,7 +161,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     // A no-op, and every inspection command.
     let again = cairn(&p, &["run"]);
     assert!(
-        again.stderr().contains("0 ran, 21 fresh"),
+        again.stderr().contains("0 ran, 22 fresh"),
         "{}",
         again.stderr()
     );
@@ -180,7 +180,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     // materialize, the static filter and the oracle re-run exactly those
     // tasks.
     let accepted = jsonl(&p, &format!("{state}/static-accepted.jsonl"));
-    let plan = jsonl(&p, &format!("{state}/plan/main.jsonl"));
+    let plan = jsonl(&p, &format!("{state}/plan/planned.jsonl"));
     let first_task = plan
         .iter()
         .find(|t| accepted.iter().any(|a| a["id"] == t["id"]))
@@ -223,6 +223,7 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     let mut expected = vec!["materialize", "static-filter", "oracle", "freeze"];
     if frozen {
         expected.extend([
+            "lineage",
             "export",
             "register",
             "canary-lists",
@@ -473,7 +474,7 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     let pushed = cairn_keyed(&made, &key, &["push", "--remote-cache", &url]);
     pushed.success();
     assert!(
-        pushed.stdout().contains("pushed 21 stage result(s)"),
+        pushed.stdout().contains("pushed 22 stage result(s)"),
         "{}",
         pushed.stdout()
     );
@@ -491,7 +492,7 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     assert!(
         pulled
             .stdout()
-            .contains("pulled 21 stage result(s) (0 already here) and "),
+            .contains("pulled 22 stage result(s) (0 already here) and "),
         "{}",
         pulled.stdout()
     );
@@ -526,14 +527,14 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     assert_eq!(pending(&gpu), pending(&made));
     let run = cairn_keyed(&gpu, &key, &["run"]);
     run.success();
-    assert!(run.stderr().contains("0 ran, 21 fresh"), "{}", run.stderr());
+    assert!(run.stderr().contains("0 ran, 22 fresh"), "{}", run.stderr());
     // Pulled again: everything is here already, nothing is fetched.
     let again = cairn_keyed(&gpu, &key, &["pull", "--remote-cache", &url]);
     again.success();
     assert!(
         again
             .stdout()
-            .contains("pulled 0 stage result(s) (21 already here) and 0 item outcome(s)"),
+            .contains("pulled 0 stage result(s) (22 already here) and 0 item outcome(s)"),
         "{}",
         again.stdout()
     );
