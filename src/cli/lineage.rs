@@ -57,7 +57,6 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     }
     let lineage = serde_json::json!({
         "pipeline": loaded.manifest.name,
-        "profile": loaded.manifest.profile,
         "freeze": { "name": frozen.name, "version": frozen.version, "semantic_digest": frozen.semantic_digest },
         "items": items,
     });
