@@ -143,3 +143,22 @@ fn full_disk_under_the_ledger_fails_the_stage_and_the_run_is_recorded_failed() {
     let runs: serde_json::Value = serde_json::from_str(&p.read("runs.json")).unwrap();
     assert_eq!(runs[0]["status"], "failed", "{stderr}");
 }
+
+#[test]
+fn a_disk_full_to_the_last_byte_under_the_ledger_still_closes_the_run_as_failed() {
+    // Not a byte left beside the ledger: recording the result fails, and
+    // so would closing the run, but for the room cairn keeps for it.
+    let p = project(
+        "mkdir -p state && (head -c 2000000 /dev/zero > cache/filler || true); head -c 16000 /dev/urandom > {out.o}",
+    );
+    let cairn = bin();
+    let script = format!(
+        "{cairn} run > run.out 2> run.err; echo $? > run.code; {cairn} log --json > runs.json"
+    );
+    let run = in_namespace_with_full(&p, "cache", "1m", &["sh", "-c", &script]);
+    assert_eq!(run.code(), 0, "{}", run.stderr());
+    let stderr = p.read("run.err");
+    assert_eq!(p.read("run.code").trim(), "1", "{stderr}");
+    let runs: serde_json::Value = serde_json::from_str(&p.read("runs.json")).unwrap();
+    assert_eq!(runs[0]["status"], "failed", "{stderr}");
+}

@@ -33,6 +33,7 @@ use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
 use crate::store::remote::{Fetched, RemoteCache};
+use crate::store::reserve;
 use crate::store::{
     ItemAttempt, Ledger, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
     ResultStatus, RunCounts, StoreError, now_ms,
@@ -235,6 +236,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         );
         let run_id =
             ledger.begin_run(&options.invocation, ctx.manifest.profile.as_deref(), &token)?;
+        reserve::keep(&ctx.manifest.cache_dir());
         let attempts_ledger = Arc::new(std::sync::Mutex::new(ledger.another_connection()?));
         let log_dir = ctx
             .manifest
@@ -823,13 +825,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         } else {
             "failed"
         };
-        if let Some(ledger) = &self.ctx.ledger {
-            // Attempts of tasks dropped when a failure stopped the run (not
-            // an interrupt, which closed its own): their jobs may still run,
-            // for the next run to adopt or cancel.
-            ledger.close_running_attempts(self.run_id, true)?;
-            ledger.finish_run(self.run_id, status, self.summary.counts)?;
-        }
+        self.close_run(status)?;
         Ok(self.summary)
     }
 

@@ -13,6 +13,7 @@ mod lockfile;
 mod objects;
 mod provenance;
 pub mod remote;
+pub mod reserve;
 mod workspace_lock;
 
 pub use attestation::{

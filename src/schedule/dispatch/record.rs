@@ -146,18 +146,31 @@ impl Dispatcher<'_, '_> {
     /// ledger can still take that (a full disk may refuse even this; the
     /// next run then closes it).
     pub(super) fn close_as_failed(&self) {
-        // Jobs whose tasks were dropped may still run: the next run adopts
-        // or cancels them.
-        if let Some(ledger) = &self.ctx.ledger
-            && let Err(error) = ledger
-                .close_running_attempts(self.run_id, true)
-                .and_then(|()| ledger.finish_run(self.run_id, "failed", self.summary.counts))
-        {
+        if let Err(error) = self.close_run("failed") {
             tracing::warn!(
                 "could not record run {} as failed: {}",
                 self.run_id,
                 super::super::with_causes(&error)
             );
+        }
+    }
+
+    /// Records how the run ended. Jobs whose tasks were dropped may still
+    /// run: the next run adopts or cancels them. A full disk refusing this
+    /// gets the room kept for it ([`reserve`]), once.
+    pub(super) fn close_run(&self, status: &str) -> Result<(), StoreError> {
+        let Some(ledger) = &self.ctx.ledger else {
+            return Ok(());
+        };
+        let close = || {
+            ledger
+                .close_running_attempts(self.run_id, true)
+                .and_then(|()| ledger.finish_run(self.run_id, status, self.summary.counts))
+        };
+        match close() {
+            Err(error) if !reserve::release(&self.ctx.manifest.cache_dir()) => Err(error),
+            Err(_) => close(),
+            Ok(()) => Ok(()),
         }
     }
 }
