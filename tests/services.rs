@@ -91,6 +91,24 @@ outputs = {{ o = "after.txt" }}
         again.stderr()
     );
     assert_eq!(starts(&p).len(), 1, "a fresh stage starts no service");
+
+    // `show` says which service a stage reaches, and how.
+    let show = p.cairn(&["show", "fetch"]);
+    show.success();
+    assert!(
+        show.stdout().contains(
+            "service      web: http://127.0.0.1:{service.port}/ as $WEB (started by cairn)"
+        ),
+        "{}",
+        show.stdout()
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&p.cairn(&["show", "fetch", "--json"]).stdout()).unwrap();
+    assert!(
+        json["services"]["web"].as_str().unwrap().contains("$WEB"),
+        "{json}"
+    );
+    assert!(!p.cairn(&["show", "after"]).stdout().contains("service"));
 }
 
 #[test]

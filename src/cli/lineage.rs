@@ -15,7 +15,7 @@ use super::args::Global;
 use super::workspace;
 use crate::builtins::{BuiltinError, Invocation};
 use crate::release::format::{FreezeManifest, MANIFEST_FILE};
-use crate::schedule::{self, MANIFEST_VAR, PROFILE_VAR, item_lineage};
+use crate::schedule::{self, ItemTracer, MANIFEST_VAR, PROFILE_VAR};
 use crate::store::items_by_content;
 
 pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
@@ -45,11 +45,12 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     let every = vec![true; loaded.manifest.stages.len()];
     schedule::evaluate(&mut ctx, &every, &HashSet::new())
         .map_err(|e| failed(schedule::with_causes(&e)))?;
+    let tracer = ItemTracer::new(&ctx);
     let mut items = BTreeMap::new();
     let mut untraced = Vec::new();
     for id in frozen.items.keys() {
         let target = format!("{}/items/{id}", freeze.display());
-        let chain = item_lineage(&ctx, &target).map_err(|e| failed(e.to_string()))?;
+        let chain = tracer.trace(&target).map_err(|e| failed(e.to_string()))?;
         if chain.is_empty() {
             untraced.push(id.as_str());
         }

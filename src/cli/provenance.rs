@@ -7,7 +7,7 @@ use super::error::CliError;
 use super::render;
 use super::targets::PathTarget;
 use super::workspace;
-use crate::schedule::{self, item_lineage};
+use crate::schedule::{self, ItemTracer};
 use crate::store::{
     AttestationError, ItemStep, Ledger, LineageError, PipelineId, lineage, statement,
 };
@@ -38,7 +38,7 @@ pub fn provenance(global: &Global, args: &ProvenanceArgs) -> Result<(), CliError
         let mut ctx = loaded.read_context()?;
         let every = vec![true; loaded.manifest.stages.len()];
         schedule::evaluate(&mut ctx, &every, &HashSet::new())?;
-        lineage.items = item_lineage(&ctx, &target)?;
+        lineage.items = ItemTracer::new(&ctx).trace(&target)?;
         loaded.save_learnt(&mut ctx);
     }
     if args.format.is_some() {

@@ -32,6 +32,9 @@ struct ShowJson<'a> {
     /// of its `samples.summary` output).
     #[serde(skip_serializing_if = "Option::is_none")]
     samples: Option<serde_json::Value>,
+    /// The `[services]` its commands reach: name → where.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    services: std::collections::BTreeMap<&'a str, String>,
 }
 
 pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
@@ -88,6 +91,23 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         .and_then(|f| f.samples.as_ref())
         .zip(ctx.item_plans.get(&target[0]))
         .map(|(samples, plan)| schedule::sampled_summary(&stage.name, plan, samples, None));
+    // Where each service it names is reached (`{service.port}` is picked
+    // when it comes up).
+    let services: std::collections::BTreeMap<&str, String> = stage
+        .services
+        .iter()
+        .filter_map(|named| loaded.manifest.services.get(&named.name))
+        .map(|service| {
+            let how = match &service.run {
+                Some(_) => "started by cairn",
+                None => "already running",
+            };
+            (
+                service.name.as_str(),
+                format!("{} as ${} ({how})", service.url, service.env),
+            )
+        })
+        .collect();
     if args.json {
         render::json(&ShowJson {
             stage: &stage.name,
@@ -104,6 +124,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
             last_attempt,
             attempts,
             samples,
+            services: services.clone(),
         })?;
         return Ok(());
     }
@@ -124,6 +145,9 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         outln!(
             "code         {code}  (items run now are recorded under it; `--items --code` lists them)"
         );
+    }
+    for (name, how) in &services {
+        outln!("service      {name}: {how}");
     }
     if !stage.inputs.is_empty() {
         outln!("inputs");

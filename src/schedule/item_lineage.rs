@@ -94,72 +94,91 @@ fn through_freeze(manifest: &Manifest, path: &str) -> String {
     path
 }
 
-/// The chain of items behind `target` (a path), the item that wrote it
-/// first; empty when no item wrote it. `ctx` has evaluated every stage.
-pub fn item_lineage(ctx: &Context<'_>, target: &str) -> Result<Vec<ItemStep>, ScheduleError> {
-    let files = ItemFiles::new(ctx);
-    let writers = OutputIndex::new(&ctx.manifest.stages);
-    let Some(start) = files.owner_of(&through_freeze(ctx.manifest, target)) else {
-        return Ok(Vec::new());
-    };
-    let mut steps = Vec::new();
-    let mut queue = VecDeque::from([start]);
-    let mut seen = HashSet::from([start]);
-    while let Some(at) = queue.pop_front() {
-        let (i, _) = at;
-        let stage = &ctx.manifest.stages[i];
-        let planned = files.planned(at);
-        let mut inputs = Vec::new();
-        for (path, digest) in &planned.inputs {
-            if path.starts_with('\0') {
-                continue;
+/// Traces files to the items behind them; built once for many targets.
+pub struct ItemTracer<'c> {
+    ctx: &'c Context<'c>,
+    files: ItemFiles<'c>,
+    writers: OutputIndex,
+}
+
+impl<'c> ItemTracer<'c> {
+    /// `ctx` has evaluated every stage.
+    pub fn new(ctx: &'c Context<'c>) -> Self {
+        ItemTracer {
+            ctx,
+            files: ItemFiles::new(ctx),
+            writers: OutputIndex::new(&ctx.manifest.stages),
+        }
+    }
+
+    /// The chain of items behind `target` (a path), the item that wrote it
+    /// first; empty when no item wrote it.
+    pub fn trace(&self, target: &str) -> Result<Vec<ItemStep>, ScheduleError> {
+        let ctx = self.ctx;
+        let files = &self.files;
+        let Some(start) = files.owner_of(&through_freeze(ctx.manifest, target)) else {
+            return Ok(Vec::new());
+        };
+        let mut steps = Vec::new();
+        let mut queue = VecDeque::from([start]);
+        let mut seen = HashSet::from([start]);
+        while let Some(at) = queue.pop_front() {
+            let (i, _) = at;
+            let stage = &ctx.manifest.stages[i];
+            let planned = files.planned(at);
+            let mut inputs = Vec::new();
+            for (path, digest) in &planned.inputs {
+                if path.starts_with('\0') {
+                    continue;
+                }
+                let item = files.owner_of(path);
+                if let Some(upstream) = item
+                    && seen.insert(upstream)
+                {
+                    queue.push_back(upstream);
+                }
+                let from = match item {
+                    Some((u, _)) => Some(ctx.manifest.stages[u].name.clone()),
+                    None => self
+                        .writers
+                        .producer_of(&ProjectPath::new(path.clone()))
+                        .map(|(s, _)| ctx.manifest.stages[s].name.clone()),
+                };
+                inputs.push(ItemInput {
+                    path: path.clone(),
+                    digest: *digest,
+                    from,
+                    item: item.map(|u| files.planned(u).item.key.clone()),
+                });
             }
-            let item = files.owner_of(path);
-            if let Some(upstream) = item
-                && seen.insert(upstream)
-            {
-                queue.push_back(upstream);
-            }
-            let from = match item {
-                Some((u, _)) => Some(ctx.manifest.stages[u].name.clone()),
-                None => writers
-                    .producer_of(&ProjectPath::new(path.clone()))
-                    .map(|(s, _)| ctx.manifest.stages[s].name.clone()),
+            let attempt = match &ctx.ledger {
+                Some(ledger) => ledger
+                    .item_attempts(&stage.name, &planned.item.key)?
+                    .into_iter()
+                    .rfind(|a| a.fingerprint == planned.fingerprint && a.class != "running"),
+                None => None,
             };
-            inputs.push(ItemInput {
-                path: path.clone(),
-                digest: *digest,
-                from,
-                item: item.map(|u| files.planned(u).item.key.clone()),
+            steps.push(ItemStep {
+                stage: stage.name.clone(),
+                key: planned.item.key.clone(),
+                fingerprint: planned.fingerprint,
+                code: planned.code,
+                class: planned
+                    .outcome
+                    .as_ref()
+                    .map(|(class, _)| class.name().to_owned()),
+                attempts: planned.outcome.as_ref().map_or(0, |(_, n)| *n),
+                run_id: attempt.as_ref().map(|a| a.run_id),
+                started_ms: attempt.as_ref().map(|a| a.started_ms),
+                finished_ms: attempt.as_ref().map(|a| a.finished_ms),
+                log: attempt.and_then(|a| a.log_path),
+                image: planned.image.clone(),
+                fields: planned.item.value.clone(),
+                inputs,
+                result: planned.result.clone(),
+                outputs: planned.outputs.clone().unwrap_or_default(),
             });
         }
-        let attempt = match &ctx.ledger {
-            Some(ledger) => ledger
-                .item_attempts(&stage.name, &planned.item.key)?
-                .into_iter()
-                .rfind(|a| a.fingerprint == planned.fingerprint && a.class != "running"),
-            None => None,
-        };
-        steps.push(ItemStep {
-            stage: stage.name.clone(),
-            key: planned.item.key.clone(),
-            fingerprint: planned.fingerprint,
-            code: planned.code,
-            class: planned
-                .outcome
-                .as_ref()
-                .map(|(class, _)| class.name().to_owned()),
-            attempts: planned.outcome.as_ref().map_or(0, |(_, n)| *n),
-            run_id: attempt.as_ref().map(|a| a.run_id),
-            started_ms: attempt.as_ref().map(|a| a.started_ms),
-            finished_ms: attempt.as_ref().map(|a| a.finished_ms),
-            log: attempt.and_then(|a| a.log_path),
-            image: planned.image.clone(),
-            fields: planned.item.value.clone(),
-            inputs,
-            result: planned.result.clone(),
-            outputs: planned.outputs.clone().unwrap_or_default(),
-        });
+        Ok(steps)
     }
-    Ok(steps)
 }

@@ -24,7 +24,7 @@ pub use context::{Context, DirtyReason, Freshness};
 pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
 pub use item_fields::check_item_lists;
-pub use item_lineage::item_lineage;
+pub use item_lineage::ItemTracer;
 pub use items::{ItemCounts, load_items};
 pub use samples::summary as sampled_summary;
 pub use status::{StageStatus, State, evaluate};

@@ -71,7 +71,7 @@ pub struct ItemStep {
     pub run_id: Option<i64>,
     pub started_ms: Option<i64>,
     pub finished_ms: Option<i64>,
-    /// Its log, relative to the cache.
+    /// Its log file.
     pub log: Option<String>,
     /// The image it ran in, pinned.
     #[serde(skip_serializing_if = "Option::is_none")]
