@@ -146,6 +146,14 @@ fn no_statement_for_an_output_that_changed_since_it_was_recorded() {
 /// bug validated against its repository and its bug, a freeze: per-item
 /// stages, each reading files that items upstream wrote.
 fn items_project() -> Project {
+    let p = items_manifest("");
+    p.cairn(&["run"]).success();
+    p
+}
+
+/// The manifest of [`items_project`], `validate_extra` added to its
+/// `validate` stage; nothing run.
+fn items_manifest(validate_extra: &str) -> Project {
     let p = Project::new();
     p.file(
         "repos.jsonl",
@@ -157,7 +165,7 @@ fn items_project() -> Project {
     );
     p.file(
         "cairn.toml",
-        r#"
+        &r#"
 [pipeline]
 name = "items-lineage"
 
@@ -183,6 +191,7 @@ item_result = "state/validate/{item.id}.json"
 needs = ["bug"]
 run = "mkdir -p {out.tasks}/{item.id} state/validate && echo '{\"FAIL_TO_PASS\": [\"test_{item.id}\"]}' > {out.tasks}/{item.id}/task.json && echo '{\"fail_to_pass\": 1}' > state/validate/{item.id}.json"
 outputs = { results = "state/validate.jsonl", tasks = "state/tasks" }
+VALIDATE_EXTRA
 
 [stages.freeze]
 uses = "freeze"
@@ -200,9 +209,9 @@ outputs = { lineage = "state/lineage.json" }
 uses = "export"
 inputs = { freeze = "state/freeze", lineage = "state/lineage.json" }
 outputs = { bundle = "dist/demo.tar.zst", sha256 = "dist/demo.tar.zst.sha256" }
-"#,
+"#
+        .replace("VALIDATE_EXTRA", validate_extra),
     );
-    p.cairn(&["run"]).success();
     p
 }
 
@@ -348,4 +357,23 @@ fn an_item_whose_inputs_changed_says_it_has_not_run_under_them() {
     let out = p.cairn(&["provenance", "state/tasks/beta.t1", "--json"]);
     let json: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
     assert_eq!(json["items"][1]["class"], "ok");
+}
+
+#[test]
+fn lineage_is_traced_as_the_run_fingerprinted_from_a_subdirectory_with_a_passed_through_variable() {
+    // The validate items' fingerprints hash a variable passed through from
+    // cairn's environment; the run starts in a subdirectory, `-f ../…`.
+    let p = items_manifest("env = { TOKEN = true }");
+    std::fs::create_dir_all(p.path("sub")).unwrap();
+    let run = p
+        .command(&["-f", "../cairn.toml", "run"])
+        .current_dir(p.path("sub"))
+        .env("TOKEN", "t0k3n-value")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let lineage: serde_json::Value = serde_json::from_str(&p.read("state/lineage.json")).unwrap();
+    assert_eq!(lineage["items"]["beta.t1"][0]["outcome"], "ok", "{lineage}");
+    assert!(!p.read("state/lineage.json").contains("t0k3n-value"));
 }

@@ -55,7 +55,8 @@ pub struct Selection {
     pub must_keep: usize,
     /// What each stage (one unnamed stage without `quotas`) got.
     pub stages: Vec<StageOutcome>,
-    /// Keep-list IDs that were not selected, with the reason.
+    /// Keep-list IDs given, and those that were not selected, with why.
+    pub keep: usize,
     pub not_kept: Vec<(String, &'static str)>,
 }
 
@@ -128,11 +129,11 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
             .collect();
         summary.push_str(&format!(" (stages: {})", stages.join(", ")));
     }
-    if !lists.keep.is_empty() {
+    if selection.keep > 0 {
         summary.push_str(&format!(
             "; kept {} of {} older IDs",
-            lists.keep.len() - selection.not_kept.len(),
-            lists.keep.len()
+            selection.keep - selection.not_kept.len(),
+            selection.keep
         ));
     }
     if selection.shortfall > 0 {
@@ -188,8 +189,8 @@ fn report(candidates: &[Value], settings: &SelectSettings, selection: &Selection
             .collect();
         report["stages"] = serde_json::json!(stages);
     }
-    if !selection.not_kept.is_empty() || selection.stages.iter().any(|s| s.kept > 0) {
-        report["kept"] = Value::from(selection.stages.iter().map(|s| s.kept).sum::<usize>());
+    if selection.keep > 0 {
+        report["kept"] = Value::from(selection.keep - selection.not_kept.len());
         report["not_kept"] = selection
             .not_kept
             .iter()
@@ -289,12 +290,11 @@ pub fn select(
         Some(quotas) => stage_of(i).is_some_and(|stage| quotas.contains_key(&stage)),
         None => true,
     };
-    let place: HashMap<&str, usize> = lists
-        .order
-        .iter()
-        .enumerate()
-        .map(|(p, id)| (id.as_str(), p))
-        .collect();
+    // An ID listed twice takes its first place.
+    let mut place: HashMap<&str, usize> = HashMap::new();
+    for (p, id) in lists.order.iter().enumerate() {
+        place.entry(id.as_str()).or_insert(p);
+    }
     // Eligible candidates, in their stable order.
     let mut eligible: Vec<Ordered> = candidates
         .iter()
@@ -494,6 +494,7 @@ pub fn select(
         eligible: eligible_count,
         must_keep: lists.must_keep.len(),
         stages,
+        keep: lists.keep.len(),
         not_kept,
     })
 }
@@ -793,6 +794,11 @@ mod tests {
             check(json!({"quotas": {"A": 1}}))
                 .unwrap_err()
                 .contains("needs `stage`")
+        );
+        assert!(
+            check(json!({"stage": "s", "quotas": {}}))
+                .unwrap_err()
+                .contains("names no stage")
         );
     }
 

@@ -105,7 +105,14 @@ pub fn previous_splits(
         let split = field_text(record, &settings.field);
         match (key, split) {
             (Some(key), Some(split)) if settings.sizes.contains_key(&split) => {
-                previous.insert(key, split);
+                if let Some(other) = previous.insert(key.clone(), split.clone())
+                    && other != split
+                {
+                    problems.push(format!(
+                        "previous record {} puts `{key}` in `{split}`, an earlier one in `{other}`",
+                        n + 1
+                    ));
+                }
             }
             (Some(key), Some(split)) => problems.push(format!(
                 "previous record {} (`{key}`) is in split `{split}`, which is not one of the sizes ({})",
@@ -176,7 +183,7 @@ pub fn split(
             kept += 1;
             match pinned.get(&g) {
                 Some((first, other)) if *other != split => problems.push(format!(
-                    "group `{group}` was in two splits in the previous version: `{first}` in `{other}`, `{key}` in `{split}`"
+                    "earlier IDs now in group `{group}` were in different splits: `{first}` in `{other}`, `{key}` in `{split}`"
                 )),
                 Some(_) => {}
                 None => {
@@ -195,21 +202,30 @@ pub fn split(
     for (name, &wanted) in order {
         let mut need = wanted;
         let mut taken_groups = 0;
-        // The groups of earlier IDs first: earlier IDs, then the others
-        // while there is room.
+        // The groups of earlier IDs first: every earlier ID of them, then
+        // their other members while there is room.
+        let mine: Vec<usize> = (0..groups.len())
+            .filter(|g| pinned.get(g).is_some_and(|(_, split)| *split == name))
+            .collect();
+        let is_earlier = |i: &usize| previous.contains_key(&keys[*i]);
         let mut earlier = 0;
-        for (g, (_, members)) in groups.iter().enumerate() {
-            if pinned.get(&g).is_none_or(|(_, split)| *split != name) {
-                continue;
-            }
+        for &g in &mine {
             taken_groups += 1;
-            let (old, new): (Vec<usize>, Vec<usize>) = members
-                .iter()
-                .partition(|&&i| previous.contains_key(&keys[i]));
+            let old: Vec<usize> = groups[g].1.iter().copied().filter(is_earlier).collect();
             earlier += old.len();
-            let room = need.saturating_sub(old.len()).min(new.len());
-            need = need.saturating_sub(old.len() + room);
-            assigned.extend(old.iter().chain(&new[..room]).map(|&i| (i, name.clone())));
+            assigned.extend(old.iter().map(|&i| (i, name.clone())));
+        }
+        need = need.saturating_sub(earlier);
+        for &g in &mine {
+            let new: Vec<usize> = groups[g]
+                .1
+                .iter()
+                .copied()
+                .filter(|i| !is_earlier(i))
+                .collect();
+            let room = need.min(new.len());
+            need -= room;
+            assigned.extend(new[..room].iter().map(|&i| (i, name.clone())));
         }
         if earlier > wanted {
             problems.push(format!(
@@ -377,6 +393,28 @@ mod tests {
     }
 
     #[test]
+    fn two_kept_groups_in_one_split_never_overfill_it() {
+        // r0: one earlier ID and five new; r1: two earlier IDs. Train has
+        // room for 4: the three earlier IDs, then one new of r0.
+        let r = records(&[0, 0, 0, 0, 0, 0, 1, 1]);
+        let previous = BTreeMap::from([
+            ("t0".to_owned(), "train".to_owned()),
+            ("t6".to_owned(), "train".to_owned()),
+            ("t7".to_owned(), "train".to_owned()),
+        ]);
+        let s = split(&r, &settings(&[("train", 4)], true), &previous).unwrap();
+        assert_eq!(s.sizes["train"].1, 4);
+        let ids: Vec<&str> = s
+            .assigned
+            .iter()
+            .map(|(i, _)| r[*i]["id"].as_str().unwrap())
+            .collect();
+        for id in ["t0", "t6", "t7"] {
+            assert!(ids.contains(&id), "{id} dropped: {ids:?}");
+        }
+    }
+
+    #[test]
     fn an_earlier_version_that_broke_isolation_or_overfills_is_an_error() {
         let r = records(&[0, 0, 1, 1]);
         let previous = BTreeMap::from([
@@ -385,7 +423,7 @@ mod tests {
         ]);
         let error = split(&r, &settings(&[("train", 2), ("val", 2)], true), &previous).unwrap_err();
         assert!(
-            error[0].contains("group `r0` was in two splits"),
+            error[0].contains("earlier IDs now in group `r0` were in different splits"),
             "{error:?}"
         );
         let previous = BTreeMap::from([
@@ -473,6 +511,10 @@ mod tests {
                 }
             }
             prop_assert_eq!(next.kept, previous.len());
+            for (name, (wanted, got, _)) in &next.sizes {
+                prop_assert!(got <= wanted, "`{}` holds {} of {}", name, got, wanted);
+                prop_assert_eq!(next.assigned.iter().filter(|(_, s)| s == name).count(), *got);
+            }
         }
     }
 }

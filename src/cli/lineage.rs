@@ -54,6 +54,13 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         if chain.is_empty() {
             untraced.push(id.as_str());
         }
+        if let Some(step) = chain.iter().find(|s| s.class.is_none()) {
+            // The chain would not be the one the freeze was made from.
+            return Err(failed(format!(
+                "`{id}`: item `{}` of `{}` has no outcome under its inputs as they are now; run the stages before it",
+                step.key, step.stage
+            )));
+        }
         items.insert(id.clone(), items_by_content(&chain));
     }
     let lineage = serde_json::json!({

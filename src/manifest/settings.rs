@@ -186,6 +186,12 @@ impl SelectSettings {
 pub fn check_select(with: &Value, _: &[&str]) -> Result<(), String> {
     let settings: SelectSettings =
         serde_json::from_value(with.clone()).map_err(|e| e.to_string())?;
+    if settings.quotas.as_ref().is_some_and(BTreeMap::is_empty) {
+        return Err(
+            "`quotas` names no stage: give each stage its target, e.g. `{ A = 350, B = 350 }`"
+                .to_owned(),
+        );
+    }
     match (&settings.target, &settings.quotas, &settings.stage) {
         (Some(_), None, None) | (None, Some(_), Some(_)) => Ok(()),
         (None, None, _) => Err("set `target`, or `quotas` (with `stage`)".to_owned()),

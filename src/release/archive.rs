@@ -279,7 +279,7 @@ fn attestation(
         .iter()
         .map(|(path, hex)| serde_json::json!({ "name": path, "digest": { "sha256": hex } }))
         .collect();
-    let statement = serde_json::json!({
+    let mut statement = serde_json::json!({
         "_type": STATEMENT_TYPE,
         "subject": subjects,
         "predicateType": PREDICATE_TYPE,
@@ -293,10 +293,6 @@ fn attestation(
                     "counts": manifest.counts,
                     "total": manifest.total,
                 },
-                "internalParameters": match lineage {
-                    Some(lineage) => serde_json::json!({ "lineage": lineage }),
-                    None => serde_json::json!({}),
-                },
                 "resolvedDependencies": [
                     { "name": SUMS_FILE, "digest": { "sha256": sums_sha256 } }
                 ],
@@ -306,6 +302,10 @@ fn attestation(
             },
         },
     });
+    if let Some(lineage) = lineage {
+        statement["predicate"]["buildDefinition"]["internalParameters"] =
+            serde_json::json!({ "lineage": lineage });
+    }
     let mut bytes = serde_json::to_vec_pretty(&statement).expect("statements serialise");
     bytes.push(b'\n');
     bytes

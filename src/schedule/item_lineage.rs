@@ -27,7 +27,11 @@ struct ItemFiles<'c> {
 impl<'c> ItemFiles<'c> {
     fn new(ctx: &'c Context<'c>) -> Self {
         let mut owners = HashMap::new();
-        for (&i, plan) in &ctx.item_plans {
+        // In stage order: the first stage that writes a path owns it.
+        let mut stages: Vec<usize> = ctx.item_plans.keys().copied().collect();
+        stages.sort_unstable();
+        for i in stages {
+            let plan = &ctx.item_plans[&i];
             let stage = &ctx.manifest.stages[i];
             let Some(foreach) = &stage.foreach else {
                 continue;
@@ -39,14 +43,16 @@ impl<'c> ItemFiles<'c> {
                 if let Some(result) = &foreach.result
                     && let Ok(path) = fill(result, &planned.item)
                 {
-                    owners.insert(normal(&path), (i, j));
+                    owners.entry(normal(&path)).or_insert((i, j));
                 }
                 for entry in &foreach.item_outputs {
                     let Some(dir) = stage.outputs.iter().find(|o| o.name == entry.output) else {
                         continue;
                     };
                     if let Ok(name) = fill(&entry.template, &planned.item) {
-                        owners.insert(format!("{}/{name}", dir.path.as_str()), (i, j));
+                        owners
+                            .entry(format!("{}/{name}", dir.path.as_str()))
+                            .or_insert((i, j));
                     }
                 }
             }

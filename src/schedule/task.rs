@@ -358,14 +358,33 @@ impl StageTask {
             .collect();
         let mut env = base_environment();
         env.push((RUN_MARKER.to_owned(), run_token.to_owned()));
-        if stage.uses.is_some() {
-            // A built-in that reads the workspace (`lineage`) finds it here.
+        if let Some(uses) = &stage.uses {
+            // A built-in that reads the workspace (`lineage`) finds it here:
+            // it runs in the project root, so the path is absolute.
+            let manifest = std::path::absolute(&ctx.manifest.path)
+                .unwrap_or_else(|_| ctx.manifest.path.clone());
             env.push((
                 MANIFEST_VAR.to_owned(),
-                ctx.manifest.path.to_string_lossy().into_owned(),
+                manifest.to_string_lossy().into_owned(),
             ));
             if let Some(profile) = &ctx.manifest.profile {
                 env.push((PROFILE_VAR.to_owned(), profile.clone()));
+            }
+            if uses.name == "lineage" {
+                // It fingerprints the stages as this run did: with the
+                // variables they pass through (hashed, never shown).
+                for (name, _) in ctx
+                    .manifest
+                    .stages
+                    .iter()
+                    .flat_map(|s| &s.env)
+                    .filter(|(_, value)| matches!(value, EnvValue::PassThrough))
+                {
+                    if let Ok(value) = std::env::var(name) {
+                        env.retain(|(k, _)| k != name);
+                        env.push((name.clone(), value));
+                    }
+                }
             }
         }
         for (name, value) in &stage.env {

@@ -1,6 +1,6 @@
 //! Room kept beside the ledger, so that a run on a disk that filled up
-//! while it ran can still record how it ended: a file of zeros made when a
-//! run begins, removed to make room when closing the run is refused.
+//! while it ran can still record how it ended: a file made when a run
+//! begins, removed to make room when closing the run is refused.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -20,8 +20,14 @@ pub fn keep(cache: &Path) {
         return;
     }
     let tmp = cache.join("reserve.tmp");
+    // Not zeros: a compressing file system would keep no room for them.
+    let mut bytes = vec![0; RESERVE_BYTES];
+    blake3::Hasher::new()
+        .update(b"cairn reserve")
+        .finalize_xof()
+        .fill(&mut bytes);
     let written = std::fs::File::create(&tmp).and_then(|mut file| {
-        file.write_all(&vec![0; RESERVE_BYTES])?;
+        file.write_all(&bytes)?;
         file.sync_all()
     });
     match written {
