@@ -254,6 +254,46 @@ fn the_bundle_carries_each_frozen_items_lineage_without_the_ledger() {
     assert_eq!(lineage["items"]["alpha.t1"][1]["fields"]["pin"], "aaa111");
     // What the ledger says, without its times: the bundle is reproducible.
     assert!(!statement.to_string().contains("started_ms"));
+    // `verify` counts the chains, and refuses one for an item the freeze
+    // does not hold.
+    let verified = p.cairn(&["verify", "dist/demo.tar.zst"]);
+    verified.success();
+    assert!(
+        verified
+            .stdout()
+            .contains("lineage          2 of 2 items traced"),
+        "{}",
+        verified.stdout()
+    );
+    let tar = zstd::decode_all(bundle.as_slice()).unwrap();
+    let mut forged = tar::Builder::new(Vec::new());
+    for entry in tar::Archive::new(tar.as_slice()).entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let mut header = entry.header().clone();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+        if entry.path().unwrap().ends_with("attestation.intoto.json") {
+            let mut statement: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            statement["predicate"]["buildDefinition"]["internalParameters"]["lineage"]["items"]["ghost"] =
+                serde_json::json!([]);
+            bytes = serde_json::to_vec(&statement).unwrap();
+            header.set_size(bytes.len() as u64);
+            header.set_cksum();
+        }
+        forged.append(&header, bytes.as_slice()).unwrap();
+    }
+    let forged = zstd::encode_all(forged.into_inner().unwrap().as_slice(), 3).unwrap();
+    std::fs::write(p.path("forged.tar.zst"), forged).unwrap();
+    let refused = p.cairn(&["verify", "forged.tar.zst"]);
+    refused.code_is(1);
+    assert!(
+        refused
+            .stderr()
+            .contains("traces 1 item(s) the freeze does not hold, e.g. `ghost`"),
+        "{}",
+        refused.stderr()
+    );
+
     let again = p.cairn(&["run", "--force", "lineage", "--force", "export"]);
     again.success();
     assert!(again.stderr().contains("2 ran"), "{}", again.stderr());

@@ -46,6 +46,7 @@ pub fn verify(global: &Global, args: &VerifyArgs) -> Result<(), CliError> {
             "total": verified.manifest.total,
             "files": verified.files.len(),
             "bytes": verified.bytes,
+            "lineage": verified.lineage,
         }))?;
         return Ok(());
     }
@@ -139,6 +140,12 @@ fn summary(verified: &Verified) -> Result<(), CliError> {
         verified.files.len(),
         verified.bytes
     );
+    if let Some(traced) = verified.lineage {
+        outln!(
+            "  lineage          {traced} of {} items traced, in the attestation",
+            manifest.total
+        );
+    }
     Ok(())
 }
 

@@ -43,6 +43,9 @@ pub struct Verified {
     /// Directories under the root.
     pub dirs: BTreeSet<String>,
     pub bytes: u64,
+    /// How many items the attestation's lineage traces (`uses =
+    /// "lineage"`), if it carries one.
+    pub lineage: Option<usize>,
 }
 
 /// A SHA-256 as 64 lowercase hex digits, from `text` (an optional
@@ -116,6 +119,11 @@ pub fn verify_bundle(
         Some(manifest) if problems.is_empty() => Ok(Verified {
             sha256,
             root: scan.root.unwrap_or_default(),
+            lineage: scan
+                .texts
+                .get(ATTESTATION_FILE)
+                .and_then(|bytes| lineage_of(bytes))
+                .map(|items| items.len()),
             manifest,
             bytes: scan.files.values().map(|(_, size, _)| size).sum(),
             files: scan.files,
@@ -416,6 +424,21 @@ fn check_contents(
     check_items(&manifest, files, problems);
     if let Some(bytes) = texts.get(ATTESTATION_FILE) {
         check_attestation(bytes, &sums, problems);
+        let strangers: Vec<String> = lineage_of(bytes)
+            .map(|items| {
+                items
+                    .keys()
+                    .filter(|id| !manifest.items.contains_key(*id))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(id) = strangers.first() {
+            problems.push(format!(
+                "{ATTESTATION_FILE} traces {} item(s) the freeze does not hold, e.g. `{id}`",
+                strangers.len()
+            ));
+        }
     } else {
         problems.push(format!("the bundle carries no `{ATTESTATION_FILE}`"));
     }
@@ -520,6 +543,15 @@ fn check_items(
         problems.push(format!(
             "files under `{ITEMS_DIR}/{id}/` belong to no item of the freeze"
         ));
+    }
+}
+
+/// The per-item chains an attestation carries (ID → chain), if any.
+fn lineage_of(bytes: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let statement: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    match &statement["predicate"]["buildDefinition"]["internalParameters"]["lineage"]["items"] {
+        serde_json::Value::Object(items) => Some(items.clone()),
+        _ => None,
     }
 }
 
