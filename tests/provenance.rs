@@ -42,18 +42,23 @@ outputs = { dir = "state/bundle" }
     p
 }
 
+/// The stages of a `provenance --json` chain, upstream first.
+fn stage_names(json: &serde_json::Value) -> Vec<&str> {
+    json["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect()
+}
+
 #[test]
 fn the_chain_runs_from_sources_to_the_output() {
     let p = project();
     let out = p.cairn(&["provenance", "state/bundle/rep.txt", "--json"]);
     out.success();
     let json: serde_json::Value = serde_json::from_str(&out.stdout()).unwrap();
-    let stages: Vec<&str> = json["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["stage"].as_str().unwrap())
-        .collect();
+    let stages = stage_names(&json);
     assert_eq!(stages, ["upper", "repeat", "bundle"]);
     let source = &json["sources"][0];
     assert_eq!(source["path"], "data/raw.txt");
@@ -340,12 +345,7 @@ fn a_frozen_task_is_traced_through_the_items_behind_it() {
     assert_eq!(fetch["fields"]["pin"], "bbb222");
     assert_eq!(json["items"][2]["result"]["modifier"], "swap");
     // The stage chain is still there.
-    let stages: Vec<&str> = json["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["stage"].as_str().unwrap())
-        .collect();
+    let stages = stage_names(&json);
     assert_eq!(stages, ["fetch", "bug", "validate", "freeze"]);
     // The same chain in the statement of the file.
     let statement = p.cairn(&[

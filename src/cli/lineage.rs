@@ -68,7 +68,7 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         "freeze": { "name": frozen.name, "version": frozen.version, "semantic_digest": frozen.semantic_digest },
         "items": items,
     });
-    let mut bytes = serde_json::to_vec_pretty(&lineage).expect("JSON values serialise");
+    let mut bytes = serde_json::to_vec_pretty(&lineage).map_err(|e| failed(e.to_string()))?;
     bytes.push(b'\n');
     crate::release::write_atomic(&invocation.output("lineage")?, &bytes)?;
     let mut summary = format!(

@@ -9,6 +9,7 @@
 //! chain of the files as they are now. An item whose inputs changed since
 //! it ran has no outcome under them, and says so.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::ScheduleError;
@@ -100,11 +101,18 @@ fn through_freeze(manifest: &Manifest, path: &str) -> String {
     path
 }
 
-/// Traces files to the items behind them; built once for many targets.
+/// An item: (stage index, index in its stage's plan).
+type At = (usize, usize);
+
+/// Traces files to the items behind them; built once for many targets,
+/// each item's step made once however many chains it is in (a
+/// repository's fetch is behind every one of its tasks).
 pub struct ItemTracer<'c> {
     ctx: &'c Context<'c>,
     files: ItemFiles<'c>,
     writers: OutputIndex,
+    /// Each item's step, and the items that wrote what it read.
+    made: RefCell<HashMap<At, (ItemStep, Vec<At>)>>,
 }
 
 impl<'c> ItemTracer<'c> {
@@ -114,77 +122,94 @@ impl<'c> ItemTracer<'c> {
             ctx,
             files: ItemFiles::new(ctx),
             writers: OutputIndex::new(&ctx.manifest.stages),
+            made: RefCell::new(HashMap::new()),
         }
     }
 
     /// The chain of items behind `target` (a path), the item that wrote it
     /// first; empty when no item wrote it.
     pub fn trace(&self, target: &str) -> Result<Vec<ItemStep>, ScheduleError> {
-        let ctx = self.ctx;
-        let files = &self.files;
-        let Some(start) = files.owner_of(&through_freeze(ctx.manifest, target)) else {
+        let Some(start) = self
+            .files
+            .owner_of(&through_freeze(self.ctx.manifest, target))
+        else {
             return Ok(Vec::new());
         };
         let mut steps = Vec::new();
         let mut queue = VecDeque::from([start]);
         let mut seen = HashSet::from([start]);
         while let Some(at) = queue.pop_front() {
-            let (i, _) = at;
-            let stage = &ctx.manifest.stages[i];
-            let planned = files.planned(at);
-            let mut inputs = Vec::new();
-            for (path, digest) in &planned.inputs {
-                if path.starts_with('\0') {
-                    continue;
-                }
-                let item = files.owner_of(path);
-                if let Some(upstream) = item
-                    && seen.insert(upstream)
-                {
-                    queue.push_back(upstream);
-                }
-                let from = match item {
-                    Some((u, _)) => Some(ctx.manifest.stages[u].name.clone()),
-                    None => self
-                        .writers
-                        .producer_of(&ProjectPath::new(path.clone()))
-                        .map(|(s, _)| ctx.manifest.stages[s].name.clone()),
-                };
-                inputs.push(ItemInput {
-                    path: path.clone(),
-                    digest: *digest,
-                    from,
-                    item: item.map(|u| files.planned(u).item.key.clone()),
-                });
+            if !self.made.borrow().contains_key(&at) {
+                let made = self.step(at)?;
+                self.made.borrow_mut().insert(at, made);
             }
-            let attempt = match &ctx.ledger {
-                Some(ledger) => ledger
-                    .item_attempts(&stage.name, &planned.item.key)?
-                    .into_iter()
-                    .rfind(|a| a.fingerprint == planned.fingerprint && a.class != "running"),
-                None => None,
-            };
-            steps.push(ItemStep {
-                stage: stage.name.clone(),
-                key: planned.item.key.clone(),
-                fingerprint: planned.fingerprint,
-                code: planned.code,
-                class: planned
-                    .outcome
-                    .as_ref()
-                    .map(|(class, _)| class.name().to_owned()),
-                attempts: planned.outcome.as_ref().map_or(0, |(_, n)| *n),
-                run_id: attempt.as_ref().map(|a| a.run_id),
-                started_ms: attempt.as_ref().map(|a| a.started_ms),
-                finished_ms: attempt.as_ref().map(|a| a.finished_ms),
-                log: attempt.and_then(|a| a.log_path),
-                image: planned.image.clone(),
-                fields: planned.item.value.clone(),
-                inputs,
-                result: planned.result.clone(),
-                outputs: planned.outputs.clone().unwrap_or_default(),
-            });
+            let made = self.made.borrow();
+            let (step, upstream) = &made[&at];
+            for &u in upstream {
+                if seen.insert(u) {
+                    queue.push_back(u);
+                }
+            }
+            steps.push(step.clone());
         }
         Ok(steps)
+    }
+
+    /// Item `at`'s step, and the items that wrote what it read.
+    fn step(&self, at: At) -> Result<(ItemStep, Vec<At>), ScheduleError> {
+        let ctx = self.ctx;
+        let files = &self.files;
+        let stage = &ctx.manifest.stages[at.0];
+        let planned = files.planned(at);
+        let mut inputs = Vec::new();
+        let mut upstream = Vec::new();
+        for (path, digest) in &planned.inputs {
+            if path.starts_with('\0') {
+                continue;
+            }
+            let item = files.owner_of(path);
+            upstream.extend(item);
+            let from = match item {
+                Some((u, _)) => Some(ctx.manifest.stages[u].name.clone()),
+                None => self
+                    .writers
+                    .producer_of(&ProjectPath::new(path.clone()))
+                    .map(|(s, _)| ctx.manifest.stages[s].name.clone()),
+            };
+            inputs.push(ItemInput {
+                path: path.clone(),
+                digest: *digest,
+                from,
+                item: item.map(|u| files.planned(u).item.key.clone()),
+            });
+        }
+        let attempt = match &ctx.ledger {
+            Some(ledger) => ledger
+                .item_attempts(&stage.name, &planned.item.key)?
+                .into_iter()
+                .rfind(|a| a.fingerprint == planned.fingerprint && a.class != "running"),
+            None => None,
+        };
+        let step = ItemStep {
+            stage: stage.name.clone(),
+            key: planned.item.key.clone(),
+            fingerprint: planned.fingerprint,
+            code: planned.code,
+            class: planned
+                .outcome
+                .as_ref()
+                .map(|(class, _)| class.name().to_owned()),
+            attempts: planned.outcome.as_ref().map_or(0, |(_, n)| *n),
+            run_id: attempt.as_ref().map(|a| a.run_id),
+            started_ms: attempt.as_ref().map(|a| a.started_ms),
+            finished_ms: attempt.as_ref().map(|a| a.finished_ms),
+            log: attempt.and_then(|a| a.log_path),
+            image: planned.image.clone(),
+            fields: planned.item.value.clone(),
+            inputs,
+            result: planned.result.clone(),
+            outputs: planned.outputs.clone().unwrap_or_default(),
+        };
+        Ok((step, upstream))
     }
 }
