@@ -242,6 +242,11 @@ pub struct RunArgs {
     /// machine's commands stop either way).
     #[arg(long)]
     pub detach: bool,
+    /// Write the run's events to stdout as JSON lines (one object per
+    /// line, with a `v` version field; documented in docs/cli.md) instead
+    /// of the human view on stderr.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }
@@ -301,6 +306,14 @@ pub struct WhyArgs {
 pub struct DagArgs {
     #[arg(long, value_enum, default_value_t = DagFormat::Text)]
     pub format: DagFormat,
+    /// Colour each stage by its state now (fresh, stale, never run,
+    /// failed), as `cairn status` evaluates it.
+    #[arg(long, conflicts_with = "run")]
+    pub state: bool,
+    /// Colour each stage by how run N left it (ran, fresh, restored,
+    /// failed, blocked, …).
+    #[arg(long, value_name = "N")]
+    pub run: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -312,7 +325,10 @@ pub enum DagFormat {
 
 #[derive(Debug, Args)]
 pub struct LogArgs {
-    /// Show this stage's attempts instead of the runs.
+    /// A run's number: its timeline (each selected stage, its state, why,
+    /// when it started and how long it took). Or a stage: its attempts.
+    /// Without: the runs.
+    #[arg(value_name = "RUN|STAGE")]
     pub stage: Option<String>,
     /// How many entries.
     #[arg(short = 'n', long, default_value_t = 20)]

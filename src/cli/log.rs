@@ -1,9 +1,92 @@
-//! `cairn log [STAGE]`.
+//! `cairn log [RUN|STAGE]`.
 
 use super::args::{Global, LogArgs};
 use super::error::CliError;
 use super::render;
 use super::workspace;
+use crate::store::{Ledger, RunRecord, StageRun};
+
+/// `cairn log RUN --json`.
+#[derive(serde::Serialize)]
+struct RunTimeline {
+    run: RunRecord,
+    stages: Vec<StageRun>,
+}
+
+/// One run's timeline: each selected stage, its state, why, when it
+/// started (from the run's start) and for how long.
+fn run_timeline(ledger: &Ledger, run_id: i64, json: bool) -> Result<(), CliError> {
+    let Some(run) = ledger.run(run_id)? else {
+        let newest = ledger.runs(1)?;
+        let hint = match newest.first() {
+            Some(newest) => format!("runs are numbered 1 to {}", newest.id),
+            None => "no run is recorded yet".to_owned(),
+        };
+        return Err(CliError::usage(format!(
+            "no run {run_id} in this pipeline's ledger ({hint}; `cairn log` lists them)"
+        )));
+    };
+    let stages = ledger.stage_runs(run_id)?;
+    if json {
+        render::json(&RunTimeline { run, stages })?;
+        return Ok(());
+    }
+    let took = run
+        .finished_ms
+        .map(|f| format!(", {}", render::elapsed_ms(run.started_ms, f)))
+        .unwrap_or_default();
+    let mut about = vec![format!(
+        "run {} {}: started {}{took}",
+        run.id,
+        run.status,
+        render::time(run.started_ms)
+    )];
+    if let Some(version) = &run.cairn_version {
+        about.push(format!("cairn {version}"));
+    }
+    if let Some(digest) = &run.manifest_digest {
+        about.push(format!("manifest {}", &digest[..digest.len().min(12)]));
+    }
+    outln!("{}", about.join(" · "));
+    outln!("  {}", run.command);
+    if stages.is_empty() {
+        outln!(
+            "(no stage timeline: the run was recorded before ledger schema 10, or it was killed)"
+        );
+        return Ok(());
+    }
+    let mut rows = vec![
+        ["STAGE", "STATE", "START", "DURATION", "WHERE", "WHY"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for stage in &stages {
+        let start = stage
+            .started_ms
+            .map(|s| format!("+{}", render::elapsed_ms(run.started_ms, s)))
+            .unwrap_or_default();
+        let duration = stage
+            .started_ms
+            .zip(stage.finished_ms)
+            .map(|(s, f)| render::elapsed_ms(s, f))
+            .unwrap_or_default();
+        let why = match (&stage.reason, &stage.message) {
+            (Some(reason), Some(message)) => format!("{reason}: {message}"),
+            (Some(text), None) | (None, Some(text)) => text.clone(),
+            (None, None) => String::new(),
+        };
+        rows.push(vec![
+            stage.stage.clone(),
+            stage.state.clone(),
+            start,
+            duration,
+            format!("{}@{}", stage.executor, stage.host),
+            why,
+        ]);
+    }
+    out!("{}", render::table(&rows));
+    Ok(())
+}
 
 pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
@@ -16,6 +99,15 @@ pub fn log(global: &Global, args: &LogArgs) -> Result<(), CliError> {
         }
         return Ok(());
     };
+    // A number no stage is named: a run.
+    if let Some(run) = args
+        .stage
+        .as_deref()
+        .filter(|s| loaded.manifest.stage(s).is_none())
+        .and_then(|s| s.parse::<i64>().ok())
+    {
+        return run_timeline(ledger, run, args.json);
+    }
     match &args.stage {
         None => {
             let runs = ledger.runs(args.limit)?;

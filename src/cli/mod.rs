@@ -50,6 +50,7 @@ mod remote;
 mod render;
 mod resample;
 mod run;
+mod run_events;
 mod show;
 mod status;
 mod targets;

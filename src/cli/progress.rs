@@ -1,18 +1,22 @@
-//! The human reporter: a line per stage on stderr, and a progress bar when
-//! stderr is a terminal.
+//! The human reporter: a line per stage on stderr and, when stderr is a
+//! terminal, a live view: a bar per running stage (a per-item stage's items
+//! done of its total, this run's outcomes by class, rate and ETA) above a
+//! footer with the run's totals.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
+use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::render;
 use crate::schedule::{Done, Event, Reporter};
 
-/// The bar on screen, if any, so that log lines can be printed above it
-/// instead of through it.
-static ACTIVE_BAR: std::sync::OnceLock<ProgressBar> = std::sync::OnceLock::new();
+/// The live view on screen, if any, so that log lines can be printed above
+/// it instead of through it.
+static ACTIVE_VIEW: std::sync::OnceLock<MultiProgress> = std::sync::OnceLock::new();
 
-/// A `tracing` writer for stderr that suspends the progress bar while it
+/// A `tracing` writer for stderr that suspends the live view while it
 /// writes. It never fails: a log line that cannot reach a closed stderr is
 /// dropped (tracing would otherwise report the failure with a panicking
 /// `eprintln!`), and the run goes on.
@@ -23,8 +27,8 @@ impl std::io::Write for LogWriter {
         let write_all = || {
             let _ = std::io::stderr().write_all(buf);
         };
-        match ACTIVE_BAR.get() {
-            Some(bar) => bar.suspend(write_all),
+        match ACTIVE_VIEW.get() {
+            Some(view) => view.suspend(write_all),
             None => write_all(),
         }
         Ok(buf.len())
@@ -36,8 +40,67 @@ impl std::io::Write for LogWriter {
     }
 }
 
-pub struct HumanReporter {
+/// A running stage's bar and what this run saw of its items.
+struct StageBar {
     bar: ProgressBar,
+    /// Each item's latest class in this run (a retried item counts once).
+    latest: HashMap<String, String>,
+    /// Items by that class.
+    classes: BTreeMap<String, usize>,
+}
+
+impl StageBar {
+    /// `ok 57 · infra 2 · fail 1`.
+    fn classes(&self) -> String {
+        let mut parts: Vec<String> = self
+            .classes
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(class, n)| format!("{class} {n}"))
+            .collect();
+        // The common case first.
+        parts.sort_by_key(|p| !p.starts_with("ok "));
+        parts.join(" · ")
+    }
+}
+
+/// The run's totals, for the footer.
+#[derive(Default)]
+struct Totals {
+    ran: usize,
+    fresh: usize,
+    restored: usize,
+    failed: usize,
+    items: BTreeMap<String, usize>,
+}
+
+impl Totals {
+    fn line(&self) -> String {
+        let mut parts = vec![format!("{} ran", self.ran), format!("{} fresh", self.fresh)];
+        if self.restored > 0 {
+            parts.push(format!("{} restored", self.restored));
+        }
+        if self.failed > 0 {
+            parts.push(format!("{} failed", self.failed));
+        }
+        let items: usize = self.items.values().sum();
+        if items > 0 {
+            let classes: Vec<String> = self
+                .items
+                .iter()
+                .map(|(class, n)| format!("{class} {n}"))
+                .collect();
+            parts.push(format!("items: {}", classes.join(" · ")));
+        }
+        parts.join(", ")
+    }
+}
+
+pub struct HumanReporter {
+    view: Option<MultiProgress>,
+    footer: ProgressBar,
+    running: HashMap<String, StageBar>,
+    totals: Totals,
     quiet: bool,
     /// Also list stages that were already fresh.
     verbose: bool,
@@ -46,32 +109,113 @@ pub struct HumanReporter {
 
 impl HumanReporter {
     pub fn new(quiet: bool, verbose: bool) -> Self {
-        let tty = std::io::stderr().is_terminal();
-        let bar = if tty && !quiet {
-            let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} [{pos}/{len}] {wide_msg} {elapsed}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            bar.enable_steady_tick(std::time::Duration::from_millis(120));
-            let _ = ACTIVE_BAR.set(bar.clone());
-            bar
+        let color = render::stderr_color();
+        let (view, footer) = if std::io::stderr().is_terminal() && !quiet {
+            let view = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+            let footer = view.add(ProgressBar::new(0));
+            footer.set_style(style(
+                color,
+                "{spinner:.cyan} [{pos}/{len} stages] {wide_msg} {elapsed}",
+                "{spinner} [{pos}/{len} stages] {wide_msg} {elapsed}",
+            ));
+            footer.enable_steady_tick(Duration::from_millis(120));
+            let _ = ACTIVE_VIEW.set(view.clone());
+            (Some(view), footer)
         } else {
-            ProgressBar::hidden()
+            (None, ProgressBar::hidden())
         };
         Self {
-            bar,
+            view,
+            footer,
+            running: HashMap::new(),
+            totals: Totals::default(),
             quiet,
             verbose,
-            color: render::stderr_color(),
+            color,
         }
     }
 
+    /// A bar for `stage` above the footer: its items (`(total, done)`) if
+    /// it runs per item, else its elapsed time.
+    fn open_bar(&mut self, stage: &str, items: Option<(usize, usize)>) {
+        let Some(view) = &self.view else {
+            return;
+        };
+        let bar = match items {
+            Some((total, done)) => {
+                let bar = ProgressBar::new(total as u64).with_position(done as u64);
+                bar.set_style(style(
+                    self.color,
+                    "  {prefix:.bold} [{bar:24.cyan/blue}] {pos}/{len} {msg} {per_sec} ETA {eta}",
+                    "  {prefix} [{bar:24}] {pos}/{len} {msg} {per_sec} ETA {eta}",
+                ));
+                bar
+            }
+            None => {
+                let bar = ProgressBar::new_spinner();
+                bar.set_style(style(
+                    self.color,
+                    "  {prefix:.bold} {spinner} {elapsed}",
+                    "  {prefix} {spinner} {elapsed}",
+                ));
+                bar.enable_steady_tick(Duration::from_millis(120));
+                bar
+            }
+        };
+        bar.set_prefix(stage.to_owned());
+        let bar = view.insert_before(&self.footer, bar);
+        // Rate and ETA count this run's items only.
+        bar.reset_eta();
+        self.running.insert(
+            stage.to_owned(),
+            StageBar {
+                bar,
+                latest: HashMap::new(),
+                classes: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// A stage ended: its bar shows its last state once, then leaves.
+    fn close_bar(&mut self, stage: &str) {
+        if let Some(done) = self.running.remove(stage) {
+            done.bar.finish();
+            if let Some(view) = &self.view {
+                view.remove(&done.bar);
+            }
+        }
+        self.footer.inc(1);
+        self.footer.set_message(self.totals.line());
+    }
+
+    fn item_finished(&mut self, stage: &str, key: &str, class: &str) {
+        *self.totals.items.entry(class.to_owned()).or_default() += 1;
+        if let Some(running) = self.running.get_mut(stage) {
+            match running.latest.insert(key.to_owned(), class.to_owned()) {
+                None => running.bar.inc(1),
+                Some(before) => {
+                    if let Some(n) = running.classes.get_mut(&before) {
+                        *n -= 1;
+                    }
+                    if let Some(n) = self.totals.items.get_mut(&before) {
+                        *n -= 1;
+                    }
+                }
+            }
+            *running.classes.entry(class.to_owned()).or_default() += 1;
+            running.bar.set_message(running.classes());
+        }
+        self.footer.set_message(self.totals.line());
+    }
+
     fn line(&self, text: String) {
-        if self.bar.is_hidden() {
-            errln!("{text}");
-        } else {
-            self.bar.println(text);
+        match &self.view {
+            None => errln!("{text}"),
+            Some(view) => {
+                if view.println(&text).is_err() {
+                    errln!("{text}");
+                }
+            }
         }
     }
 
@@ -84,16 +228,24 @@ impl HumanReporter {
     }
 
     pub fn finish(&self) {
-        self.bar.finish_and_clear();
+        for running in self.running.values() {
+            running.bar.finish_and_clear();
+        }
+        self.footer.finish_and_clear();
     }
 }
 
 impl Reporter for HumanReporter {
     fn event(&mut self, event: Event<'_>) {
         match event {
-            Event::RunStarted { stages, .. } => self.bar.set_length(stages as u64),
-            Event::StageStarted { stage, reason } => {
-                self.bar.set_message(stage.to_owned());
+            Event::RunStarted { stages, .. } => self.footer.set_length(stages as u64),
+            Event::StageEvaluated { .. } => {}
+            Event::StageStarted {
+                stage,
+                reason,
+                items,
+            } => {
+                self.open_bar(stage, items);
                 if !self.quiet {
                     let tag = self.paint("36", "     run");
                     self.line(format!("{tag}  {stage} ({})", reason.summary()));
@@ -104,7 +256,12 @@ impl Reporter for HumanReporter {
                 done,
                 elapsed,
             } => {
-                self.bar.inc(1);
+                match done {
+                    Done::Ran => self.totals.ran += 1,
+                    Done::Fresh => self.totals.fresh += 1,
+                    Done::Restored | Done::Remote => self.totals.restored += 1,
+                }
+                self.close_bar(stage);
                 if self.quiet || (done == Done::Fresh && !self.verbose) {
                     return;
                 }
@@ -131,7 +288,8 @@ impl Reporter for HumanReporter {
                 message,
                 log,
             } => {
-                self.bar.inc(1);
+                self.totals.failed += 1;
+                self.close_bar(stage);
                 let mut text = format!("{}  {stage}: {message}", self.paint("31;1", "  FAILED"));
                 if let Some(log) = log {
                     if let Some(tail) = render::log_tail(log, 20).filter(|t| !t.trim().is_empty()) {
@@ -149,7 +307,7 @@ impl Reporter for HumanReporter {
                 self.line(text);
             }
             Event::StagePartial { stage, message } => {
-                self.bar.inc(1);
+                self.close_bar(stage);
                 self.line(format!(
                     "{}  {stage}: {message}",
                     self.paint("33", " partial")
@@ -161,7 +319,6 @@ impl Reporter for HumanReporter {
                 class,
                 attempt,
             } => {
-                self.bar.set_message(format!("{stage} {key}"));
                 if key.is_empty() {
                     // A plain stage's command failed and is tried again.
                     if !self.quiet {
@@ -170,6 +327,7 @@ impl Reporter for HumanReporter {
                     }
                     return;
                 }
+                self.item_finished(stage, key, class);
                 // Ok is the quiet case; everything else is worth a line.
                 if !self.quiet && class != "ok" {
                     let tag = if class == "infra" || class == "error" {
@@ -180,8 +338,9 @@ impl Reporter for HumanReporter {
                     self.line(format!("{tag}  {stage}/{key}: {class} (attempt {attempt})"));
                 }
             }
+            Event::ItemStarted { .. } => {}
             Event::StageBlocked { stage, by } => {
-                self.bar.inc(1);
+                self.close_bar(stage);
                 if !self.quiet {
                     self.line(format!(
                         "{}  {stage} (upstream `{by}` did not complete)",
@@ -195,4 +354,11 @@ impl Reporter for HumanReporter {
             )),
         }
     }
+}
+
+/// `colored` when colours are on, else `plain`.
+fn style(color: bool, colored: &str, plain: &str) -> ProgressStyle {
+    ProgressStyle::with_template(if color { colored } else { plain })
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
 }

@@ -4,6 +4,7 @@ use super::args::{Global, RunArgs};
 use super::error::{CliError, exit};
 use super::locked;
 use super::progress::HumanReporter;
+use super::run_events::JsonReporter;
 use super::workspace;
 use crate::schedule::{self, Context, RunOptions, State};
 use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
@@ -109,10 +110,17 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         .enable_all()
         .build()
         .map_err(CliError::Output)?;
-    let mut reporter = HumanReporter::new(global.quiet, global.verbose > 0);
-    let summary = runtime.block_on(schedule::run(&mut ctx, &options, &mut reporter));
-    reporter.finish();
-    let summary = summary?;
+    let summary = if args.json {
+        let mut reporter = JsonReporter::default();
+        let summary = runtime.block_on(schedule::run(&mut ctx, &options, &mut reporter))?;
+        reporter.finished(&summary);
+        summary
+    } else {
+        let mut reporter = HumanReporter::new(global.quiet, global.verbose > 0);
+        let summary = runtime.block_on(schedule::run(&mut ctx, &options, &mut reporter));
+        reporter.finish();
+        summary?
+    };
 
     let c = summary.counts;
     if !global.quiet {

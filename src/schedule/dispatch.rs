@@ -29,6 +29,7 @@ use super::limits::Limits;
 use super::remote::{UploadWorker, Uploads};
 use super::services::Services;
 use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
+use super::timeline::{StageState, Timeline};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
@@ -206,6 +207,8 @@ struct Dispatcher<'a, 'm> {
     /// The services stages reach: brought up for the first that runs,
     /// stopped when the last that needs one has ended.
     services: Arc<Services>,
+    /// What became of each selected stage, and when.
+    timeline: Timeline,
 }
 
 /// How long an interrupted run waits for its remote jobs to be cancelled
@@ -234,8 +237,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             jobs = options.jobs,
             "starting run"
         );
-        let run_id =
-            ledger.begin_run(&options.invocation, ctx.manifest.profile.as_deref(), &token)?;
+        let manifest_digest = Digest::of(ctx.manifest.source.as_bytes()).hex();
+        let run_id = ledger.begin_run(
+            &options.invocation,
+            ctx.manifest.profile.as_deref(),
+            &token,
+            &manifest_digest,
+        )?;
         reserve::keep(&ctx.manifest.cache_dir());
         let attempts_ledger = Arc::new(std::sync::Mutex::new(ledger.another_connection()?));
         let log_dir = ctx
@@ -262,10 +270,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     .count()
             })
             .collect();
-        let ready = (0..n)
+        let ready: BTreeSet<(usize, usize)> = (0..n)
             .filter(|&i| options.selected[i] && remaining[i] == 0)
             .map(|i| (rank[i], i))
             .collect();
+        let mut timeline = Timeline::new(ctx.manifest, &options.selected, ctx.dag.order());
+        for &(_, i) in &ready {
+            timeline.ready(i);
+        }
         let names: Vec<&String> = ctx.manifest.resources.keys().collect();
         let limits = Limits::new(
             options.jobs,
@@ -294,6 +306,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         reporter.event(Event::RunStarted {
             run_id,
             stages: options.selected.iter().filter(|s| **s).count(),
+            manifest_digest: &manifest_digest,
         });
         // A lock file that cannot be trusted is rewritten.
         let lock_changed = ctx.lock_problem.is_some();
@@ -336,6 +349,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             uploads,
             upload_worker,
             services,
+            timeline,
         })
     }
 
@@ -502,9 +516,23 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         attempts: &UnboundedSender<ItemAttempt>,
     ) {
         let stage = &self.ctx.manifest.stages[i];
+        self.timeline.must_run(i, reason.summary());
+        let items = stage.foreach.is_some().then(|| {
+            let plan = self.ctx.item_plans.get(&i).map_or(&[][..], Vec::as_slice);
+            let done = plan
+                .iter()
+                .filter(|p| {
+                    p.outcome
+                        .as_ref()
+                        .is_some_and(|(class, _)| class.is_final())
+                })
+                .count();
+            (plan.len(), done)
+        });
         self.reporter.event(Event::StageStarted {
             stage: &stage.name,
             reason: &reason,
+            items,
         });
         // Windows held across a cluster, in one order everywhere (two
         // runs taking two windows in opposite orders would wait for each
@@ -589,6 +617,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     /// downstream (its result is recorded when its objects are durable).
     fn outputs_known(&mut self, i: usize, records: &[OutputRecord], elapsed: Duration) {
         self.ctx.note_outputs(records);
+        self.timeline.hashed(i);
         self.reporter.event(Event::StageDone {
             stage: &self.ctx.manifest.stages[i].name,
             done: Done::Ran,
@@ -617,9 +646,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // The run stopped before this stage got a job slot.
             Ok(task) if !task.started => {
                 self.slots[i] = Slot::Waiting;
+                self.timeline.not_started(i);
                 return Ok(());
             }
-            Ok(task) => task,
+            Ok(task) => {
+                self.timeline.started(i, task.started_ms);
+                task
+            }
             Err(error) => {
                 let message = super::with_causes(&error);
                 self.record_failure(i, key, None, now_ms(), &log, &message, None)?;
@@ -634,6 +667,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             self.slots[i] = Slot::Partial;
             let name = &self.ctx.manifest.stages[i].name;
             self.summary.partial.push(name.clone());
+            self.timeline
+                .ended(i, StageState::Partial, Some(message.clone()));
             self.reporter.event(Event::StagePartial {
                 stage: name,
                 message: &message,
@@ -656,7 +691,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             (None, Some(published)) => {
                 let attempt = task.last_attempt;
                 match self.commit(i, key, published, task.started_ms, &log, attempt.as_ref()) {
-                    Ok(()) => self.summary.counts.executed += 1,
+                    Ok(()) => {
+                        self.summary.counts.executed += 1;
+                        self.timeline.ended(i, StageState::Ran, None);
+                    }
                     // A full disk under the ledger, typically: the outputs
                     // are made and stored but their result is not recorded,
                     // so the stage failed (and runs again next time).
@@ -744,13 +782,21 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         .map_err(|e| ScheduleError::Task(e.to_string()))??;
         // A plain stage's attempts that end here are those it retries (its
         // last is recorded with its result).
-        for attempt in attempts.iter().filter(|a| a.class != RUNNING) {
-            self.reporter.event(Event::ItemFinished {
-                stage: &attempt.stage,
-                key: &attempt.key,
-                class: &attempt.class,
-                attempt: attempt.attempt,
-            });
+        for attempt in &attempts {
+            if attempt.class == RUNNING {
+                self.reporter.event(Event::ItemStarted {
+                    stage: &attempt.stage,
+                    key: &attempt.key,
+                    attempt: attempt.attempt,
+                });
+            } else {
+                self.reporter.event(Event::ItemFinished {
+                    stage: &attempt.stage,
+                    key: &attempt.key,
+                    class: &attempt.class,
+                    attempt: attempt.attempt,
+                });
+            }
         }
         Ok(())
     }
@@ -763,6 +809,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 self.remaining[d] -= 1;
                 if self.remaining[d] == 0 {
                     self.ready.insert((self.rank[d], d));
+                    self.timeline.ready(d);
                 }
             }
         }
@@ -797,6 +844,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
 
     fn fail(&mut self, i: usize, message: &str, log: Option<PathBuf>) {
         self.slots[i] = Slot::Failed;
+        self.timeline
+            .ended(i, StageState::Failed, Some(message.to_owned()));
         self.summary.counts.failed += 1;
         if !self.options.keep_going {
             self.stop = true;
@@ -843,6 +892,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 Slot::Ok | Slot::Failed | Slot::Partial => continue,
                 Slot::Running => {
                     self.summary.cut_short.push(name.clone());
+                    self.timeline.ended(i, StageState::Interrupted, None);
                     continue;
                 }
                 Slot::Waiting => {}
@@ -854,6 +904,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             match blocked_by {
                 Some(by) if !self.summary.interrupted => {
                     self.summary.blocked.push(name.clone());
+                    self.timeline.ended(
+                        i,
+                        StageState::Blocked,
+                        Some(format!(
+                            "upstream `{}` did not complete",
+                            manifest.stages[by].name
+                        )),
+                    );
                     self.reporter.event(Event::StageBlocked {
                         stage: name,
                         by: &manifest.stages[by].name,
@@ -862,6 +920,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 // Not started because a failure or an interrupt stopped the run.
                 _ if self.stop || self.summary.interrupted => {
                     self.summary.stopped.push(name.clone());
+                    self.timeline.ended(i, StageState::Stopped, None);
                 }
                 _ => {
                     return Err(ScheduleError::Task(format!(

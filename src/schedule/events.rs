@@ -23,11 +23,25 @@ pub enum Done {
 pub enum Event<'a> {
     RunStarted {
         run_id: i64,
+        /// Selected stages.
         stages: usize,
+        /// BLAKE3 of the manifest's text.
+        manifest_digest: &'a str,
     },
+    /// A selected stage's turn came: it is fresh (`reason` none) or must
+    /// run (a fresh stage may still be restored; one that must run may
+    /// still come from the remote cache).
+    StageEvaluated {
+        stage: &'a str,
+        reason: Option<&'a DirtyReason>,
+    },
+    /// A stage that must run was handed to its task (which waits for a job
+    /// slot). For a per-item stage: its items, and how many of them are
+    /// already done.
     StageStarted {
         stage: &'a str,
         reason: &'a DirtyReason,
+        items: Option<(usize, usize)>,
     },
     StageDone {
         stage: &'a str,
@@ -43,6 +57,13 @@ pub enum Event<'a> {
     StagePartial {
         stage: &'a str,
         message: &'a str,
+    },
+    /// One attempt of one item started its job (`key` empty: a plain
+    /// stage's command).
+    ItemStarted {
+        stage: &'a str,
+        key: &'a str,
+        attempt: u32,
     },
     /// One attempt of one item ended (`key` empty: a plain stage's
     /// command, to be retried).

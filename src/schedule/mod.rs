@@ -18,6 +18,7 @@ mod samples;
 mod services;
 mod status;
 mod task;
+mod timeline;
 mod transfer;
 
 pub use context::{Context, DirtyReason, Freshness};
@@ -29,6 +30,7 @@ pub use items::{ItemCounts, load_items};
 pub use samples::summary as sampled_summary;
 pub use status::{StageStatus, State, evaluate};
 pub use task::{MANIFEST_VAR, Only, PROFILE_VAR};
+pub use timeline::StageState;
 pub use transfer::{Pulled, Pushed, pull, push, remote_summary};
 
 use std::path::PathBuf;

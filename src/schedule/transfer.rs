@@ -147,7 +147,13 @@ pub async fn pull(
         .clone()
         .unwrap_or_else(|| crate::store::LockFile::new(&manifest.name));
     let token = format!("{}-{}", std::process::id(), crate::store::now_ms());
-    let run_id = ledger(ctx)?.begin_run(invocation, manifest.profile.as_deref(), &token)?;
+    let manifest_digest = crate::fingerprint::Digest::of(manifest.source.as_bytes()).hex();
+    let run_id = ledger(ctx)?.begin_run(
+        invocation,
+        manifest.profile.as_deref(),
+        &token,
+        &manifest_digest,
+    )?;
     let origin = format!("remote:{}", remote.url());
     let mut pulled = Pulled::default();
     let mut stat = StatCache::default();

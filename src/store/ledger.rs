@@ -2,7 +2,7 @@
 //!
 //! Tables: `runs` (one row per `cairn run`), `results` (one row per stage
 //! execution, with its full key and output records as JSON), `heads`,
-//! `items`, `item_attempts`, `redraws`, inline `objects` and `stat_cache`; see
+//! `stage_runs`, `items`, `item_attempts`, `redraws`, inline `objects` and `stat_cache`; see
 //! [`schema`] for their history. A connection speaks for one pipeline (see
 //! [`pipelines`]): every read and write of runs, results, heads and items
 //! is that pipeline's. Each result is one transaction, written only after its
@@ -27,6 +27,7 @@ mod results;
 mod runs;
 mod schema;
 mod stat_cache;
+mod timeline;
 
 use damage::parse_outputs;
 pub use damage::{SET_ASIDE_REASON, UnreadableResult};
@@ -35,6 +36,7 @@ pub use pipelines::PipelineId;
 pub use redraws::{Draws, Redraw};
 pub use schema::LEDGER_SCHEMA_VERSION;
 use schema::{OLDEST_MIGRATED, SCHEMA};
+pub use timeline::StageRun;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -194,6 +196,10 @@ pub struct RunRecord {
     pub fresh: i64,
     pub restored: i64,
     pub failed: i64,
+    /// BLAKE3 of the manifest's text (unknown before ledger schema 10).
+    pub manifest_digest: Option<String>,
+    /// The cairn that ran it (unknown before ledger schema 10).
+    pub cairn_version: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]

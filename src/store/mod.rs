@@ -25,7 +25,7 @@ pub use gc::{Collected, collect_garbage};
 pub use ledger::{
     COMMAND_ITEM, Draws, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult,
     PipelineId, RUNNING, Redraw, ResultRecord, ResultStatus, RunCounts, RunRecord,
-    SET_ASIDE_REASON, UnreadableResult, now_ms,
+    SET_ASIDE_REASON, StageRun, UnreadableResult, now_ms,
 };
 pub use live::live_outputs;
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage};

@@ -55,26 +55,34 @@ impl Dispatcher<'_, '_> {
         let name = &self.ctx.manifest.stages[i].name;
         tracing::debug!(stage = %name, fingerprint = %key.fingerprint(), "evaluated");
         if self.options.forced.contains(&i) {
-            return Ok(Some((key, DirtyReason::Forced)));
+            return Ok(Some(self.must_run(i, key, DirtyReason::Forced)));
         }
         let record = match self.ctx.freshness(i, &key)? {
             Freshness::Dirty(reason) => {
                 tracing::debug!(stage = %name, reason = %reason.summary(), "must run");
-                return Ok(Some((key, reason)));
+                return Ok(Some(self.must_run(i, key, reason)));
             }
             Freshness::Fresh(record) => record.into_owned(),
         };
         let done = match self.bring_back(&record)? {
-            Err(reason) => return Ok(Some((key, reason))),
+            Err(reason) => return Ok(Some(self.must_run(i, key, reason))),
             Ok(true) => {
                 self.summary.counts.restored += 1;
+                let restored = "outputs restored from the store".to_owned();
+                self.timeline
+                    .decided(i, StageState::Restored, Some(restored));
                 Done::Restored
             }
             Ok(false) => {
                 self.summary.counts.fresh += 1;
+                self.timeline.decided(i, StageState::Fresh, None);
                 Done::Fresh
             }
         };
+        self.reporter.event(Event::StageEvaluated {
+            stage: &self.ctx.manifest.stages[i].name,
+            reason: None,
+        });
         self.ctx.note_outputs(&record.outputs);
         let name = &self.ctx.manifest.stages[i].name;
         if self
@@ -94,6 +102,20 @@ impl Dispatcher<'_, '_> {
         });
         self.complete(i);
         Ok(None)
+    }
+
+    /// Stage `i` must run, for `reason`: reported as decided.
+    fn must_run(
+        &mut self,
+        i: usize,
+        key: StageKey,
+        reason: DirtyReason,
+    ) -> (StageKey, DirtyReason) {
+        self.reporter.event(Event::StageEvaluated {
+            stage: &self.ctx.manifest.stages[i].name,
+            reason: Some(&reason),
+        });
+        (key, reason)
     }
 
     /// Makes the workspace copies of a fresh stage's outputs match the

@@ -162,9 +162,11 @@ impl Dispatcher<'_, '_> {
         let Some(ledger) = &self.ctx.ledger else {
             return Ok(());
         };
+        let stages = self.timeline.rows();
         let close = || {
             ledger
                 .close_running_attempts(self.run_id, true)
+                .and_then(|()| ledger.record_stage_runs(self.run_id, &stages))
                 .and_then(|()| ledger.finish_run(self.run_id, status, self.summary.counts))
         };
         match close() {

@@ -99,6 +99,11 @@ impl Dispatcher<'_, '_> {
             }
         }
         tracing::info!(stage = %record.stage, %producer, "from the remote cache");
+        self.timeline.decided(
+            i,
+            StageState::Remote,
+            Some(format!("from the remote cache, made on {producer}")),
+        );
         self.summary.counts.restored += 1;
         self.summary.from_remote.push(record.stage);
         self.reporter.event(Event::StageDone {

@@ -171,15 +171,35 @@ impl Ledger {
 
     /// Every attempt of one item, oldest first.
     pub fn item_attempts(&self, stage: &str, key: &str) -> Result<Vec<ItemAttempt>, StoreError> {
+        self.attempts_where(
+            "pipeline = ?3 AND stage = ?1 AND key = ?2",
+            params![stage, key, self.pipeline.name],
+        )
+    }
+
+    /// Every item attempt of run `run_id` (plain stages' commands under
+    /// [`COMMAND_ITEM`]), in the order they were recorded.
+    pub fn run_attempts(&self, run_id: i64) -> Result<Vec<ItemAttempt>, StoreError> {
+        self.attempts_where(
+            "pipeline = ?2 AND run_id = ?1",
+            params![run_id, self.pipeline.name],
+        )
+    }
+
+    fn attempts_where(
+        &self,
+        condition: &str,
+        values: impl rusqlite::Params,
+    ) -> Result<Vec<ItemAttempt>, StoreError> {
         let mut statement = self
             .conn
-            .prepare(
+            .prepare(&format!(
                 "SELECT run_id, stage, key, fingerprint, attempt, started_ms, finished_ms, exit_code, class, rule, log_path, code, handle
-                 FROM item_attempts WHERE pipeline = ?3 AND stage = ?1 AND key = ?2 ORDER BY id",
-            )
+                 FROM item_attempts WHERE {condition} ORDER BY id"
+            ))
             .map_err(|e| self.db(e))?;
         let rows = statement
-            .query_map(params![stage, key, self.pipeline.name], |row| {
+            .query_map(values, |row| {
                 let fingerprint: String = row.get(3)?;
                 Ok(ItemAttempt {
                     run_id: row.get(0)?,

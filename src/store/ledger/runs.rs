@@ -3,17 +3,20 @@
 use super::*;
 
 impl Ledger {
-    /// Records a new run; `token` marks the environment of its commands.
+    /// Records a new run of the manifest whose text has `manifest_digest`
+    /// by this cairn; `token` marks the environment of its commands.
     pub fn begin_run(
         &self,
         command: &str,
         profile: Option<&str>,
         token: &str,
+        manifest_digest: &str,
     ) -> Result<i64, StoreError> {
         self.conn
             .execute(
-                "INSERT INTO runs (started_ms, status, command, profile, token, pipeline) VALUES (?1, 'running', ?2, ?3, ?4, ?5)",
-                params![now_ms(), command, profile, token, self.pipeline.name],
+                "INSERT INTO runs (started_ms, status, command, profile, token, pipeline, manifest_digest, cairn_version)
+                 VALUES (?1, 'running', ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![now_ms(), command, profile, token, self.pipeline.name, manifest_digest, env!("CARGO_PKG_VERSION")],
             )
             .map_err(|e| self.db(e))?;
         Ok(self.conn.last_insert_rowid())
@@ -34,13 +37,35 @@ impl Ledger {
         Ok(())
     }
 
+    /// The newest `limit` runs, newest first.
     pub fn runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.runs_where(
+            "pipeline = ?2 ORDER BY id DESC LIMIT ?1",
+            params![limit as i64, self.pipeline.name],
+        )
+    }
+
+    /// Run `id`, if this pipeline has it.
+    pub fn run(&self, id: i64) -> Result<Option<RunRecord>, StoreError> {
+        let mut runs =
+            self.runs_where("pipeline = ?2 AND id = ?1", params![id, self.pipeline.name])?;
+        Ok(runs.pop())
+    }
+
+    fn runs_where(
+        &self,
+        condition: &str,
+        values: impl rusqlite::Params,
+    ) -> Result<Vec<RunRecord>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT id, started_ms, finished_ms, status, command, profile, executed, fresh, restored, failed FROM runs WHERE pipeline = ?2 ORDER BY id DESC LIMIT ?1")
+            .prepare(&format!(
+                "SELECT id, started_ms, finished_ms, status, command, profile, executed, fresh, restored, failed, manifest_digest, cairn_version
+                 FROM runs WHERE {condition}"
+            ))
             .map_err(|e| self.db(e))?;
         let rows = stmt
-            .query_map(params![limit as i64, self.pipeline.name], |row| {
+            .query_map(values, |row| {
                 Ok(RunRecord {
                     id: row.get(0)?,
                     started_ms: row.get(1)?,
@@ -52,6 +77,8 @@ impl Ledger {
                     fresh: row.get(7)?,
                     restored: row.get(8)?,
                     failed: row.get(9)?,
+                    manifest_digest: row.get(10)?,
+                    cairn_version: row.get(11)?,
                 })
             })
             .map_err(|e| self.db(e))?;

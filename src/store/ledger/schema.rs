@@ -12,6 +12,7 @@
 //! | 7 | an item attempt is recorded when its job starts (class `running`, with the job's handle on its engine) and replaced when it ends; a run that died leaves it `abandoned` |
 //! | 8 | results and item outcomes record their origin (`remote:URL` when a remote cache supplied them, else none) |
 //! | 9 | `redraws` records each `cairn resample`: which samples of which stage are drawn anew |
+//! | 10 | `stage_runs` records every selected stage of every run (its state, why, its times, where it ran); runs record the manifest's digest and cairn's version |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -19,7 +20,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 9;
+pub const LEDGER_SCHEMA_VERSION: i64 = 10;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -37,8 +38,32 @@ CREATE TABLE IF NOT EXISTS runs (
     fresh INTEGER NOT NULL DEFAULT 0,
     restored INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0,
-    pipeline TEXT NOT NULL DEFAULT ''
+    pipeline TEXT NOT NULL DEFAULT '',
+    -- BLAKE3 of the manifest's text, and the cairn that ran it.
+    manifest_digest TEXT,
+    cairn_version TEXT
 );
+-- Every stage a run selected, however it ended: `ran`, `fresh`,
+-- `restored`, `remote`, `failed`, `partial`, `blocked`, `stopped` or
+-- `interrupted`; why it ran (or how it was restored); what ended it (the
+-- failure, the items left, what blocked it);
+-- when it became ready, started (got its job slot), had its outputs hashed
+-- and finished; on which executor and which host. Written when the run
+-- closes, in one transaction.
+CREATE TABLE IF NOT EXISTS stage_runs (
+    run_id INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    message TEXT,
+    ready_ms INTEGER,
+    started_ms INTEGER,
+    hashed_ms INTEGER,
+    finished_ms INTEGER,
+    executor TEXT NOT NULL,
+    host TEXT NOT NULL,
+    PRIMARY KEY (run_id, stage)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS results (
     id INTEGER PRIMARY KEY,
     run_id INTEGER NOT NULL REFERENCES runs(id),
@@ -154,6 +179,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (7, attempts_when_they_start),
     (8, origins),
     (9, redraws),
+    (10, stage_runs),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -233,12 +259,7 @@ fn attempts_when_they_start(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite:
 /// that migration 6 rebuilt from [`SCHEMA`] has the column already.)
 fn origins(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     for table in ["results", "items"] {
-        let has: bool = tx.query_row(
-            &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = 'origin'"),
-            [],
-            |row| row.get(0),
-        )?;
-        if !has {
+        if !has_column(tx, table, "origin")? {
             tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN origin TEXT;"))?;
         }
     }
@@ -249,6 +270,24 @@ fn origins(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
 /// as [`SCHEMA`] has it since 8, so it creates only this one.)
 fn redraws(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
+}
+
+/// 10: `stage_runs`, and each run's manifest digest and cairn version.
+fn stage_runs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    for column in ["manifest_digest", "cairn_version"] {
+        if !has_column(tx, "runs", column)? {
+            tx.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {column} TEXT;"))?;
+        }
+    }
+    tx.execute_batch(SCHEMA)
+}
+
+fn has_column(tx: &Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<bool> {
+    tx.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+        params![table, column],
+        |row| row.get(0),
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,155 @@
+//! What a run did with each stage it selected, and when: kept as the run
+//! goes, written to the ledger's `stage_runs` when it closes.
+
+use crate::manifest::Manifest;
+use crate::store::{StageRun, now_ms};
+
+/// How a selected stage ended in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageState {
+    /// Its command ran and its result was recorded.
+    Ran,
+    /// A valid result existed; nothing ran.
+    Fresh,
+    /// A valid result existed; its outputs were brought back from the store.
+    Restored,
+    /// A remote cache held a valid result; nothing ran.
+    Remote,
+    Failed,
+    /// A per-item stage left items for a later run.
+    Partial,
+    /// An upstream stage did not complete.
+    Blocked,
+    /// The run stopped (a failure elsewhere) before it started.
+    Stopped,
+    /// It was running when the run was interrupted.
+    Interrupted,
+}
+
+impl StageState {
+    pub fn name(self) -> &'static str {
+        match self {
+            StageState::Ran => "ran",
+            StageState::Fresh => "fresh",
+            StageState::Restored => "restored",
+            StageState::Remote => "remote",
+            StageState::Failed => "failed",
+            StageState::Partial => "partial",
+            StageState::Blocked => "blocked",
+            StageState::Stopped => "stopped",
+            StageState::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// The state a stage is recorded with while it runs (a run that closes
+/// early leaves it so only if settling fails).
+const RUNNING: &str = "running";
+
+pub struct Timeline {
+    /// Per stage index; `None` for stages the run did not select.
+    spans: Vec<Option<StageRun>>,
+    order: Vec<usize>,
+}
+
+impl Timeline {
+    /// A timeline of the `selected` stages, in `order` (topological).
+    pub fn new(manifest: &Manifest, selected: &[bool], order: &[usize]) -> Self {
+        let host = super::remote::host_name();
+        let spans = manifest
+            .stages
+            .iter()
+            .zip(selected)
+            .map(|(stage, &selected)| {
+                selected.then(|| StageRun {
+                    stage: stage.name.clone(),
+                    state: RUNNING.to_owned(),
+                    reason: None,
+                    message: None,
+                    ready_ms: None,
+                    started_ms: None,
+                    hashed_ms: None,
+                    finished_ms: None,
+                    executor: stage
+                        .executor
+                        .as_ref()
+                        .map_or_else(|| "local".to_owned(), |e| e.name.clone()),
+                    host: host.clone(),
+                })
+            })
+            .collect();
+        Self {
+            spans,
+            order: order.to_vec(),
+        }
+    }
+
+    fn span(&mut self, i: usize) -> Option<&mut StageRun> {
+        self.spans.get_mut(i).and_then(Option::as_mut)
+    }
+
+    /// Every selected upstream stage of `i` has finished.
+    pub fn ready(&mut self, i: usize) {
+        if let Some(span) = self.span(i) {
+            span.ready_ms.get_or_insert(now_ms());
+        }
+    }
+
+    /// Stage `i` must run, for `reason`.
+    pub fn must_run(&mut self, i: usize, reason: String) {
+        if let Some(span) = self.span(i) {
+            span.reason = Some(reason);
+        }
+    }
+
+    /// Stage `i`'s command had its job slot at `at_ms`.
+    pub fn started(&mut self, i: usize, at_ms: i64) {
+        if let Some(span) = self.span(i) {
+            span.started_ms = Some(at_ms);
+        }
+    }
+
+    /// Stage `i`'s outputs are hashed.
+    pub fn hashed(&mut self, i: usize) {
+        if let Some(span) = self.span(i) {
+            span.hashed_ms = Some(now_ms());
+        }
+    }
+
+    /// Stage `i` was decided without running: it starts and ends now.
+    pub fn decided(&mut self, i: usize, state: StageState, reason: Option<String>) {
+        let now = now_ms();
+        if let Some(span) = self.span(i) {
+            span.started_ms.get_or_insert(now);
+            span.reason = reason.or(span.reason.take());
+        }
+        self.ended(i, state, None);
+    }
+
+    /// Stage `i` ended in `state`, for `message` (a failure, what blocked
+    /// it) if any.
+    pub fn ended(&mut self, i: usize, state: StageState, message: Option<String>) {
+        if let Some(span) = self.span(i) {
+            span.state = state.name().to_owned();
+            span.message = message;
+            if !matches!(state, StageState::Blocked | StageState::Stopped) {
+                span.finished_ms = Some(now_ms());
+            }
+        }
+    }
+
+    /// A stage whose task never got its job slot is as if not started.
+    pub fn not_started(&mut self, i: usize) {
+        if let Some(span) = self.span(i) {
+            span.started_ms = None;
+        }
+    }
+
+    /// The selected stages, in topological order.
+    pub fn rows(&self) -> Vec<StageRun> {
+        self.order
+            .iter()
+            .filter_map(|&i| self.spans.get(i).and_then(Option::clone))
+            .collect()
+    }
+}
