@@ -16,7 +16,6 @@ pub mod graph;
 pub mod manifest;
 pub mod records;
 pub mod release;
-pub mod report;
 pub mod schedule;
 pub mod store;
 pub mod tls;

@@ -45,8 +45,10 @@ pub enum Command {
     Why(WhyArgs),
     /// Print the stage graph.
     Dag(DagArgs),
-    /// Run history, or the attempts of one stage.
+    /// Run history, one run's timeline, or the attempts of one stage.
     Log(LogArgs),
+    /// A run's report: one self-contained HTML page (or its data as JSON).
+    Report(ReportArgs),
     /// A stage's command, outputs with digests, and last run.
     Show(ShowArgs),
     /// Remove stored objects that no current result references.
@@ -334,6 +336,19 @@ pub struct LogArgs {
     #[arg(short = 'n', long, default_value_t = 20)]
     pub limit: usize,
     /// Runs or attempts as JSON on stdout (schema in docs/cli.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The run to report on (default: the newest; `cairn log` lists them).
+    #[arg(value_name = "RUN")]
+    pub run: Option<i64>,
+    /// Write the page here (default: stdout).
+    #[arg(short = 'o', long, value_name = "FILE", conflicts_with = "json")]
+    pub output: Option<std::path::PathBuf>,
+    /// The report's data as JSON on stdout (schema in docs/cli.md).
     #[arg(long)]
     pub json: bool,
 }

@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 
 use super::args::{DagArgs, DagFormat, Global};
 use super::error::CliError;
+use super::report::palette;
 use super::workspace::{self, Loaded};
 use crate::graph::EdgeKind;
-use crate::report::palette;
 use crate::schedule;
 
 /// A stage's state and why, by stage name.

@@ -48,6 +48,7 @@ mod progress;
 mod provenance;
 mod remote;
 mod render;
+mod report;
 mod resample;
 mod run;
 mod run_events;
@@ -99,6 +100,7 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Why(args) => why::why(&cli.global, args),
         Command::Dag(args) => dag::dag(&cli.global, args),
         Command::Log(args) => log::log(&cli.global, args),
+        Command::Report(args) => report::report(&cli.global, args),
         Command::Show(args) => show::show(&cli.global, args),
         Command::Gc(args) => gc::gc(&cli.global, args),
         Command::Resample(args) => resample::resample(&cli.global, args),

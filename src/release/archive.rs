@@ -221,6 +221,19 @@ fn append<W: std::io::Write>(
     tar.append_data(&mut header, name, data)
 }
 
+/// The regular files under `dir`, recursively, as paths relative to it
+/// (`/`-separated, sorted). Anything but regular files and directories is
+/// refused.
+pub fn files_under(dir: &Path) -> Result<Vec<String>, ReleaseError> {
+    let mut entries = BTreeMap::new();
+    walk(dir, "", &mut entries)?;
+    Ok(entries
+        .into_iter()
+        .filter(|(_, entry)| matches!(entry, Entry::File { .. }))
+        .map(|(path, _)| path)
+        .collect())
+}
+
 /// Lists `dir` recursively into `entries` (paths relative to the freeze).
 /// Anything but regular files and directories is refused.
 fn walk(

@@ -10,7 +10,7 @@ pub mod format;
 mod registry;
 mod verify;
 
-pub use archive::{BundleWritten, write_bundle};
+pub use archive::{BundleWritten, files_under, write_bundle};
 pub use format::{FreezeManifest, FrozenItem};
 pub use registry::{Registered, Registration, register};
 pub use verify::{Limits, Verified, expected_digest, read_sha256_file, verify_bundle};

@@ -36,7 +36,7 @@ pub use pipelines::PipelineId;
 pub use redraws::{Draws, Redraw};
 pub use schema::LEDGER_SCHEMA_VERSION;
 use schema::{OLDEST_MIGRATED, SCHEMA};
-pub use timeline::StageRun;
+pub use timeline::{ClassCount, StageRun};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -23,8 +23,8 @@ pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
 pub use ledger::{
-    COMMAND_ITEM, Draws, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger, NewResult,
-    PipelineId, RUNNING, Redraw, ResultRecord, ResultStatus, RunCounts, RunRecord,
+    COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger,
+    NewResult, PipelineId, RUNNING, Redraw, ResultRecord, ResultStatus, RunCounts, RunRecord,
     SET_ASIDE_REASON, StageRun, UnreadableResult, now_ms,
 };
 pub use live::live_outputs;
