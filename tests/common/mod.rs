@@ -186,8 +186,6 @@ pub fn intoto_errors(statement: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Turns a current ledger back into schema 5: no pipeline columns, heads
-/// and items keyed without one, no `pipelines` table.
 /// Turns a current ledger back into schema 6: attempts without job handles.
 pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
     downgrade_to_schema_7(db);
@@ -198,16 +196,32 @@ pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
     .unwrap();
 }
 
-/// Turns a current ledger back into schema 7: no origins.
-pub fn downgrade_to_schema_7(db: &rusqlite::Connection) {
+/// Turns a current ledger back into schema 9: no stage timeline, runs
+/// without their manifest digest and cairn version.
+pub fn downgrade_to_schema_9(db: &rusqlite::Connection) {
     db.execute_batch(
-        "ALTER TABLE results DROP COLUMN origin;
+        "DROP TABLE stage_runs;
+         ALTER TABLE runs DROP COLUMN manifest_digest;
+         ALTER TABLE runs DROP COLUMN cairn_version;
+         PRAGMA user_version = 9;",
+    )
+    .unwrap();
+}
+
+/// Turns a current ledger back into schema 7: no origins, no redraws.
+pub fn downgrade_to_schema_7(db: &rusqlite::Connection) {
+    downgrade_to_schema_9(db);
+    db.execute_batch(
+        "DROP TABLE redraws;
+         ALTER TABLE results DROP COLUMN origin;
          ALTER TABLE items DROP COLUMN origin;
          PRAGMA user_version = 7;",
     )
     .unwrap();
 }
 
+/// Turns a current ledger back into schema 5: no pipeline columns, heads
+/// and items keyed without one, no `pipelines` table.
 pub fn downgrade_to_schema_5(db: &rusqlite::Connection) {
     downgrade_to_schema_6(db);
     db.execute_batch(

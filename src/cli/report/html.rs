@@ -1001,5 +1001,8 @@ const SCRIPT: &str = r##"
     var target = document.getElementById(location.hash.slice(1));
     if (target && target.tagName === "DETAILS") { target.open = true; }
   });
+  // What a test of the page (or a curious reader) can see: the script ran
+  // to its end.
+  document.body.setAttribute("data-script", "ran");
 })();
 "##;
