@@ -615,3 +615,164 @@ fn the_canary_runs_only_against_the_declared_checkpoints_at_one_context_length()
         .count();
     assert_eq!(answered + busy, asked, "{log}");
 }
+
+/// How often `needle` occurs in `haystack`.
+fn occurrences(haystack: &str, needle: &str) -> usize {
+    haystack.matches(needle).count()
+}
+
+#[test]
+fn the_report_of_the_shipped_pipeline_opens_in_a_browser_and_counts_what_the_ledger_holds() {
+    common::require_tool("chromium");
+    let p = shipped();
+    cairn(&p, &["run"]).success();
+    let written = cairn(&p, &["report", "-o", "report.html"]);
+    written.success();
+    assert!(
+        written.stderr().contains("run 1 of `swesmith-curation`"),
+        "{}",
+        written.stderr()
+    );
+    let page = p.path("report.html");
+    let html = p.read("report.html");
+    // Self-contained: nothing is fetched when it is viewed.
+    for remote in ["src=\"http", "href=\"http", "url(http", "@import"] {
+        assert!(!html.contains(remote), "the page loads `{remote}…`");
+    }
+
+    // A control: the browser's console is read, and a page that errs says so.
+    let scratch = p.path("browser");
+    p.file(
+        "broken.html",
+        "<html><body><script>console.error('seen'); missing();</script></body></html>",
+    );
+    let broken = common::browser::open(&scratch.join("control"), &p.path("broken.html"));
+    assert!(
+        broken
+            .console
+            .iter()
+            .any(|l| l.contains("Uncaught ReferenceError")),
+        "{:?}",
+        broken.console
+    );
+    let opened = common::browser::open(&scratch.join("report"), &page);
+    assert!(opened.console.is_empty(), "{:?}", opened.console);
+    assert!(
+        opened.dom.contains("data-script=\"ran\""),
+        "the page's script did not run to its end"
+    );
+
+    // The DAG: one node per stage, each as `status --json` names it.
+    let status = cairn(&p, &["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&status.stdout()).unwrap();
+    let stages = status["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 22);
+    assert_eq!(occurrences(&opened.dom, "<g class=\"node\""), stages.len());
+    for stage in stages {
+        let name = stage["stage"].as_str().unwrap();
+        assert!(
+            opened.dom.contains(&format!(
+                "<g class=\"node\" data-stage=\"{name}\" data-state=\"ran\""
+            )),
+            "{name}"
+        );
+    }
+    // The stages by state now: as `status --json` counts them.
+    let fresh = stages.iter().filter(|s| s["state"] == "fresh").count();
+    assert_eq!(fresh, 22);
+    assert!(
+        opened
+            .dom
+            .contains(&format!("data-status-count=\"fresh\">{fresh}<")),
+        "no count of {fresh} fresh stages"
+    );
+    // The timeline: one bar per stage the run executed, as the ledger has it.
+    let log = cairn(&p, &["log", "1", "--json"]);
+    let log: serde_json::Value = serde_json::from_str(&log.stdout()).unwrap();
+    let ran = log["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "ran")
+        .count();
+    assert_eq!(ran, 22);
+    assert_eq!(occurrences(&opened.dom, "<rect class=\"stage-bar\""), ran);
+    assert!(
+        opened
+            .dom
+            .contains(&format!("data-run-count=\"ran\">{ran}<"))
+    );
+    // One bar per item attempt of the run (all are drawn at this size).
+    let attempts: usize = {
+        let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+        db.query_row(
+            "SELECT COUNT(*) FROM item_attempts WHERE run_id = 1 AND key != ''",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap() as usize
+    };
+    assert!(attempts > 100, "{attempts}");
+    assert_eq!(
+        occurrences(&opened.dom, "<rect class=\"item-bar\""),
+        attempts
+    );
+    // pass@1 over all items, as `show canary` computes it.
+    let canary = cairn(&p, &["show", "canary", "--json"]);
+    let canary: serde_json::Value = serde_json::from_str(&canary.stdout()).unwrap();
+    let pass1 = canary["samples"]["all"]["pass@1"].as_f64().unwrap();
+    assert!(
+        opened
+            .dom
+            .contains(&format!("<td class=\"num passk-value\">{pass1:.3}</td>")),
+        "pass@1 {pass1:.3} not shown"
+    );
+    assert_eq!(occurrences(&opened.dom, "<rect class=\"rate\""), 2);
+    // The release: every frozen item, every one of its files linked to
+    // its chain, every chain there.
+    let frozen: serde_json::Value =
+        serde_json::from_str(&p.read("state/swesmith-curation/freeze/manifest.json")).unwrap();
+    let items = frozen["items"].as_object().unwrap();
+    assert_eq!(
+        occurrences(&opened.dom, "<tr class=\"released\""),
+        items.len()
+    );
+    assert_eq!(
+        occurrences(&opened.dom, "<details class=\"chain\""),
+        items.len()
+    );
+    let files: u64 = items.values().map(|i| i["files"].as_u64().unwrap()).sum();
+    assert_eq!(occurrences(&opened.dom, "<a class=\"file\"") as u64, files);
+
+    // It draws: a screenshot holds far more than one of a blank page.
+    p.file("blank.html", "<html><body></body></html>");
+    let (shot, blank) = (p.path("report.png"), p.path("blank.png"));
+    common::browser::screenshot(&scratch.join("shot"), &page, 1280, 2000, &shot);
+    common::browser::screenshot(
+        &scratch.join("blank"),
+        &p.path("blank.html"),
+        1280,
+        2000,
+        &blank,
+    );
+    let (shot, blank) = (
+        std::fs::metadata(&shot).unwrap().len(),
+        std::fs::metadata(&blank).unwrap().len(),
+    );
+    assert!(
+        shot > 10 * blank,
+        "screenshot {shot} B, blank page {blank} B"
+    );
+
+    // The same data as JSON.
+    let data = cairn(&p, &["report", "--json"]);
+    let data: serde_json::Value = serde_json::from_str(&data.stdout()).unwrap();
+    assert_eq!(data["format"], 1);
+    assert_eq!(data["run"]["id"], 1);
+    assert_eq!(data["stages"].as_array().unwrap().len(), 22);
+    assert_eq!(data["attempts_total"], attempts);
+    assert_eq!(
+        data["releases"][0]["items"].as_array().unwrap().len(),
+        items.len()
+    );
+}

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod http_cache;
 pub mod kube;
 pub mod registry;
