@@ -367,7 +367,7 @@ fn the_live_view_counts_a_stages_items_up_to_its_total() {
     assert!(shown.contains("12/12"), "{shown:?}");
     assert!(shown.contains("ok 12"), "{shown:?}");
     assert!(shown.contains("stages]"), "{shown:?}");
-    assert!(shown.contains("items: ok 12"), "{shown:?}");
+    assert!(shown.contains("items ok 12"), "{shown:?}");
     // Off a terminal: the plain lines only, no bar.
     p.cairn(&["run", "--force", "items", "items"]).success();
     let plain = p.cairn(&["run", "--force", "items", "items"]);

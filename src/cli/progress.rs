@@ -49,21 +49,6 @@ struct StageBar {
     classes: BTreeMap<String, usize>,
 }
 
-impl StageBar {
-    /// `ok 57 · infra 2 · fail 1`.
-    fn classes(&self) -> String {
-        let mut parts: Vec<String> = self
-            .classes
-            .iter()
-            .filter(|(_, n)| **n > 0)
-            .map(|(class, n)| format!("{class} {n}"))
-            .collect();
-        // The common case first.
-        parts.sort_by_key(|p| !p.starts_with("ok "));
-        parts.join(" · ")
-    }
-}
-
 /// The run's totals, for the footer.
 #[derive(Default)]
 struct Totals {
@@ -75,6 +60,8 @@ struct Totals {
 }
 
 impl Totals {
+    /// `21 ran · 1 fresh │ items ok 160 · failed 14`: zero counts left out,
+    /// `ok` first.
     fn line(&self) -> String {
         let mut parts = vec![format!("{} ran", self.ran), format!("{} fresh", self.fresh)];
         if self.restored > 0 {
@@ -83,22 +70,33 @@ impl Totals {
         if self.failed > 0 {
             parts.push(format!("{} failed", self.failed));
         }
-        let items: usize = self.items.values().sum();
-        if items > 0 {
-            let classes: Vec<String> = self
-                .items
-                .iter()
-                .map(|(class, n)| format!("{class} {n}"))
-                .collect();
-            parts.push(format!("items: {}", classes.join(" · ")));
+        let mut line = parts.join(" · ");
+        let items = class_counts(&self.items);
+        if !items.is_empty() {
+            line.push_str(&format!(" │ items {items}"));
         }
-        parts.join(", ")
+        line
     }
+}
+
+/// `ok 57 · infra 2 · fail 1`: the classes with a count, `ok` first.
+fn class_counts(classes: &BTreeMap<String, usize>) -> String {
+    let mut parts: Vec<(&String, &usize)> = classes.iter().filter(|(_, n)| **n > 0).collect();
+    parts.sort_by_key(|(class, _)| class.as_str() != "ok");
+    parts
+        .iter()
+        .map(|(class, n)| format!("{class} {n}"))
+        .collect::<Vec<_>>()
+        .join(" · ")
 }
 
 pub struct HumanReporter {
     view: Option<MultiProgress>,
     footer: ProgressBar,
+    /// Stages handed to their task, waiting for a job slot: their items
+    /// (`(total, done)`) if per item. A stage gets its bar when its first
+    /// command starts.
+    waiting: HashMap<String, Option<(usize, usize)>>,
     running: HashMap<String, StageBar>,
     totals: Totals,
     quiet: bool,
@@ -115,8 +113,8 @@ impl HumanReporter {
             let footer = view.add(ProgressBar::new(0));
             footer.set_style(style(
                 color,
-                "{spinner:.cyan} [{pos}/{len} stages] {wide_msg} {elapsed}",
-                "{spinner} [{pos}/{len} stages] {wide_msg} {elapsed}",
+                "{spinner:.cyan} {elapsed:>4} [{pos}/{len} stages] {wide_msg}",
+                "{spinner} {elapsed:>4} [{pos}/{len} stages] {wide_msg}",
             ));
             footer.enable_steady_tick(Duration::from_millis(120));
             let _ = ACTIVE_VIEW.set(view.clone());
@@ -127,6 +125,7 @@ impl HumanReporter {
         Self {
             view,
             footer,
+            waiting: HashMap::new(),
             running: HashMap::new(),
             totals: Totals::default(),
             quiet,
@@ -146,8 +145,8 @@ impl HumanReporter {
                 let bar = ProgressBar::new(total as u64).with_position(done as u64);
                 bar.set_style(style(
                     self.color,
-                    "  {prefix:.bold} [{bar:24.cyan/blue}] {pos}/{len} {msg} {per_sec} ETA {eta}",
-                    "  {prefix} [{bar:24}] {pos}/{len} {msg} {per_sec} ETA {eta}",
+                    "  {prefix:.bold} [{bar:20.cyan/blue}] {pos}/{len} {per_sec:.dim} ETA {eta} {wide_msg}",
+                    "  {prefix} [{bar:20}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
                 ));
                 bar
             }
@@ -178,6 +177,7 @@ impl HumanReporter {
 
     /// A stage ended: its bar shows its last state once, then leaves.
     fn close_bar(&mut self, stage: &str) {
+        self.waiting.remove(stage);
         if let Some(done) = self.running.remove(stage) {
             done.bar.finish();
             if let Some(view) = &self.view {
@@ -189,6 +189,10 @@ impl HumanReporter {
     }
 
     fn item_finished(&mut self, stage: &str, key: &str, class: &str) {
+        // An item from the remote cache ends without a command starting.
+        if let Some(items) = self.waiting.remove(stage) {
+            self.open_bar(stage, items);
+        }
         *self.totals.items.entry(class.to_owned()).or_default() += 1;
         if let Some(running) = self.running.get_mut(stage) {
             match running.latest.insert(key.to_owned(), class.to_owned()) {
@@ -203,7 +207,7 @@ impl HumanReporter {
                 }
             }
             *running.classes.entry(class.to_owned()).or_default() += 1;
-            running.bar.set_message(running.classes());
+            running.bar.set_message(class_counts(&running.classes));
         }
         self.footer.set_message(self.totals.line());
     }
@@ -245,7 +249,7 @@ impl Reporter for HumanReporter {
                 reason,
                 items,
             } => {
-                self.open_bar(stage, items);
+                self.waiting.insert(stage.to_owned(), items);
                 if !self.quiet {
                     let tag = self.paint("36", "     run");
                     self.line(format!("{tag}  {stage} ({})", reason.summary()));
@@ -338,7 +342,11 @@ impl Reporter for HumanReporter {
                     self.line(format!("{tag}  {stage}/{key}: {class} (attempt {attempt})"));
                 }
             }
-            Event::ItemStarted { .. } => {}
+            Event::ItemStarted { stage, .. } => {
+                if let Some(items) = self.waiting.remove(stage) {
+                    self.open_bar(stage, items);
+                }
+            }
             Event::StageBlocked { stage, by } => {
                 self.close_bar(stage);
                 if !self.quiet {
