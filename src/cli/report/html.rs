@@ -143,7 +143,7 @@ fn header(page: &mut String, report: &Report) {
 const NODE_W: f64 = 150.0;
 const NODE_H: f64 = 38.0;
 const GAP_X: f64 = 18.0;
-const GAP_Y: f64 = 46.0;
+const GAP_Y: f64 = 34.0;
 
 fn dag(page: &mut String, report: &Report) {
     page.push_str("<section id=\"dag\"><h2>Stages</h2>\n<p class=\"hint\">Coloured by what the run did with each stage; hover for why, click to find it on the timeline.</p>\n");
