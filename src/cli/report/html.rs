@@ -209,7 +209,8 @@ fn dag(page: &mut String, report: &Report) {
         };
         let _ = writeln!(
             page,
-            "<path class=\"edge\" d=\"{path}\" marker-end=\"url(#arrow)\"><title>{} → {}</title></path>",
+            "<path class=\"{}\" d=\"{path}\" marker-end=\"url(#arrow)\"><title>{} → {}</title></path>",
+            if span > 1 { "edge skip" } else { "edge" },
             esc(from),
             esc(to)
         );
@@ -959,7 +960,7 @@ main{padding:0 24px 48px;overflow-x:auto}
 .legend span{margin-right:12px;white-space:nowrap}.legend i,.dot{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:middle}
 svg text{font:12px system-ui,sans-serif;fill:#222}svg .name{text-anchor:middle;font-weight:600}svg .state{text-anchor:middle;font-size:10px;fill:#444}
 svg .tick{font-size:10px;fill:#666;text-anchor:middle}svg .lane{font-weight:700;fill:#37474f}svg .total{font-size:11px;fill:#444}
-.edge{fill:none;stroke:#999;stroke-width:1.3}.grid{stroke:#eee}.zero{stroke:#999;stroke-dasharray:3 3}.hashed{stroke:#1b5e20;stroke-width:2}
+.edge{fill:none;stroke:#888;stroke-width:1.3}.edge.skip{stroke:#c5c5c5;stroke-width:1}.grid{stroke:#eee}.zero{stroke:#999;stroke-dasharray:3 3}.hashed{stroke:#1b5e20;stroke-width:2}
 .node rect{stroke:#555;stroke-width:1}.node:hover rect,.node:focus rect{stroke:#000;stroke-width:2.5}.node{cursor:pointer;outline:none}
 .stage-bar{stroke:#333;stroke-width:.6}.flash{stroke:#d50000!important;stroke-width:3!important}
 table{border-collapse:collapse;background:#fff;margin:6px 0}th,td{border:1px solid #e0e0e0;padding:3px 8px;text-align:left;vertical-align:top}th{background:#eceff1}
