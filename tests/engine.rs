@@ -574,7 +574,7 @@ fn dag_renders_dot_and_mermaid() {
     );
     let mermaid = p.cairn(&["dag", "--format", "mermaid"]);
     assert!(
-        mermaid.stdout().starts_with("flowchart LR"),
+        mermaid.stdout().starts_with("flowchart TD"),
         "{}",
         mermaid.stdout()
     );
