@@ -104,9 +104,9 @@ fn header(page: &mut String, report: &Report) {
             esc(&digest[..digest.len().min(12)])
         ));
     }
-    let _ = write!(
+    let _ = writeln!(
         page,
-        "<header><h1>{}</h1><p class=\"about\">{}</p><p class=\"command\"><code>{}</code></p>\n",
+        "<header><h1>{}</h1><p class=\"about\">{}</p><p class=\"command\"><code>{}</code></p>",
         esc(&report.pipeline),
         about.join(" · "),
         esc(&run.command)
