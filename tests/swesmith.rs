@@ -499,6 +499,16 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     gpu.cairn(&["verify", "dist/swesmith-rl.tar.zst"]).success();
     gpu.cairn(&["-f", "pipelines/swesmith-curation.toml", "verify", "--lock"])
         .success();
+    // The pull is a run of its own, its timeline every stage from the remote.
+    let log = cairn_keyed(&gpu, &key, &["log", "1", "--json"]);
+    let log: serde_json::Value = serde_json::from_str(&log.stdout()).unwrap();
+    let stages = log["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 22);
+    assert!(
+        stages.iter().all(|s| s["state"] == "remote"
+            && s["reason"].as_str().unwrap().starts_with("pulled from http://")),
+        "{stages:?}"
+    );
     assert_eq!(
         made.read("dist/swesmith-rl.tar.zst.sha256"),
         gpu.read("dist/swesmith-rl.tar.zst.sha256")

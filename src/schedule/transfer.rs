@@ -14,6 +14,7 @@ use super::ScheduleError;
 use super::context::Context;
 use super::item_outputs::ItemOutputs;
 use super::remote::{are_declared, item_entry, producer, reuse_items, stage_entry};
+use super::timeline::{StageState, Timeline};
 use crate::fingerprint::StatCache;
 use crate::store::remote::{RemoteCache, RemoteStats, What};
 use crate::store::{NewResult, OutputKind, OutputRecord, ResultStatus};
@@ -269,6 +270,28 @@ pub async fn pull(
     } else {
         "failed"
     };
+    // The pull's timeline: what became of each stage it selected.
+    let mut timeline = Timeline::new(manifest, selected, dag.order());
+    for &i in dag.order().iter().filter(|&&i| selected[i]) {
+        let name = &manifest.stages[i].name;
+        timeline.ready(i);
+        if pulled.pulled.contains(name) {
+            timeline.decided(
+                i,
+                StageState::Remote,
+                Some(format!("pulled from {}", remote.url())),
+            );
+        } else if pulled.present.contains(name) {
+            timeline.decided(i, StageState::Fresh, None);
+        } else {
+            timeline.ended(
+                i,
+                StageState::Failed,
+                Some("no result of the lock file's fingerprint to pull".to_owned()),
+            );
+        }
+    }
+    ledger(ctx)?.record_stage_runs(run_id, &timeline.rows())?;
     ledger(ctx)?.finish_run(run_id, status, counts)?;
     Ok(pulled)
 }
