@@ -506,7 +506,10 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     assert_eq!(stages.len(), 22);
     assert!(
         stages.iter().all(|s| s["state"] == "remote"
-            && s["reason"].as_str().unwrap().starts_with("pulled from http://")),
+            && s["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("pulled from http://")),
         "{stages:?}"
     );
     assert_eq!(

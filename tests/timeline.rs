@@ -182,10 +182,13 @@ fn every_selected_stage_of_a_run_is_recorded_with_its_state_reason_and_times() {
             "{stage} {state}: {out}"
         );
     }
+    // Stages in the order they started; one that never did last.
+    let rows: Vec<&str> = out.lines().skip(3).collect();
+    assert!(rows.last().unwrap().starts_with("after "), "{out}");
     let missing = p.cairn(&["log", "99"]);
     missing.code_is(2);
     assert!(
-        missing.stderr().contains("no run 99") && missing.stderr().contains("1 to 3"),
+        missing.stderr().contains("no run 99") && missing.stderr().contains("newest is run 3"),
         "{}",
         missing.stderr()
     );
@@ -252,7 +255,9 @@ fn run_json_streams_the_events_the_ledger_records() {
             .unwrap();
         assert!(at(start) <= at(end) && at(end) <= at(stage_done));
     }
-    // The stages' final states are those the ledger holds.
+    // Each stage finished once; its final state is the one the ledger holds.
+    let finishes = of("stage_finished");
+    assert_eq!(finishes.len(), 6, "{finishes:?}");
     let recorded = stage_runs(&p, 1);
     let streamed: std::collections::BTreeMap<String, String> = of("stage_finished")
         .iter()
@@ -279,6 +284,31 @@ fn run_json_streams_the_events_the_ledger_records() {
         events
             .iter()
             .any(|e| e["event"] == "stage_finished" && e["stage"] == "a" && e["state"] == "fresh")
+    );
+}
+
+#[test]
+fn a_forced_stage_starts_with_none_of_its_items_done() {
+    let p = project();
+    p.cairn(&["run", "items"]).success();
+    let started = |args: &[&str]| -> serde_json::Value {
+        let out = p.cairn(args);
+        out.success();
+        out.stdout()
+            .lines()
+            .map(json)
+            .find(|e| e["event"] == "stage_started" && e["stage"] == "items")
+            .unwrap()
+    };
+    let all = started(&["run", "items", "--force", "items", "--json"]);
+    assert_eq!(
+        (all["items"].clone(), all["items_done"].clone()),
+        (12.into(), 0.into())
+    );
+    let one = started(&["run", "items", "--force", "items/t3", "--json"]);
+    assert_eq!(
+        (one["items"].clone(), one["items_done"].clone()),
+        (12.into(), 11.into())
     );
 }
 
@@ -374,4 +404,113 @@ fn the_live_view_counts_a_stages_items_up_to_its_total() {
     plain.success();
     assert!(!plain.stderr().contains("12/12"), "{}", plain.stderr());
     assert!(plain.stderr().contains("1 ran"), "{}", plain.stderr());
+}
+
+#[test]
+fn an_interrupted_run_records_what_was_running_and_what_never_started() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "cut"
+
+[stages.slow]
+run = "echo $$ > slow.pid; sleep 30; echo done > {out.o}"
+outputs = { o = "slow.txt" }
+
+[stages.later]
+run = "cat {in.slow} > {out.o}"
+inputs = { slow = "slow.txt" }
+outputs = { o = "later.txt" }
+"#,
+    );
+    let cairn = p
+        .command(&["run", "--json"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_for("the slow stage to start", || {
+        p.exists("slow.pid") && !p.read("slow.pid").is_empty()
+    });
+    let interrupted_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(cairn.id() as i32, libc::SIGINT);
+    }
+    let out = common::output_within(cairn, std::time::Duration::from_secs(60), "cairn run");
+    assert_eq!(out.status.code(), Some(130));
+    let stages = stage_runs(&p, 1);
+    let slow = &stages["slow"];
+    assert_eq!(slow["state"], "interrupted", "{slow:?}");
+    // It started, and ended when the interrupt came (not 30 s later).
+    let (started, finished) = (
+        slow["started_ms"].as_i64().unwrap(),
+        slow["finished_ms"].as_i64().unwrap(),
+    );
+    assert!(started <= interrupted_at && interrupted_at <= finished + 1000);
+    assert!(finished - started < 20_000, "{slow:?}");
+    assert_eq!(stages["later"]["state"], "stopped", "{:?}", stages["later"]);
+    assert!(stages["later"]["started_ms"].is_null());
+    // The stream says the same, and ends with the run's end.
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(json)
+        .collect();
+    let finished_as = |stage: &str| {
+        events
+            .iter()
+            .find(|e| e["event"] == "stage_finished" && e["stage"] == stage)
+            .map(|e| e["state"].clone())
+    };
+    assert_eq!(finished_as("slow"), Some("interrupted".into()));
+    assert_eq!(finished_as("later"), Some("stopped".into()));
+    assert!(events.iter().any(|e| e["event"] == "interrupted"));
+    assert_eq!(events.last().unwrap()["status"], "interrupted");
+}
+
+#[test]
+fn the_report_shows_what_items_are_named_as_text_never_as_markup() {
+    let p = Project::new();
+    let hostile = "<img src=x onerror=console.error(7)>";
+    p.file(
+        "items.jsonl",
+        &format!(
+            "{}\n{{\"id\": \"fine\"}}\n",
+            serde_json::json!({ "id": hostile })
+        ),
+    );
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "hostile"
+
+[stages.judge]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.id}; [ {item.id} = fine ]"
+inputs = { list = "items.jsonl" }
+outputs = { results = "results.jsonl" }
+"#,
+    );
+    p.cairn(&["run"]).code_is(1);
+    p.cairn(&["report", "-o", "report.html"]).success();
+    let html = p.read("report.html");
+    assert!(html.contains("&lt;img src=x onerror=console.error(7)&gt;"));
+    assert!(!html.contains("<img"), "markup from an item's key");
+    // In a browser: nothing of it ran, and its text is on the page.
+    let opened = common::browser::open(&p.path("browser"), &p.path("report.html"));
+    assert!(opened.console.is_empty(), "{:?}", opened.console);
+    assert!(!opened.dom.contains("<img"));
+    assert!(opened.dom.contains("data-script=\"ran\""));
+    assert!(
+        opened
+            .dom
+            .contains("<g class=\"node\" data-stage=\"judge\" data-state=\"failed\"")
+    );
 }

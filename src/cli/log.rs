@@ -19,8 +19,8 @@ fn run_timeline(ledger: &Ledger, run_id: i64, json: bool) -> Result<(), CliError
     let Some(run) = ledger.run(run_id)? else {
         let newest = ledger.runs(1)?;
         let hint = match newest.first() {
-            Some(newest) => format!("runs are numbered 1 to {}", newest.id),
-            None => "no run is recorded yet".to_owned(),
+            Some(newest) => format!("its newest is run {}", newest.id),
+            None => "it has no run yet".to_owned(),
         };
         return Err(CliError::usage(format!(
             "no run {run_id} in this pipeline's ledger ({hint}; `cairn log` lists them)"

@@ -3,7 +3,7 @@
 //! done of its total, this run's outcomes by class, rate and ETA) above a
 //! footer with the run's totals.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::IsTerminal;
 use std::time::Duration;
 
@@ -43,8 +43,10 @@ impl std::io::Write for LogWriter {
 /// A running stage's bar and what this run saw of its items.
 struct StageBar {
     bar: ProgressBar,
-    /// Each item's latest class in this run (a retried item counts once).
-    latest: HashMap<String, String>,
+    /// The latest class of each item whose attempt in this run did not end
+    /// `ok`, so that a retried item counts once (an `ok` is final: those
+    /// are not kept).
+    not_ok: HashMap<String, String>,
     /// Items by that class.
     classes: BTreeMap<String, usize>,
 }
@@ -98,6 +100,9 @@ pub struct HumanReporter {
     /// command starts.
     waiting: HashMap<String, Option<(usize, usize)>>,
     running: HashMap<String, StageBar>,
+    /// Stages done with (a stage whose outputs were hashed but whose
+    /// result could not be recorded is reported done, then failed).
+    ended: HashSet<String>,
     totals: Totals,
     quiet: bool,
     /// Also list stages that were already fresh.
@@ -127,6 +132,7 @@ impl HumanReporter {
             footer,
             waiting: HashMap::new(),
             running: HashMap::new(),
+            ended: HashSet::new(),
             totals: Totals::default(),
             quiet,
             verbose,
@@ -169,7 +175,7 @@ impl HumanReporter {
             stage.to_owned(),
             StageBar {
                 bar,
-                latest: HashMap::new(),
+                not_ok: HashMap::new(),
                 classes: BTreeMap::new(),
             },
         );
@@ -184,7 +190,9 @@ impl HumanReporter {
                 view.remove(&done.bar);
             }
         }
-        self.footer.inc(1);
+        if self.ended.insert(stage.to_owned()) {
+            self.footer.inc(1);
+        }
         self.footer.set_message(self.totals.line());
     }
 
@@ -195,7 +203,12 @@ impl HumanReporter {
         }
         *self.totals.items.entry(class.to_owned()).or_default() += 1;
         if let Some(running) = self.running.get_mut(stage) {
-            match running.latest.insert(key.to_owned(), class.to_owned()) {
+            let before = if class == "ok" {
+                running.not_ok.remove(key)
+            } else {
+                running.not_ok.insert(key.to_owned(), class.to_owned())
+            };
+            match before {
                 None => running.bar.inc(1),
                 Some(before) => {
                     if let Some(n) = running.classes.get_mut(&before) {
@@ -243,7 +256,7 @@ impl Reporter for HumanReporter {
     fn event(&mut self, event: Event<'_>) {
         match event {
             Event::RunStarted { stages, .. } => self.footer.set_length(stages as u64),
-            Event::StageEvaluated { .. } => {}
+            Event::StageEvaluated { .. } | Event::StageCutShort { .. } => {}
             Event::StageStarted {
                 stage,
                 reason,
@@ -293,6 +306,9 @@ impl Reporter for HumanReporter {
                 log,
             } => {
                 self.totals.failed += 1;
+                if self.ended.contains(stage) {
+                    self.totals.ran = self.totals.ran.saturating_sub(1);
+                }
                 self.close_bar(stage);
                 let mut text = format!("{}  {stage}: {message}", self.paint("31;1", "  FAILED"));
                 if let Some(log) = log {

@@ -112,9 +112,16 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         .map_err(CliError::Output)?;
     let summary = if args.json {
         let mut reporter = JsonReporter::default();
-        let summary = runtime.block_on(schedule::run(&mut ctx, &options, &mut reporter))?;
-        reporter.finished(&summary);
-        summary
+        match runtime.block_on(schedule::run(&mut ctx, &options, &mut reporter)) {
+            Ok(summary) => {
+                reporter.finished(&summary);
+                summary
+            }
+            Err(error) => {
+                reporter.failed(&schedule::with_causes(&error));
+                return Err(error.into());
+            }
+        }
     } else {
         let mut reporter = HumanReporter::new(global.quiet, global.verbose > 0);
         let summary = runtime.block_on(schedule::run(&mut ctx, &options, &mut reporter));

@@ -39,6 +39,14 @@ impl JsonReporter {
         }
     }
 
+    /// The last event of a run that could not go on: what stopped it.
+    pub fn failed(&mut self, error: &str) {
+        self.emit(
+            "run_finished",
+            json!({ "status": "error", "message": error }),
+        );
+    }
+
     /// The last event: how the run ended.
     pub fn finished(&mut self, summary: &RunSummary) {
         let status = if summary.interrupted {
@@ -156,6 +164,13 @@ impl Reporter for JsonReporter {
             } => self.emit(
                 "item_finished",
                 json!({ "stage": stage, "item": key, "attempt": attempt, "class": class }),
+            ),
+            Event::StageCutShort { stage, interrupted } => self.emit(
+                "stage_finished",
+                json!({
+                    "stage": stage,
+                    "state": if interrupted { "interrupted" } else { "stopped" },
+                }),
             ),
             Event::Interrupted => self.emit("interrupted", json!({})),
         }

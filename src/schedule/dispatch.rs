@@ -436,6 +436,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     }
                 }
                 () = interrupt.recv() => {
+                    // What was running ends now, however long cancelling takes.
+                    let cut_short = (0..self.slots.len()).filter(|&i| self.slots[i] == Slot::Running);
+                    self.timeline.interrupted(cut_short);
                     resolving.abort_all();
                     lookups.abort_all();
                     running.abort_all();
@@ -517,8 +520,17 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     ) {
         let stage = &self.ctx.manifest.stages[i];
         self.timeline.must_run(i, reason.summary());
-        let items = stage.foreach.is_some().then(|| {
-            let plan = self.ctx.item_plans.get(&i).map_or(&[][..], Vec::as_slice);
+        // A per-item stage's plan, the items `--force` names made pending.
+        let mut plan = None;
+        if stage.foreach.is_some() {
+            let mut items = self.ctx.item_plans.remove(&i).unwrap_or_default();
+            if let Err(message) = self.forget_forced_items(i, &mut items) {
+                self.fail(i, &message, None);
+                return;
+            }
+            plan = Some(items);
+        }
+        let items = plan.as_ref().map(|plan| {
             let done = plan
                 .iter()
                 .filter(|p| {
@@ -578,15 +590,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             self.holds[i].clone(),
             self.rank[i] as u64,
         ) {
-            Ok(task) if stage.foreach.is_some() => {
-                let mut plan = self.ctx.item_plans.remove(&i).unwrap_or_default();
-                if let Err(message) = self.forget_forced_items(i, &mut plan) {
-                    self.fail(i, &message, None);
-                    return;
-                }
-                task.with_items(stage, plan, self.options.only, self.options.limit)
-            }
-            Ok(task) => task,
+            Ok(task) => match plan {
+                Some(plan) => task.with_items(stage, plan, self.options.only, self.options.limit),
+                None => task,
+            },
             Err(error) => {
                 self.fail(i, &super::with_causes(&error), None);
                 return;
@@ -646,7 +653,6 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // The run stopped before this stage got a job slot.
             Ok(task) if !task.started => {
                 self.slots[i] = Slot::Waiting;
-                self.timeline.not_started(i);
                 return Ok(());
             }
             Ok(task) => {
@@ -784,6 +790,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         // last is recorded with its result).
         for attempt in &attempts {
             if attempt.class == RUNNING {
+                self.timeline
+                    .command_started(&attempt.stage, attempt.started_ms);
                 self.reporter.event(Event::ItemStarted {
                     stage: &attempt.stage,
                     key: &attempt.key,
@@ -891,8 +899,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             match self.slots[i] {
                 Slot::Ok | Slot::Failed | Slot::Partial => continue,
                 Slot::Running => {
+                    // (Its timeline says so since the interrupt.)
                     self.summary.cut_short.push(name.clone());
-                    self.timeline.ended(i, StageState::Interrupted, None);
+                    self.reporter.event(Event::StageCutShort {
+                        stage: name,
+                        interrupted: true,
+                    });
                     continue;
                 }
                 Slot::Waiting => {}
@@ -921,6 +933,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 _ if self.stop || self.summary.interrupted => {
                     self.summary.stopped.push(name.clone());
                     self.timeline.ended(i, StageState::Stopped, None);
+                    self.reporter.event(Event::StageCutShort {
+                        stage: name,
+                        interrupted: false,
+                    });
                 }
                 _ => {
                     return Err(ScheduleError::Task(format!(

@@ -73,6 +73,13 @@ pub enum Event<'a> {
         class: &'a str,
         attempt: u32,
     },
+    /// The run ended before this stage did: it was running when the run was
+    /// interrupted (`interrupted`), or never started because the run
+    /// stopped first (not `interrupted`).
+    StageCutShort {
+        stage: &'a str,
+        interrupted: bool,
+    },
     /// An upstream stage failed, so this one was not attempted.
     StageBlocked {
         stage: &'a str,

@@ -1,6 +1,8 @@
 //! What a run did with each stage it selected, and when: kept as the run
 //! goes, written to the ledger's `stage_runs` when it closes.
 
+use std::collections::HashMap;
+
 use crate::manifest::Manifest;
 use crate::store::{StageRun, now_ms};
 
@@ -42,14 +44,16 @@ impl StageState {
     }
 }
 
-/// The state a stage is recorded with while it runs (a run that closes
-/// early leaves it so only if settling fails).
+/// The state of a stage not ended yet. None is written as it is: a run
+/// that closes with stages still so (it stopped on an error) records them
+/// `interrupted` if they had started, else `stopped`.
 const RUNNING: &str = "running";
 
 pub struct Timeline {
     /// Per stage index; `None` for stages the run did not select.
     spans: Vec<Option<StageRun>>,
     order: Vec<usize>,
+    index: HashMap<String, usize>,
 }
 
 impl Timeline {
@@ -78,9 +82,16 @@ impl Timeline {
                 })
             })
             .collect();
+        let index = manifest
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, stage)| (stage.name.clone(), i))
+            .collect();
         Self {
             spans,
             order: order.to_vec(),
+            index,
         }
     }
 
@@ -88,7 +99,8 @@ impl Timeline {
         self.spans.get_mut(i).and_then(Option::as_mut)
     }
 
-    /// Every selected upstream stage of `i` has finished.
+    /// Every selected upstream stage of `i` has its outputs hashed (or was
+    /// decided without running).
     pub fn ready(&mut self, i: usize) {
         if let Some(span) = self.span(i) {
             span.ready_ms.get_or_insert(now_ms());
@@ -102,10 +114,19 @@ impl Timeline {
         }
     }
 
-    /// Stage `i`'s command had its job slot at `at_ms`.
+    /// Stage `i` started at `at_ms`, unless it is known to have started
+    /// earlier.
     pub fn started(&mut self, i: usize, at_ms: i64) {
         if let Some(span) = self.span(i) {
-            span.started_ms = Some(at_ms);
+            span.started_ms.get_or_insert(at_ms);
+        }
+    }
+
+    /// A command of `stage` (its own, or one of its items') started its
+    /// job at `at_ms`: the stage started then, if no earlier one did.
+    pub fn command_started(&mut self, stage: &str, at_ms: i64) {
+        if let Some(&i) = self.index.get(stage) {
+            self.started(i, at_ms);
         }
     }
 
@@ -138,10 +159,13 @@ impl Timeline {
         }
     }
 
-    /// A stage whose task never got its job slot is as if not started.
-    pub fn not_started(&mut self, i: usize) {
-        if let Some(span) = self.span(i) {
-            span.started_ms = None;
+    /// The run was interrupted: every stage in `running` that has not
+    /// ended is interrupted now.
+    pub fn interrupted(&mut self, running: impl IntoIterator<Item = usize>) {
+        for i in running {
+            if self.span(i).is_some_and(|span| span.state == RUNNING) {
+                self.ended(i, StageState::Interrupted, None);
+            }
         }
     }
 
@@ -150,6 +174,17 @@ impl Timeline {
         self.order
             .iter()
             .filter_map(|&i| self.spans.get(i).and_then(Option::clone))
+            .map(|mut span| {
+                if span.state == RUNNING {
+                    let state = if span.started_ms.is_some() {
+                        StageState::Interrupted
+                    } else {
+                        StageState::Stopped
+                    };
+                    span.state = state.name().to_owned();
+                }
+                span
+            })
             .collect()
     }
 }

@@ -31,12 +31,13 @@ mod timeline;
 
 use damage::parse_outputs;
 pub use damage::{SET_ASIDE_REASON, UnreadableResult};
+pub use items::ClassCount;
 use pipelines::Claim;
 pub use pipelines::PipelineId;
 pub use redraws::{Draws, Redraw};
 pub use schema::LEDGER_SCHEMA_VERSION;
 use schema::{OLDEST_MIGRATED, SCHEMA};
-pub use timeline::{ClassCount, StageRun};
+pub use timeline::StageRun;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -198,10 +198,12 @@ pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
 }
 
 /// Turns a current ledger back into schema 9: no stage timeline, runs
-/// without their manifest digest and cairn version.
+/// without their manifest digest and cairn version, attempts not indexed
+/// by run.
 pub fn downgrade_to_schema_9(db: &rusqlite::Connection) {
     db.execute_batch(
         "DROP TABLE stage_runs;
+         DROP INDEX item_attempts_by_run;
          ALTER TABLE runs DROP COLUMN manifest_digest;
          ALTER TABLE runs DROP COLUMN cairn_version;
          PRAGMA user_version = 9;",

@@ -41,7 +41,8 @@ pub struct Report {
     pub slowest: Vec<ItemAttempt>,
     /// The run's items that were retried or ended in `infra`.
     pub troubled: Vec<Troubled>,
-    /// Per run and stage code: the classes items ended in.
+    /// Per run (of the newest runs, and the report's) and stage code: the
+    /// classes items ended in.
     pub outcomes_by_run: Vec<ClassCount>,
     /// Now: each item's newest outcome, by stage code.
     pub outcomes_now: Vec<ClassCount>,
@@ -203,7 +204,8 @@ pub fn gather(ctx: &mut Context<'_>, run: Option<i64>) -> Result<Report, ReportE
         attempts,
         slowest,
         troubled,
-        outcomes_by_run: ledger.attempt_classes()?,
+        outcomes_by_run: ledger
+            .attempt_classes(runs.last().map_or(run.id, |oldest| oldest.id.min(run.id)))?,
         outcomes_now: ledger.outcome_classes()?,
         samples,
         releases: releases(ctx)?,

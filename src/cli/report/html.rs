@@ -12,7 +12,7 @@ use super::palette;
 use crate::cli::render;
 use crate::store::{ClassCount, ItemAttempt, StageRun};
 
-/// The page.
+/// The page of `report`.
 pub fn render(report: &Report) -> String {
     let mut page = String::with_capacity(64 * 1024);
     let title = format!("{} — run {}", report.pipeline, report.run.id);
@@ -73,10 +73,10 @@ fn item_anchor(release: &str, id: &str) -> String {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
-    format!("item-{release}-{safe}-{:x}", fxhash(id))
+    format!("item-{release}-{safe}-{:x}", fnv1a(id))
 }
 
-fn fxhash(text: &str) -> u32 {
+fn fnv1a(text: &str) -> u32 {
     text.bytes()
         .fold(2166136261u32, |h, b| (h ^ b as u32).wrapping_mul(16777619))
 }
@@ -240,10 +240,10 @@ fn dag(page: &mut String, report: &Report) {
         };
         let _ = writeln!(
             page,
-            "<g class=\"node\" data-stage=\"{name}\" data-state=\"{state}\" tabindex=\"0\"><title>{hover}</title>\
+            "<g class=\"node\" data-stage=\"{name}\" data-state=\"{state_attr}\" tabindex=\"0\"><title>{hover}</title>\
              <rect x=\"{:.1}\" y=\"{:.1}\" width=\"{NODE_W}\" height=\"{NODE_H}\" rx=\"6\" fill=\"{}\"/>\
              <text x=\"{x:.1}\" y=\"{:.1}\" class=\"name\">{}</text>\
-             <text x=\"{x:.1}\" y=\"{:.1}\" class=\"state\">{state}{}</text></g>",
+             <text x=\"{x:.1}\" y=\"{:.1}\" class=\"state\">{state_attr}{}</text></g>",
             x - NODE_W / 2.0,
             y - NODE_H / 2.0,
             palette::fill(state),
@@ -253,6 +253,7 @@ fn dag(page: &mut String, report: &Report) {
             if stage.per_item { " · per item" } else { "" },
             name = esc(&stage.name),
             hover = esc(&hover),
+            state_attr = esc(state),
         );
     }
     page.push_str("</svg>\n</section>\n");
@@ -328,12 +329,10 @@ fn timeline(page: &mut String, report: &Report) {
     let x = |ms: i64| LABEL_W + (ms - start) as f64 / (end - start) as f64 * CHART_W;
     // Rows: executors in name order, their stages in start order.
     let mut rows: Vec<&StageRun> = spans.clone();
+    // Stages that never started (blocked, stopped) after the others.
     rows.sort_by_key(|s| {
-        (
-            s.executor.clone(),
-            s.started_ms.or(s.ready_ms),
-            s.stage.clone(),
-        )
+        let at = s.started_ms.or(s.ready_ms);
+        (s.executor.clone(), at.is_none(), at, s.stage.clone())
     });
     let mut attempts: BTreeMap<&str, Vec<&ItemAttempt>> = BTreeMap::new();
     for a in &report.attempts {
@@ -375,7 +374,6 @@ fn timeline(page: &mut String, report: &Report) {
         page,
         "<svg class=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" viewBox=\"0 0 {width:.0} {height:.0}\" role=\"img\" aria-label=\"timeline\">"
     );
-    // The time axis.
     let ticks = 8;
     for t in 0..=ticks {
         let ms = start + (end - start) * t / ticks;
@@ -439,6 +437,16 @@ fn timeline(page: &mut String, report: &Report) {
                         took(h - start)
                     );
                 }
+            }
+            (None, _) if row.ready_ms.is_none() => {
+                let _ = writeln!(
+                    page,
+                    "<text class=\"never\" data-stage=\"{}\" x=\"{LABEL_W}\" y=\"{:.1}\">{}<title>{}</title></text>",
+                    esc(&row.stage),
+                    y + 15.0,
+                    esc(&row.state),
+                    hover(&row.state)
+                );
             }
             (started, _) => {
                 let at = started
@@ -959,7 +967,7 @@ main{padding:0 24px 48px;overflow-x:auto}
 .status{padding:0 6px;border-radius:3px;background:#eee}.s-ok{background:#c8e6c9}.s-failed,.s-killed{background:#ffcdd2}.s-interrupted{background:#e1bee7}
 .legend span{margin-right:12px;white-space:nowrap}.legend i,.dot{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:middle}
 svg text{font:12px system-ui,sans-serif;fill:#222}svg .name{text-anchor:middle;font-weight:600}svg .state{text-anchor:middle;font-size:10px;fill:#444}
-svg .tick{font-size:10px;fill:#666;text-anchor:middle}svg .lane{font-weight:700;fill:#37474f}svg .total{font-size:11px;fill:#444}
+svg .never{font-style:italic;fill:#777}svg .tick{font-size:10px;fill:#666;text-anchor:middle}svg .lane{font-weight:700;fill:#37474f}svg .total{font-size:11px;fill:#444}
 .edge{fill:none;stroke:#888;stroke-width:1.3}.edge.skip{stroke:#c5c5c5;stroke-width:1}.grid{stroke:#eee}.zero{stroke:#999;stroke-dasharray:3 3}.hashed{stroke:#1b5e20;stroke-width:2}
 .node rect{stroke:#555;stroke-width:1}.node:hover rect,.node:focus rect{stroke:#000;stroke-width:2.5}.node{cursor:pointer;outline:none}
 .stage-bar{stroke:#333;stroke-width:.6}.flash{stroke:#d50000!important;stroke-width:3!important}

@@ -387,3 +387,66 @@ fn fingerprint_at(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Digest>
     let text: String = row.get(i)?;
     Ok(text.parse().unwrap_or(Digest::of(b"")))
 }
+
+/// How many items of a stage ended in one class: in one run (`run_id`),
+/// or now (`run_id` none: the newest outcome of each item), under one
+/// version of the stage's code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClassCount {
+    pub stage: String,
+    pub run_id: Option<i64>,
+    /// The fingerprint of the stage's code (unknown before schema 4).
+    pub code: Option<String>,
+    pub class: String,
+    pub count: u64,
+}
+
+impl Ledger {
+    /// For every run from `since_run` on, the classes its items' last
+    /// attempts in it ended in, by stage and stage code; oldest run first.
+    pub fn attempt_classes(&self, since_run: i64) -> Result<Vec<ClassCount>, StoreError> {
+        self.class_counts(
+            "SELECT stage, run_id, code, class, COUNT(*) FROM item_attempts a
+             WHERE pipeline = ?1 AND run_id >= ?2 AND key != '' AND class != 'running'
+               AND id = (SELECT MAX(id) FROM item_attempts b
+                         WHERE b.pipeline = a.pipeline AND b.stage = a.stage
+                           AND b.key = a.key AND b.run_id = a.run_id)
+             GROUP BY stage, run_id, code, class
+             ORDER BY stage, run_id, code, class",
+            Some(since_run),
+        )
+    }
+
+    /// The newest outcome of each item of each per-item stage under each
+    /// fingerprint, counted by stage, stage code and class.
+    pub fn outcome_classes(&self) -> Result<Vec<ClassCount>, StoreError> {
+        self.class_counts(
+            "SELECT stage, ?2, code, class, COUNT(*) FROM items
+             WHERE pipeline = ?1 AND key != ''
+             GROUP BY stage, code, class
+             ORDER BY stage, code, class",
+            None,
+        )
+    }
+
+    /// Counts by `query`, given the pipeline as `?1` and `second` as `?2`.
+    fn class_counts(
+        &self,
+        query: &str,
+        second: Option<i64>,
+    ) -> Result<Vec<ClassCount>, StoreError> {
+        let mut statement = self.conn.prepare(query).map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![self.pipeline.name, second], |row| {
+                Ok(ClassCount {
+                    stage: row.get(0)?,
+                    run_id: row.get(1)?,
+                    code: row.get(2)?,
+                    class: row.get(3)?,
+                    count: row.get::<_, i64>(4)? as u64,
+                })
+            })
+            .map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+}

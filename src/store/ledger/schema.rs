@@ -12,7 +12,7 @@
 //! | 7 | an item attempt is recorded when its job starts (class `running`, with the job's handle on its engine) and replaced when it ends; a run that died leaves it `abandoned` |
 //! | 8 | results and item outcomes record their origin (`remote:URL` when a remote cache supplied them, else none) |
 //! | 9 | `redraws` records each `cairn resample`: which samples of which stage are drawn anew |
-//! | 10 | `stage_runs` records every selected stage of every run (its state, why, its times, where it ran); runs record the manifest's digest and cairn's version |
+//! | 10 | `stage_runs` records every selected stage of every run (its state, why, its times, where it ran); runs record the manifest's digest and cairn's version; item attempts are indexed by run |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -136,6 +136,8 @@ CREATE TABLE IF NOT EXISTS item_attempts (
     handle TEXT
 );
 CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(pipeline, stage, key, id);
+-- A run's attempts, for its report.
+CREATE INDEX IF NOT EXISTS item_attempts_by_run ON item_attempts(pipeline, run_id);
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -272,7 +274,8 @@ fn redraws(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
 }
 
-/// 10: `stage_runs`, and each run's manifest digest and cairn version.
+/// 10: `stage_runs`, each run's manifest digest and cairn version, and
+/// attempts indexed by run.
 fn stage_runs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     for column in ["manifest_digest", "cairn_version"] {
         if !has_column(tx, "runs", column)? {

@@ -60,14 +60,15 @@ impl Ledger {
         tx.commit().map_err(|e| self.db(e))
     }
 
-    /// The stages run `run_id` selected, in the order they became ready.
+    /// The stages run `run_id` selected, in the order they started (or
+    /// were decided); those that never did (blocked, stopped) last.
     pub fn stage_runs(&self, run_id: i64) -> Result<Vec<StageRun>, StoreError> {
         let mut statement = self
             .conn
             .prepare(
                 "SELECT stage, state, reason, message, ready_ms, started_ms, hashed_ms, finished_ms, executor, host
                  FROM stage_runs WHERE run_id = ?1
-                 ORDER BY COALESCE(started_ms, ready_ms, finished_ms), stage",
+                 ORDER BY started_ms IS NULL, COALESCE(started_ms, ready_ms, finished_ms), stage",
             )
             .map_err(|e| self.db(e))?;
         let rows = statement
@@ -83,62 +84,6 @@ impl Ledger {
                     finished_ms: row.get(7)?,
                     executor: row.get(8)?,
                     host: row.get(9)?,
-                })
-            })
-            .map_err(|e| self.db(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
-    }
-}
-
-/// How many items of a stage ended in one class: in one run (`run_id`),
-/// or now (`run_id` none: the newest outcome of each item), under one
-/// version of the stage's code.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ClassCount {
-    pub stage: String,
-    pub run_id: Option<i64>,
-    /// The fingerprint of the stage's code (unknown before schema 4).
-    pub code: Option<String>,
-    pub class: String,
-    pub count: u64,
-}
-
-impl Ledger {
-    /// For every run, the classes its items' last attempts in it ended in,
-    /// by stage and stage code; oldest run first.
-    pub fn attempt_classes(&self) -> Result<Vec<ClassCount>, StoreError> {
-        self.class_counts(
-            "SELECT stage, run_id, code, class, COUNT(*) FROM item_attempts a
-             WHERE pipeline = ?1 AND key != '' AND class != 'running'
-               AND id = (SELECT MAX(id) FROM item_attempts b
-                         WHERE b.pipeline = a.pipeline AND b.stage = a.stage
-                           AND b.key = a.key AND b.run_id = a.run_id)
-             GROUP BY stage, run_id, code, class
-             ORDER BY stage, run_id, code, class",
-        )
-    }
-
-    /// The newest outcome of each item of each per-item stage under each
-    /// fingerprint, counted by stage, stage code and class.
-    pub fn outcome_classes(&self) -> Result<Vec<ClassCount>, StoreError> {
-        self.class_counts(
-            "SELECT stage, NULL, code, class, COUNT(*) FROM items
-             WHERE pipeline = ?1 AND key != ''
-             GROUP BY stage, code, class
-             ORDER BY stage, code, class",
-        )
-    }
-
-    fn class_counts(&self, query: &str) -> Result<Vec<ClassCount>, StoreError> {
-        let mut statement = self.conn.prepare(query).map_err(|e| self.db(e))?;
-        let rows = statement
-            .query_map([&self.pipeline.name], |row| {
-                Ok(ClassCount {
-                    stage: row.get(0)?,
-                    run_id: row.get(1)?,
-                    code: row.get(2)?,
-                    class: row.get(3)?,
-                    count: row.get::<_, i64>(4)? as u64,
                 })
             })
             .map_err(|e| self.db(e))?;
