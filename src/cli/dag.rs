@@ -140,10 +140,11 @@ fn states(loaded: &Loaded, args: &DagArgs) -> Result<Option<States>, CliError> {
     let ctx = loaded.read_context()?;
     let stages = match &ctx.ledger {
         Some(ledger) if ledger.run(run)?.is_some() => ledger.stage_runs(run)?,
-        _ => {
-            return Err(CliError::usage(format!(
-                "no run {run} in this pipeline's ledger (`cairn log` lists the runs)"
-            )));
+        Some(ledger) => return Err(super::log::no_such_run(ledger, run)?),
+        None => {
+            return Err(CliError::usage(
+                "no run is recorded yet; `cairn run` records one",
+            ));
         }
     };
     Ok(Some(

@@ -13,18 +13,22 @@ struct RunTimeline {
     stages: Vec<StageRun>,
 }
 
+/// The error for run `run_id`, which this pipeline's ledger does not have.
+pub(super) fn no_such_run(ledger: &Ledger, run_id: i64) -> Result<CliError, CliError> {
+    let hint = match ledger.runs(1)?.first() {
+        Some(newest) => format!("its newest is run {}", newest.id),
+        None => "it has no run yet".to_owned(),
+    };
+    Ok(CliError::usage(format!(
+        "no run {run_id} in this pipeline's ledger ({hint}; `cairn log` lists them)"
+    )))
+}
+
 /// One run's timeline: each selected stage, its state, why, when it
 /// started (from the run's start) and for how long.
 fn run_timeline(ledger: &Ledger, run_id: i64, json: bool) -> Result<(), CliError> {
     let Some(run) = ledger.run(run_id)? else {
-        let newest = ledger.runs(1)?;
-        let hint = match newest.first() {
-            Some(newest) => format!("its newest is run {}", newest.id),
-            None => "it has no run yet".to_owned(),
-        };
-        return Err(CliError::usage(format!(
-            "no run {run_id} in this pipeline's ledger ({hint}; `cairn log` lists them)"
-        )));
+        return Err(no_such_run(ledger, run_id)?);
     };
     let stages = ledger.stage_runs(run_id)?;
     if json {

@@ -237,7 +237,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             jobs = options.jobs,
             "starting run"
         );
-        let manifest_digest = Digest::of(ctx.manifest.source.as_bytes()).hex();
+        let manifest_digest = super::timeline::manifest_digest(ctx.manifest);
         let run_id = ledger.begin_run(
             &options.invocation,
             ctx.manifest.profile.as_deref(),

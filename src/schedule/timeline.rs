@@ -6,6 +6,11 @@ use std::collections::HashMap;
 use crate::manifest::Manifest;
 use crate::store::{StageRun, now_ms};
 
+/// What a run records of the manifest it ran: BLAKE3 of its text.
+pub fn manifest_digest(manifest: &Manifest) -> String {
+    crate::fingerprint::Digest::of(manifest.source.as_bytes()).hex()
+}
+
 /// How a selected stage ended in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StageState {

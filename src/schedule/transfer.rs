@@ -148,7 +148,7 @@ pub async fn pull(
         .clone()
         .unwrap_or_else(|| crate::store::LockFile::new(&manifest.name));
     let token = format!("{}-{}", std::process::id(), crate::store::now_ms());
-    let manifest_digest = crate::fingerprint::Digest::of(manifest.source.as_bytes()).hex();
+    let manifest_digest = super::timeline::manifest_digest(manifest);
     let run_id = ledger(ctx)?.begin_run(
         invocation,
         manifest.profile.as_deref(),
