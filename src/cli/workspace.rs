@@ -115,7 +115,7 @@ impl Loaded {
         if ctx.ledger.is_some()
             && let Some(_lock) = WorkspaceLock::try_acquire(&self.manifest.cache_dir())
         {
-            let _ = ctx.save_stat_cache();
+            let _ = ctx.save_stat_cache(false);
         }
     }
 }

@@ -6,12 +6,12 @@
 //! location never matter, while renaming, adding, removing or changing the
 //! executable bit of any file does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, Metadata};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -87,7 +87,8 @@ pub fn tree_digest(entries: &mut [TreeEntry]) -> Digest {
     Digest::from_hash(hasher.finalize())
 }
 
-/// A remembered file digest, valid while the file's identity and times hold.
+/// A remembered file digest, valid while the file's identity and times hold
+/// and the file was not "racy" when it was remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatEntry {
     pub dev: u64,
@@ -96,9 +97,42 @@ pub struct StatEntry {
     pub mtime_ns: i64,
     pub ctime_ns: i64,
     pub digest: Digest,
+    /// A moment at which the file was known to be as described: when it
+    /// was stat'ed to be hashed, and once the entry is saved, when it was
+    /// saved (as git trusts an index entry older than the index file).
+    pub seen_ns: i64,
 }
 
 impl StatEntry {
+    /// An entry for the file `meta` describes, stat'ed at `seen_ns`.
+    pub fn new(meta: &Metadata, digest: Digest, seen_ns: i64) -> Self {
+        StatEntry {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: mtime_ns(meta),
+            ctime_ns: ctime_ns(meta),
+            digest,
+            seen_ns,
+        }
+    }
+
+    /// The entry for a file hashed from `before` on, as `after` describes
+    /// it once hashed, if nothing wrote it in between: its identity, size
+    /// and mtime held (its ctime may move: storing it can link it).
+    pub fn if_unchanged(
+        before: &Metadata,
+        after: &Metadata,
+        digest: Digest,
+        seen_ns: i64,
+    ) -> Option<Self> {
+        let held = before.dev() == after.dev()
+            && before.ino() == after.ino()
+            && before.size() == after.size()
+            && mtime_ns(before) == mtime_ns(after);
+        held.then(|| Self::new(after, digest, seen_ns))
+    }
+
     fn matches(&self, meta: &Metadata) -> bool {
         self.dev == meta.dev()
             && self.ino == meta.ino()
@@ -106,63 +140,113 @@ impl StatEntry {
             && self.mtime_ns == mtime_ns(meta)
             && self.ctime_ns == ctime_ns(meta)
     }
+
+    /// Whether a later write could have kept the file's times: the file
+    /// was last written within one timestamp tick of `seen_ns`, so a second
+    /// write in the same tick would leave size, mtime and ctime unchanged.
+    pub fn racy(&self) -> bool {
+        self.mtime_ns
+            .max(self.ctime_ns)
+            .saturating_add(timestamp_tick(self.mtime_ns))
+            >= self.seen_ns
+    }
 }
 
-/// Digests of files by absolute path; an optimisation only. Entries for
-/// files modified in the last moments are not kept ("racy" files: a second
-/// write inside the file system's timestamp granularity could go unseen).
+/// The longest a file system's clock can lag behind the system's: Linux
+/// stamps files from a clock that ticks every 1–10 ms (one jiffy), and a
+/// file system that keeps whole seconds (its nanoseconds are all zero) may
+/// round by up to two.
+fn timestamp_tick(mtime_ns: i64) -> i64 {
+    if mtime_ns % 1_000_000_000 == 0 {
+        2_000_000_000
+    } else {
+        20_000_000
+    }
+}
+
+/// Now, in nanoseconds since the epoch, on the clock files are stamped by.
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Digests of files by absolute path; an optimisation only. An entry is
+/// trusted while the file's identity, size and times are as recorded and
+/// the file was not racy when the entry was last seen (see
+/// [`StatEntry::racy`]): a file hashed right after it was written is
+/// trusted once the entry is saved a tick later, as git does with its
+/// index. A racy entry is hashed again, and trusted from then on.
 #[derive(Debug, Default)]
 pub struct StatCache {
     entries: HashMap<PathBuf, StatEntry>,
     updated: HashMap<PathBuf, StatEntry>,
+    /// Paths looked up or recorded since loading: what pruning keeps.
+    touched: HashSet<PathBuf>,
 }
-
-const RACY_WINDOW: Duration = Duration::from_millis(100);
 
 impl StatCache {
     pub fn from_entries(entries: impl IntoIterator<Item = (PathBuf, StatEntry)>) -> Self {
         Self {
             entries: entries.into_iter().collect(),
-            updated: HashMap::new(),
+            ..Self::default()
         }
     }
 
-    fn lookup(&self, path: &Path, meta: &Metadata) -> Option<Digest> {
+    fn lookup(&mut self, path: &Path, meta: &Metadata) -> Option<Digest> {
+        if !self.touched.contains(path) {
+            self.touched.insert(path.to_owned());
+        }
         self.updated
             .get(path)
             .or_else(|| self.entries.get(path))
-            .filter(|entry| entry.matches(meta))
+            .filter(|entry| entry.matches(meta) && !entry.racy())
             .map(|entry| entry.digest)
     }
 
-    /// Remembers `digest` for the file at `path` as described by `meta`.
-    pub fn record(&mut self, path: &Path, meta: &Metadata, digest: Digest) {
-        let modified = UNIX_EPOCH + Duration::from_nanos(mtime_ns(meta).max(0) as u64);
-        let settled = SystemTime::now()
-            .duration_since(modified)
-            .is_ok_and(|age| age > RACY_WINDOW);
-        if settled {
-            let entry = StatEntry {
-                dev: meta.dev(),
-                ino: meta.ino(),
-                size: meta.size(),
-                mtime_ns: mtime_ns(meta),
-                ctime_ns: ctime_ns(meta),
-                digest,
-            };
-            if self.entries.get(path) != Some(&entry) {
-                self.updated.insert(path.to_owned(), entry);
-            }
+    /// Remembers `digest` for the file at `path` as `meta` describes it,
+    /// stat'ed at `seen_ns` (before its bytes were read).
+    pub fn record(&mut self, path: &Path, meta: &Metadata, digest: Digest, seen_ns: i64) {
+        self.learn(path.to_owned(), StatEntry::new(meta, digest, seen_ns));
+    }
+
+    /// Remembers an entry made elsewhere (by the store, hashing an output
+    /// as it copies it in).
+    pub fn learn(&mut self, path: PathBuf, entry: StatEntry) {
+        if self.entries.get(&path) != Some(&entry) {
+            self.updated.insert(path, entry);
         }
     }
 
-    /// Entries added or changed since loading, for persisting.
-    pub fn take_updates(&mut self) -> Vec<(PathBuf, StatEntry)> {
-        let updates: Vec<_> = self.updated.drain().collect();
+    /// Entries added or changed since loading, for persisting at
+    /// `saved_ns`: from then on each is seen as of that moment.
+    pub fn take_updates(&mut self, saved_ns: i64) -> Vec<(PathBuf, StatEntry)> {
+        let updates: Vec<_> = self
+            .updated
+            .drain()
+            .map(|(path, entry)| {
+                let entry = StatEntry {
+                    seen_ns: saved_ns.max(entry.seen_ns),
+                    ..entry
+                };
+                (path, entry)
+            })
+            .collect();
         for (path, entry) in &updates {
             self.entries.insert(path.clone(), *entry);
         }
         updates
+    }
+
+    /// Loaded entries of paths this process has neither looked up nor
+    /// recorded: what a command that looked at every path it depends on
+    /// can forget.
+    pub fn untouched(&self) -> Vec<PathBuf> {
+        self.entries
+            .keys()
+            .filter(|path| !self.touched.contains(*path) && !self.updated.contains_key(*path))
+            .cloned()
+            .collect()
     }
 
     /// The digest of `path` (a file, or a directory tree), from the cache
@@ -170,12 +254,13 @@ impl StatCache {
     /// itself or inside the tree) is an error naming it, found before any
     /// `open`, so that nothing blocks on a FIFO or reads `/dev/zero` forever.
     pub fn content(&mut self, path: &Path) -> io::Result<Content> {
+        let seen_ns = now_ns();
         let meta = std::fs::metadata(path)?;
         if meta.is_dir() {
             self.dir_content(path)
         } else {
             refuse_special(path, &meta)?;
-            let digest = self.file_digest(path, &meta)?;
+            let digest = self.file_digest(path, &meta, seen_ns)?;
             Ok(Content::File {
                 digest,
                 size: meta.size(),
@@ -184,16 +269,18 @@ impl StatCache {
         }
     }
 
-    fn file_digest(&mut self, path: &Path, meta: &Metadata) -> io::Result<Digest> {
+    fn file_digest(&mut self, path: &Path, meta: &Metadata, seen_ns: i64) -> io::Result<Digest> {
         if let Some(digest) = self.lookup(path, meta) {
             return Ok(digest);
         }
         let digest = hash_file(path, meta.size(), true)?;
-        self.record(path, meta, digest);
+        tracing::trace!(path = %path.display(), "hashed");
+        self.record(path, meta, digest, seen_ns);
         Ok(digest)
     }
 
     fn dir_content(&mut self, root: &Path) -> io::Result<Content> {
+        let seen_ns = now_ns();
         let mut listed = Vec::new();
         list_tree(root, root, &mut listed)?;
         // Files the cache cannot vouch for are hashed in parallel.
@@ -210,7 +297,8 @@ impl StatCache {
         let mut fresh: HashMap<usize, Digest> = HashMap::with_capacity(misses.len());
         for (i, result) in misses.into_iter().zip(hashed) {
             let digest = result?;
-            self.record(&listed[i].abs, &listed[i].meta, digest);
+            tracing::trace!(path = %listed[i].abs.display(), "hashed");
+            self.record(&listed[i].abs, &listed[i].meta, digest, seen_ns);
             fresh.insert(i, digest);
         }
         let mut entries = Vec::with_capacity(listed.len());
@@ -385,4 +473,55 @@ fn ctime_ns(meta: &Metadata) -> i64 {
     meta.ctime()
         .saturating_mul(1_000_000_000)
         .saturating_add(meta.ctime_nsec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: i64 = 1_000_000;
+
+    fn entry(mtime_ns: i64, seen_ns: i64) -> StatEntry {
+        StatEntry {
+            dev: 1,
+            ino: 1,
+            size: 1,
+            mtime_ns,
+            ctime_ns: mtime_ns,
+            digest: Digest::of(b"x"),
+            seen_ns,
+        }
+    }
+
+    #[test]
+    fn an_entry_seen_within_a_tick_of_its_write_is_racy() {
+        let written = 1_700_000_000_123 * MS;
+        assert!(entry(written, written).racy());
+        assert!(entry(written, written + 19 * MS).racy());
+        assert!(!entry(written, written + 21 * MS).racy());
+        // Seen before the stamp (a clock set back, a stamp from the future).
+        assert!(entry(written, written - 1000 * MS).racy());
+        // A file system keeping whole seconds rounds by up to two.
+        let whole = 1_700_000_000_000 * MS;
+        assert!(entry(whole, whole + 1500 * MS).racy());
+        assert!(!entry(whole, whole + 2100 * MS).racy());
+    }
+
+    #[test]
+    fn a_file_hashed_right_after_its_write_is_trusted_once_saved_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "one").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let mut cache = StatCache::default();
+        let digest = cache.content(&path).unwrap().digest();
+        // Hashed at once: not trusted yet, in this process.
+        assert_eq!(cache.lookup(&path, &meta), None);
+        // Saved a tick later (as a run's end does): trusted from then on.
+        let updates = cache.take_updates(mtime_ns(&meta) + 50 * MS);
+        assert_eq!(updates.len(), 1);
+        assert_eq!(cache.lookup(&path, &meta), Some(digest));
+        let mut reloaded = StatCache::from_entries(updates);
+        assert_eq!(reloaded.lookup(&path, &meta), Some(digest));
+    }
 }

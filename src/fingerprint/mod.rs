@@ -30,8 +30,8 @@ mod digest;
 mod key;
 
 pub use content::{
-    Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, open_regular,
-    read_regular, refuse_special, tree_digest,
+    Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, now_ns,
+    open_regular, read_regular, refuse_special, tree_digest,
 };
 pub use digest::{Digest, ParseDigestError, hex};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};

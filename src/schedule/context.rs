@@ -672,10 +672,18 @@ impl<'m> Context<'m> {
     }
 
     /// Persists new stat-cache entries (when this process may write).
-    pub fn save_stat_cache(&mut self) -> Result<(), ScheduleError> {
-        let updates = self.stat.take_updates();
+    /// With `prune`, when every stage was looked at, it also forgets the
+    /// files no stage read or wrote this time: paths of removed stages and
+    /// items, and files gone from input directories.
+    pub fn save_stat_cache(&mut self, prune: bool) -> Result<(), ScheduleError> {
+        let forgotten = if prune {
+            self.stat.untouched()
+        } else {
+            Vec::new()
+        };
+        let updates = self.stat.take_updates(crate::fingerprint::now_ns());
         if let Some(ledger) = &mut self.ledger {
-            ledger.save_stat_cache(&updates)?;
+            ledger.save_stat_cache(&updates, &forgotten)?;
         }
         Ok(())
     }

@@ -946,7 +946,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
         }
 
-        self.ctx.save_stat_cache()?;
+        // A run of every stage that looked at each of them knows every
+        // path the pipeline reads and writes now.
+        let looked_at_all = self.options.selected.iter().all(|s| *s)
+            && self.summary.blocked.is_empty()
+            && self.summary.stopped.is_empty()
+            && !self.summary.interrupted;
+        self.ctx.save_stat_cache(looked_at_all)?;
         // When every stage used its newest result and the lock file is
         // there, it already says what it would say now: a no-op run does not
         // rewrite it.

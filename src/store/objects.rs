@@ -18,7 +18,8 @@ use super::StoreError;
 use super::ledger::Ledger;
 use super::link::{self, Link};
 use crate::fingerprint::{
-    Content, Digest, EntryKind, StatCache, TreeEntry, open_regular, refuse_special, tree_digest,
+    Content, Digest, EntryKind, StatCache, StatEntry, TreeEntry, now_ns, open_regular,
+    refuse_special, tree_digest,
 };
 
 /// Files of one directory restored at once: restoring is mostly waiting for
@@ -32,6 +33,9 @@ pub struct Staged {
     pub records: Vec<OutputRecord>,
     pending: Vec<(PathBuf, PathBuf)>,
     inline: Vec<(Digest, Vec<u8>)>,
+    /// Stat-cache entries of the workspace files staged, hashed as they
+    /// were copied: the next run need not read them again.
+    seen: Vec<(PathBuf, StatEntry)>,
 }
 
 /// Published outputs: their records, and the small objects the ledger must
@@ -40,6 +44,7 @@ pub struct Staged {
 pub struct Published {
     pub records: Vec<OutputRecord>,
     pub inline: Vec<(Digest, Vec<u8>)>,
+    pub seen: Vec<(PathBuf, StatEntry)>,
 }
 
 impl Drop for Staged {
@@ -255,6 +260,7 @@ impl ObjectStore {
             records: Vec::with_capacity(outputs.len()),
             pending: Vec::new(),
             inline: Vec::new(),
+            seen: Vec::new(),
         };
         for (name, path, abs) in outputs {
             let record = self.stage_one(name, path, abs, inline, &mut staged)?;
@@ -271,11 +277,17 @@ impl ObjectStore {
         inline: bool,
         staged: &mut Staged,
     ) -> Result<OutputRecord, StoreError> {
+        let seen_ns = now_ns();
         let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
         let executable = meta.permissions().mode() & 0o111 != 0;
         if !meta.is_dir() {
             refuse_special(abs, &meta).map_err(|e| StoreError::io(abs, e))?;
             let (digest, size, inline) = self.stage_file(abs, meta.len(), inline, staged)?;
+            if let Ok(after) = fs::metadata(abs)
+                && let Some(entry) = StatEntry::if_unchanged(&meta, &after, digest, seen_ns)
+            {
+                staged.seen.push((abs.to_owned(), entry));
+            }
             return Ok(OutputRecord {
                 name: name.to_owned(),
                 path: path.to_owned(),
@@ -286,9 +298,9 @@ impl ObjectStore {
                 inline,
             });
         }
-        let Content::Dir { mut entries, .. } = StatCache::default()
-            .content(abs)
-            .map_err(|e| StoreError::io(abs, e))?
+        let mut listing = StatCache::default();
+        let Content::Dir { mut entries, .. } =
+            listing.content(abs).map_err(|e| StoreError::io(abs, e))?
         else {
             let replaced = io::Error::other("it was replaced by a file while being stored");
             return Err(StoreError::io(abs, replaced));
@@ -310,6 +322,8 @@ impl ObjectStore {
                 total += size;
             }
         }
+        // Files that changed while copied no longer match their entries.
+        staged.seen.extend(listing.take_updates(0));
         let digest = tree_digest(&mut entries);
         let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
         let (temp, mut out) = self.temp_file()?;
@@ -364,6 +378,7 @@ impl ObjectStore {
         Ok(Published {
             records: std::mem::take(&mut staged.records),
             inline: std::mem::take(&mut staged.inline),
+            seen: std::mem::take(&mut staged.seen),
         })
     }
 
@@ -600,6 +615,7 @@ impl ObjectStore {
             records: Vec::new(),
             pending: Vec::new(),
             inline: Vec::new(),
+            seen: Vec::new(),
         };
         let (copied, _) = self.copy_in(source, &mut staged)?;
         if copied != *digest {

@@ -197,10 +197,27 @@ pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
     .unwrap();
 }
 
+/// Turns a current ledger back into schema 10: a stat cache with hex
+/// digests and no time each entry was seen (its entries kept).
+pub fn downgrade_to_schema_10(db: &rusqlite::Connection) {
+    db.execute_batch(
+        "CREATE TABLE stat_cache_v10 (path TEXT PRIMARY KEY, dev INTEGER NOT NULL,
+             ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+             ctime_ns INTEGER NOT NULL, digest TEXT NOT NULL);
+         INSERT INTO stat_cache_v10 SELECT path, dev, ino, size, mtime_ns, ctime_ns,
+             'blake3:' || lower(hex(digest)) FROM stat_cache;
+         DROP TABLE stat_cache;
+         ALTER TABLE stat_cache_v10 RENAME TO stat_cache;
+         PRAGMA user_version = 10;",
+    )
+    .unwrap();
+}
+
 /// Turns a current ledger back into schema 9: no stage timeline, runs
 /// without their manifest digest and cairn version, attempts not indexed
 /// by run.
 pub fn downgrade_to_schema_9(db: &rusqlite::Connection) {
+    downgrade_to_schema_10(db);
     db.execute_batch(
         "DROP TABLE stage_runs;
          DROP INDEX item_attempts_by_run;

@@ -29,7 +29,14 @@ impl Dispatcher<'_, '_> {
         log: &std::path::Path,
         attempt: Option<&ItemAttempt>,
     ) -> Result<(), ScheduleError> {
-        let Published { records, inline } = published;
+        let Published {
+            records,
+            inline,
+            seen,
+        } = published;
+        for (path, entry) in seen {
+            self.ctx.stat.learn(path, entry);
+        }
         let record = self.record_ok(
             i,
             key,

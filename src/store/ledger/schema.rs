@@ -20,7 +20,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 10;
+pub const LEDGER_SCHEMA_VERSION: i64 = 11;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -138,6 +138,8 @@ CREATE TABLE IF NOT EXISTS item_attempts (
 CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(pipeline, stage, key, id);
 -- A run's attempts, for its report.
 CREATE INDEX IF NOT EXISTS item_attempts_by_run ON item_attempts(pipeline, run_id);
+-- File metadata → BLAKE3 (32 bytes), trusted unless the file was written
+-- within a timestamp tick of `seen_ns` (see fingerprint::StatEntry).
 CREATE TABLE IF NOT EXISTS stat_cache (
     path TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -145,8 +147,9 @@ CREATE TABLE IF NOT EXISTS stat_cache (
     size INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
     ctime_ns INTEGER NOT NULL,
-    digest TEXT NOT NULL
-);
+    digest BLOB NOT NULL,
+    seen_ns INTEGER NOT NULL
+) WITHOUT ROWID;
 -- Each `cairn resample`: the samples of a sampled stage it draws anew
 -- (every item when `item` is null, every sample of it when `sample` is).
 -- A sample's draw is the number of rows naming it; it enters the sample's
@@ -182,6 +185,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (8, origins),
     (9, redraws),
     (10, stage_runs),
+    (11, racy_clean_stat_cache),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -282,6 +286,14 @@ fn stage_runs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
             tx.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {column} TEXT;"))?;
         }
     }
+    tx.execute_batch(SCHEMA)
+}
+
+/// 11: the stat cache records when each entry was seen, and digests as
+/// bytes. It is a cache: the old entries are dropped and the files hashed
+/// once more.
+fn racy_clean_stat_cache(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch("DROP TABLE IF EXISTS stat_cache;")?;
     tx.execute_batch(SCHEMA)
 }
 
