@@ -127,6 +127,9 @@ pub struct Context<'m> {
     /// names (what the workspace holds, even when a revert made it older
     /// than the newest), else the newest. Diffs and reports start here.
     pub latest_ok: HashMap<String, ResultRecord>,
+    /// Inline objects of the newest results known to be in the ledger,
+    /// found in one query: a no-op asks nothing per output.
+    inline_held: std::collections::HashSet<Digest>,
     pub latest_failure: HashMap<String, ResultRecord>,
     /// The committed lock file, verified; `None` if there is none or it
     /// cannot be trusted...
@@ -212,6 +215,18 @@ impl<'m> Context<'m> {
             ),
             None => Default::default(),
         };
+        let inline_held = match &ledger {
+            Some(ledger) => {
+                let wanted: Vec<Digest> = latest_ok
+                    .values()
+                    .flat_map(|record: &ResultRecord| &record.outputs)
+                    .filter(|output| output.inline)
+                    .map(|output| output.digest)
+                    .collect();
+                ledger.inline_objects_held(&wanted)?
+            }
+            None => Default::default(),
+        };
         Ok(Self {
             manifest,
             dag,
@@ -220,6 +235,7 @@ impl<'m> Context<'m> {
             ledger,
             stat,
             latest_ok,
+            inline_held,
             latest_failure,
             lock,
             lock_problem,
@@ -610,6 +626,7 @@ impl<'m> Context<'m> {
             return Ok(false);
         }
         match &self.ledger {
+            Some(_) if output.inline && self.inline_held.contains(&output.digest) => Ok(true),
             Some(ledger) if output.inline => Ok(ledger.has_inline_object(&output.digest)?),
             _ => Ok(true),
         }

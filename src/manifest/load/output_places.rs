@@ -10,6 +10,7 @@
 //! linked directory that stays inside the root is the same project and is
 //! allowed.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::super::model::{Stage, lock_path_of};
@@ -22,6 +23,9 @@ impl Checker<'_> {
             .canonicalize()
             .unwrap_or_else(|_| manifest.to_owned());
         let lock = lock_path_of(&manifest);
+        // Directories already found to be plain (not links): many outputs
+        // share them, and each is looked at once.
+        let mut plain_dirs = HashSet::new();
         for stage in stages {
             for output in &stage.outputs {
                 if output.path.is_external() {
@@ -40,7 +44,7 @@ impl Checker<'_> {
                         "cairn writes the lock file after each run; write elsewhere".to_owned(),
                     ))
                 } else {
-                    through_link(root, output.path.as_str())
+                    through_link(root, output.path.as_str(), &mut plain_dirs)
                 };
                 if let Some((message, help)) = refused {
                     self.problems
@@ -53,15 +57,27 @@ impl Checker<'_> {
 
 /// Why the output at `rel` (relative to `root`) would be written through a
 /// symbolic link, if it would.
-fn through_link(root: &Path, rel: &str) -> Option<(String, String)> {
+/// `plain_dirs`: directories (below `root`) known not to be links.
+fn through_link(
+    root: &Path,
+    rel: &str,
+    plain_dirs: &mut HashSet<PathBuf>,
+) -> Option<(String, String)> {
     let mut current = PathBuf::from(root);
     let parts: Vec<&str> = rel.split('/').collect();
     for (n, part) in parts.iter().enumerate() {
         current.push(part);
+        let last = n + 1 == parts.len();
+        if !last && plain_dirs.contains(&current) {
+            continue;
+        }
         let Ok(meta) = std::fs::symlink_metadata(&current) else {
             return None;
         };
         if !meta.file_type().is_symlink() {
+            if !last && meta.is_dir() {
+                plain_dirs.insert(current.clone());
+            }
             continue;
         }
         let target = std::fs::read_link(&current)

@@ -99,6 +99,35 @@ impl Ledger {
             .map_err(|e| self.db(e))
     }
 
+    /// Which of `digests` name inline objects the ledger holds: one query
+    /// per 500, for checking many results at once.
+    pub fn inline_objects_held(
+        &self,
+        digests: &[Digest],
+    ) -> Result<std::collections::HashSet<Digest>, StoreError> {
+        let mut held = std::collections::HashSet::new();
+        for chunk in digests.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(",");
+            let mut statement = self
+                .conn
+                .prepare(&format!(
+                    "SELECT digest FROM objects WHERE digest IN ({marks})"
+                ))
+                .map_err(|e| self.db(e))?;
+            let params = rusqlite::params_from_iter(chunk.iter().map(|d| &d.as_bytes()[..]));
+            let rows = statement
+                .query_map(params, |row| row.get::<_, Vec<u8>>(0))
+                .map_err(|e| self.db(e))?;
+            for row in rows {
+                let bytes = row.map_err(|e| self.db(e))?;
+                if let Ok(bytes) = <[u8; 32]>::try_from(bytes.as_slice()) {
+                    held.insert(Digest::from_bytes(bytes));
+                }
+            }
+        }
+        Ok(held)
+    }
+
     /// Stores an inline object again; the caller checked `bytes` hash to
     /// `digest`.
     pub fn put_inline_object(&self, digest: &Digest, bytes: &[u8]) -> Result<(), StoreError> {
