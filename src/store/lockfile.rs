@@ -212,13 +212,7 @@ impl LockFile {
         lock.version = 0;
         // The stage and output the lines below a header belong to.
         let mut stage: Option<String> = None;
-        let mut output: Option<(
-            String,
-            String,
-            Option<OutputKind>,
-            Option<Digest>,
-            Option<u64>,
-        )> = None;
+        let mut output: Option<OutputLines> = None;
         let finish = |lock: &mut LockFile, stage: &Option<String>, output: &mut Option<_>| {
             if let Some((name, path, Some(kind), Some(digest), Some(size))) = output.take() {
                 let stage = lock.stages.get_mut(stage.as_ref()?)?;
@@ -311,6 +305,15 @@ fn key(name: &str) -> String {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     if bare { name.to_owned() } else { quote(name) }
 }
+
+/// An output's table being read: name, path, kind, digest, size.
+type OutputLines = (
+    String,
+    String,
+    Option<OutputKind>,
+    Option<Digest>,
+    Option<u64>,
+);
 
 /// `name` if it is a bare TOML key (as [`key`] writes a plain name).
 fn bare(name: &str) -> Option<&str> {
