@@ -325,7 +325,7 @@ fn a_schema_5_ledger_gains_a_timeline_and_keeps_its_runs() {
     let version: i64 = db
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 10);
+    assert_eq!(version, cairn::store::LEDGER_SCHEMA_VERSION);
     // The old run is there, without what schema 5 did not record.
     let old = json(&p.cairn(&["log", "1", "--json"]).stdout());
     assert_eq!(old["run"]["status"], "failed");
