@@ -213,23 +213,21 @@ impl LockFile {
         // The stage and output the lines below a header belong to.
         let mut stage: Option<String> = None;
         let mut output: Option<OutputLines> = None;
-        let finish = |lock: &mut LockFile, stage: &Option<String>, output: &mut Option<_>| {
-            if let Some((name, path, Some(kind), Some(digest), Some(size))) = output.take() {
+        let finish =
+            |lock: &mut LockFile, stage: &Option<String>, output: &mut Option<OutputLines>| {
+                let Some(out) = output.take() else {
+                    return Some(());
+                };
+                let locked = LockedOutput {
+                    path: out.path,
+                    kind: out.kind?,
+                    digest: out.digest?,
+                    size: out.size?,
+                };
                 let stage = lock.stages.get_mut(stage.as_ref()?)?;
-                stage.outputs.insert(
-                    name,
-                    LockedOutput {
-                        path,
-                        kind,
-                        digest,
-                        size,
-                    },
-                );
+                stage.outputs.insert(out.name, locked);
                 Some(())
-            } else {
-                output.is_none().then_some(())
-            }
-        };
+            };
         for line in text.lines() {
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -255,7 +253,10 @@ impl LockFile {
                         if Some(bare(of)?) != stage.as_deref() {
                             return None;
                         }
-                        output = Some((bare(name)?.to_owned(), String::new(), None, None, None));
+                        output = Some(OutputLines {
+                            name: bare(name)?.to_owned(),
+                            ..OutputLines::default()
+                        });
                     }
                 }
                 continue;
@@ -268,16 +269,16 @@ impl LockFile {
                 ("fingerprint", None, Some(name)) => {
                     lock.stages.get_mut(name)?.fingerprint = plain_string(value)?.parse().ok()?
                 }
-                ("path", Some(out), _) => out.1 = plain_string(value)?.to_owned(),
+                ("path", Some(out), _) => out.path = plain_string(value)?.to_owned(),
                 ("kind", Some(out), _) => {
-                    out.2 = Some(match plain_string(value)? {
+                    out.kind = Some(match plain_string(value)? {
                         "file" => OutputKind::File,
                         "dir" => OutputKind::Dir,
                         _ => return None,
                     })
                 }
-                ("digest", Some(out), _) => out.3 = plain_string(value)?.parse().ok(),
-                ("size", Some(out), _) => out.4 = value.parse().ok(),
+                ("digest", Some(out), _) => out.digest = plain_string(value)?.parse().ok(),
+                ("size", Some(out), _) => out.size = value.parse().ok(),
                 _ => return None,
             }
         }
@@ -306,14 +307,15 @@ fn key(name: &str) -> String {
     if bare { name.to_owned() } else { quote(name) }
 }
 
-/// An output's table being read: name, path, kind, digest, size.
-type OutputLines = (
-    String,
-    String,
-    Option<OutputKind>,
-    Option<Digest>,
-    Option<u64>,
-);
+/// An output's table while its lines are read.
+#[derive(Default)]
+struct OutputLines {
+    name: String,
+    path: String,
+    kind: Option<OutputKind>,
+    digest: Option<Digest>,
+    size: Option<u64>,
+}
 
 /// `name` if it is a bare TOML key (as [`key`] writes a plain name).
 fn bare(name: &str) -> Option<&str> {
