@@ -15,47 +15,66 @@ use serde_json::Value;
 
 /// `value` as canonical JSON text.
 pub fn to_string(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::with_capacity(128);
     write(value, &mut out);
-    out
+    String::from_utf8(out).expect("serde_json writes UTF-8 and so does `write`")
 }
 
-fn write(value: &Value, out: &mut String) {
+/// Appends `value` as canonical JSON to `out`: no value or string is
+/// allocated on the way (a list of a million items is canonicalised once
+/// each as it is read).
+pub fn write(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (n, (key, item)) in entries.into_iter().enumerate() {
-                if n > 0 {
-                    out.push(',');
-                }
-                write_string(key, out);
-                out.push(':');
-                write(item, out);
+            // serde_json's own map is already in this order; one with
+            // `preserve_order` on is not.
+            if map.keys().is_sorted_by(|a, b| a.as_bytes() <= b.as_bytes()) {
+                write_entries(map.iter(), out);
+            } else {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                write_entries(entries.into_iter(), out);
             }
-            out.push('}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (n, item) in items.iter().enumerate() {
                 if n > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::String(text) => write_string(text, out),
-        Value::Null => out.push_str("null"),
-        Value::Bool(flag) => out.push_str(if *flag { "true" } else { "false" }),
-        Value::Number(number) => out.push_str(&number.to_string()),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(flag) => out.extend_from_slice(if *flag { b"true" } else { b"false" }),
+        Value::Number(number) => {
+            use std::io::Write;
+            // Writing to a vector cannot fail.
+            let _ = write!(out, "{number}");
+        }
     }
 }
 
+/// An object of `entries`, in their order.
+fn write_entries<'a>(entries: impl Iterator<Item = (&'a String, &'a Value)>, out: &mut Vec<u8>) {
+    out.push(b'{');
+    for (n, (key, item)) in entries.enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        write_string(key, out);
+        out.push(b':');
+        write(item, out);
+    }
+    out.push(b'}');
+}
+
 /// A JSON string literal, escaped as serde_json escapes it.
-fn write_string(text: &str, out: &mut String) {
-    out.push_str(&Value::from(text).to_string());
+pub fn write_string(text: &str, out: &mut Vec<u8>) {
+    // Writing a string to a vector cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::ScheduleError;
-use super::item_fields::check_fields;
-use super::items::{PlannedItem, fill, load_items};
+use super::item_fields::FieldCheck;
+use super::items::{Fields, Item, PlannedItem, fill, fill_fields, for_each_item, load_items};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::fingerprint::{
     Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
@@ -306,7 +306,7 @@ impl<'m> Context<'m> {
             // In key order: the list's order is not part of the stage
             // (its merged output is in key order too).
             let mut sorted: Vec<&PlannedItem> = items.iter().collect();
-            sorted.sort_by(|a, b| a.item.key.cmp(&b.item.key));
+            sorted.sort_unstable_by(|a, b| a.item.key.cmp(&b.item.key));
             let mut listing = Vec::with_capacity(items.len() * 48);
             for planned in sorted {
                 listing.extend_from_slice(planned.item.key.as_bytes());
@@ -381,7 +381,9 @@ impl<'m> Context<'m> {
     }
 
     /// The items of a per-item stage, each with its fingerprint and the
-    /// outcome the ledger holds for it.
+    /// outcome the ledger holds for it. The list is read as a stream: each
+    /// item is checked, its inputs hashed and its placeholders filled while
+    /// its parsed value is at hand, and only its canonical text is kept.
     fn plan_items(
         &mut self,
         i: usize,
@@ -390,99 +392,29 @@ impl<'m> Context<'m> {
         let manifest = self.manifest;
         let stage = &manifest.stages[i];
         let foreach = stage.foreach.as_ref().expect("a per-item stage");
+        let bad = |message: String| ScheduleError::Items {
+            stage: stage.name.clone(),
+            message,
+        };
         let list = foreach.items.resolve(&self.manifest.root);
-        let items = load_items(&list, &foreach.key).map_err(|message| ScheduleError::Items {
-            stage: stage.name.clone(),
-            message,
-        })?;
-        if foreach.samples.is_some()
-            && let Some(item) = items.iter().find(|i| i.key.contains('#'))
-        {
-            // `KEY#INDEX` names a sample: `a#1` would be two things.
-            return Err(ScheduleError::Items {
-                stage: stage.name.clone(),
-                message: format!(
-                    "item `{}` of `{}` has a `#` in its key, which in a sampled stage names a sample (`ITEM#INDEX`)",
-                    item.key,
-                    foreach.items.as_str()
-                ),
-            });
-        }
-        check_fields(
-            self.manifest,
-            stage,
-            &items,
-            Path::new(foreach.items.as_str()),
-        )
-        .map_err(|message| ScheduleError::Items {
-            stage: stage.name.clone(),
-            message,
-        })?;
-        let (outcomes, cancelled) = match &self.ledger {
-            Some(ledger) => (
-                ledger.item_outcomes(&stage.name)?,
-                ledger.cancelled_attempts(&stage.name)?,
-            ),
-            None => (HashMap::new(), HashMap::new()),
+        let fields = FieldCheck::new(manifest, stage, Path::new(foreach.items.as_str()));
+        let image = manifest
+            .image_of(stage)
+            .filter(|(image, _)| is_per_item(image));
+        let cancelled = match &self.ledger {
+            Some(ledger) => ledger.cancelled_attempts(&stage.name)?,
+            None => HashMap::new(),
         };
         let draws = match (&self.ledger, &foreach.samples) {
             (Some(ledger), Some(_)) => ledger.draws(&stage.name)?,
             _ => Draws::default(),
         };
-        let image = manifest
-            .image_of(stage)
-            .filter(|(image, _)| is_per_item(image));
-        if let Some((template, require_digest)) = image {
-            // Many distinct tags are asked for side by side, not in turn.
-            let texts: Vec<String> = items
-                .iter()
-                .filter_map(|item| fill(template, item).ok())
-                .collect();
-            self.resolver
-                .prefetch(texts.iter().map(String::as_str), require_digest);
-        }
-        let mut planned = Vec::with_capacity(items.len());
-        for item in items {
-            let mut inputs = Vec::with_capacity(foreach.item_inputs.len());
-            for template_path in &foreach.item_inputs {
-                let path = fill(template_path, &item).map_err(|message| ScheduleError::Items {
-                    stage: stage.name.clone(),
-                    message: format!("item `{}`: {message}", item.key),
-                })?;
-                let abs = self.manifest.root.join(&path);
-                let digest = match self.upstream_digest(&path) {
-                    Some(digest) => digest,
-                    None => self
-                        .stat
-                        .content(&abs)
-                        .map_err(|source| ScheduleError::Input {
-                            stage: format!("{} (item `{}`)", stage.name, item.key),
-                            path: abs.clone(),
-                            source,
-                        })?
-                        .digest(),
-                };
-                inputs.push((path, digest));
-            }
-            let image = match image {
-                None => None,
-                Some((template, require_digest)) => {
-                    let pinned = fill(template, &item)
-                        .and_then(|text| self.resolver.pin(&text, require_digest))
-                        .map_err(|message| ScheduleError::Items {
-                            stage: stage.name.clone(),
-                            message: format!("item `{}`: {message}", item.key),
-                        })?;
-                    // The image enters as one more thing the item reads
-                    // (a name no path can have), by its digest.
-                    inputs.push((
-                        "\0image".to_owned(),
-                        Digest::of(format!("image\0{}", pinned.digest).as_bytes()),
-                    ));
-                    Some(pinned)
-                }
-            };
-            let image = image.map(|pinned| pinned.reference);
+        // An item's units (its samples, in a sampled stage), planned once
+        // everything it reads is known.
+        let plan = |planned: &mut Vec<PlannedItem>,
+                    item: Item,
+                    inputs: Vec<(String, Digest)>,
+                    image: Option<String>| {
             // A sampled stage's units are its items' samples, each with
             // its index, seed and draw hashed into its fingerprint.
             let units = match &foreach.samples {
@@ -498,29 +430,139 @@ impl<'m> Context<'m> {
             };
             for (item, inputs) in units {
                 let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
-                let recorded = outcomes.get(&(item.key.clone(), fingerprint));
-                let outcome =
-                    recorded.map(|(class, attempts, _, _)| (ItemClass::parse(class), *attempts));
-                let outputs = recorded.and_then(|(_, _, _, outputs)| outputs.clone());
-                let result = recorded
-                    .and_then(|(_, _, result, _)| result.as_deref())
-                    .and_then(|text| serde_json::from_str(text).ok());
-                let attempts_before = outcome.as_ref().map_or(0, |(_, n)| *n)
-                    + cancelled
+                let attempts_before = if cancelled.is_empty() {
+                    0
+                } else {
+                    cancelled
                         .get(&(item.key.clone(), fingerprint))
                         .copied()
-                        .unwrap_or(0);
+                        .unwrap_or(0)
+                };
                 planned.push(PlannedItem {
                     item,
                     fingerprint,
                     attempts_before,
                     image: image.clone(),
                     code: *template,
-                    outputs,
-                    outcome,
-                    result,
+                    outputs: None,
+                    outcome: None,
+                    result: None,
                     inputs,
                 });
+            }
+        };
+        let mut planned = Vec::new();
+        // With a per-item image, each item with what it reads and the tag
+        // it names, pinned once every tag is asked for.
+        struct Tagged {
+            item: Item,
+            inputs: Vec<(String, Digest)>,
+            tag: String,
+        }
+        let mut tagged: Vec<Tagged> = Vec::new();
+        let mut failed = None;
+        let listed = for_each_item(&list, &foreach.key, |item, value| {
+            if foreach.samples.is_some() && item.key.contains('#') {
+                // `KEY#INDEX` names a sample: `a#1` would be two things.
+                return Err(format!(
+                    "item `{}` of `{}` has a `#` in its key, which in a sampled stage names a sample (`ITEM#INDEX`)",
+                    item.key,
+                    foreach.items.as_str()
+                ));
+            }
+            fields.check(&item.key, value)?;
+            let item_fields = Fields {
+                value,
+                sample: None,
+            };
+            let mut inputs = Vec::with_capacity(foreach.item_inputs.len());
+            for template_path in &foreach.item_inputs {
+                let path = fill_fields(template_path, item_fields)
+                    .map_err(|message| format!("item `{}`: {message}", item.key))?;
+                let digest = match self.upstream_digest(&path) {
+                    Some(digest) => digest,
+                    None => {
+                        let abs = self.manifest.root.join(&path);
+                        match self.stat.content(&abs) {
+                            Ok(content) => content.digest(),
+                            Err(source) => {
+                                failed = Some(ScheduleError::Input {
+                                    stage: format!("{} (item `{}`)", stage.name, item.key),
+                                    path: abs,
+                                    source,
+                                });
+                                return Err(String::new());
+                            }
+                        }
+                    }
+                };
+                inputs.push((path, digest));
+            }
+            match image {
+                Some((template, _)) => {
+                    let tag = fill_fields(template, item_fields)
+                        .map_err(|message| format!("item `{}`: {message}", item.key))?;
+                    tagged.push(Tagged { item, inputs, tag });
+                }
+                None => plan(&mut planned, item, inputs, None),
+            }
+            Ok(())
+        });
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        listed.map_err(bad)?;
+        if let Some((_, require_digest)) = image {
+            // Many distinct tags are asked for side by side, not in turn.
+            self.resolver
+                .prefetch(tagged.iter().map(|t| t.tag.as_str()), require_digest);
+            for Tagged {
+                item,
+                mut inputs,
+                tag,
+            } in tagged
+            {
+                let pinned = self
+                    .resolver
+                    .pin(&tag, require_digest)
+                    .map_err(|message| bad(format!("item `{}`: {message}", item.key)))?;
+                // The image enters as one more thing the item reads (a
+                // name no path can have), by its digest.
+                inputs.push((
+                    "\0image".to_owned(),
+                    Digest::of(format!("image\0{}", pinned.digest).as_bytes()),
+                ));
+                plan(&mut planned, item, inputs, Some(pinned.reference));
+            }
+        }
+        if let Some(ledger) = &self.ledger {
+            // Outcomes are read for the fingerprints planned, nothing else
+            // (and with none recorded, no index of them is built).
+            let by_fingerprint: std::cell::OnceCell<HashMap<Digest, usize>> =
+                std::cell::OnceCell::new();
+            let index = || {
+                planned
+                    .iter()
+                    .enumerate()
+                    .map(|(n, p)| (p.fingerprint, n))
+                    .collect::<HashMap<_, _>>()
+            };
+            let outcomes = ledger.item_outcomes(&stage.name, template, |key, fingerprint| {
+                by_fingerprint
+                    .get_or_init(index)
+                    .get(fingerprint)
+                    .is_some_and(|&n| planned[n].item.key == key)
+            })?;
+            let by_fingerprint = by_fingerprint.into_inner().unwrap_or_default();
+            for ((_, fingerprint), (class, attempts, result, outputs)) in outcomes {
+                let Some(&n) = by_fingerprint.get(&fingerprint) else {
+                    continue;
+                };
+                let p = &mut planned[n];
+                p.outcome = Some((ItemClass::parse(&class), attempts));
+                p.attempts_before += attempts;
+                p.result = result.and_then(|text| serde_json::from_str(&text).ok());
+                p.outputs = outputs;
             }
         }
         if let Some(ledger) = &self.ledger {

@@ -1,6 +1,6 @@
 //! A per-item stage's items, checked before any of them runs.
 //!
-//! Item keys are checked as the list is read ([`super::items::load_items`]);
+//! Item keys are checked as the list is read ([`super::items::for_each_item`]);
 //! here, every `{item.FIELD}` the stage writes (in `run`, checks,
 //! `item_inputs`, `item_result`, `item_outputs`) is checked against every
 //! item. A field that an item lacks would fail that item with an empty log;
@@ -17,7 +17,7 @@
 use std::path::Path;
 
 use super::ScheduleError;
-use super::items::{Item, load_items};
+use super::items::for_each_item;
 use crate::manifest::interpolate::walk;
 use crate::manifest::{Command, Manifest, Stage, line_col};
 
@@ -52,25 +52,43 @@ pub fn referenced_fields(stage: &Stage) -> Vec<String> {
     fields
 }
 
-/// Checks that every item has every field the stage writes.
-pub fn check_fields(
-    manifest: &Manifest,
-    stage: &Stage,
-    items: &[Item],
-    list: &Path,
-) -> Result<(), String> {
-    for field in referenced_fields(stage) {
-        let Some(item) = items.iter().find(|i| lookup(&i.value, &field).is_none()) else {
-            continue;
+/// Checks items against every field their stage writes, one item at a
+/// time as the list is read.
+pub struct FieldCheck<'a> {
+    manifest: &'a Manifest,
+    stage: &'a Stage,
+    fields: Vec<String>,
+    list: &'a Path,
+}
+
+impl<'a> FieldCheck<'a> {
+    /// The check for the items of `stage`, read from `list` (as the
+    /// manifest names it).
+    pub fn new(manifest: &'a Manifest, stage: &'a Stage, list: &'a Path) -> Self {
+        FieldCheck {
+            manifest,
+            stage,
+            fields: referenced_fields(stage),
+            list,
+        }
+    }
+
+    /// Whether item `key` has every field: if not, the error names the
+    /// first placeholder it lacks, located in the manifest, with a
+    /// did-you-mean among its fields.
+    pub fn check(&self, key: &str, item: &serde_json::Value) -> Result<(), String> {
+        let Some(field) = self.fields.iter().find(|f| lookup(item, f).is_none()) else {
+            return Ok(());
         };
+        let (manifest, stage) = (self.manifest, self.stage);
         let placeholder = format!("{{item.{field}}}");
         let offset = manifest.source[stage.span.start..]
             .find(&placeholder)
             .map_or(stage.span.start, |n| stage.span.start + n);
         let (line, col) = line_col(&manifest.source, offset);
         let (parent, last) = match field.rsplit_once('.') {
-            Some((parent, last)) => (lookup(&item.value, parent), last),
-            None => (Some(&item.value), field.as_str()),
+            Some((parent, last)) => (lookup(item, parent), last),
+            None => (Some(item), field.as_str()),
         };
         let known: Vec<&str> = parent
             .and_then(|v| v.as_object())
@@ -88,20 +106,19 @@ pub fn check_fields(
                 format!("; did you mean `{{item.{prefix}{k}}}`?")
             })
             .unwrap_or_default();
-        return Err(format!(
+        Err(format!(
             "{}:{line}:{col}: `{placeholder}` of stage `{}` names no field of item `{}` of `{}`{hint} (its fields: {})",
             manifest.path.display(),
             stage.name,
-            item.key.escape_debug(),
-            list.display(),
+            key.escape_debug(),
+            self.list.display(),
             if known.is_empty() {
                 "none".to_owned()
             } else {
                 known.join(", ")
             },
-        ));
+        ))
     }
-    Ok(())
 }
 
 fn lookup<'v>(value: &'v serde_json::Value, dotted: &str) -> Option<&'v serde_json::Value> {
@@ -132,8 +149,11 @@ pub fn check_item_lists(manifest: &Manifest, selected: &[bool]) -> Result<(), Sc
             stage: stage.name.clone(),
             message,
         };
-        let items = load_items(&list, &foreach.key).map_err(bad)?;
-        check_fields(manifest, stage, &items, Path::new(items_path)).map_err(bad)?;
+        let fields = FieldCheck::new(manifest, stage, Path::new(items_path));
+        for_each_item(&list, &foreach.key, |item, value| {
+            fields.check(&item.key, value)
+        })
+        .map_err(bad)?;
     }
     Ok(())
 }

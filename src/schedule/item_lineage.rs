@@ -205,7 +205,7 @@ impl<'c> ItemTracer<'c> {
             finished_ms: attempt.as_ref().map(|a| a.finished_ms),
             log: attempt.and_then(|a| a.log_path),
             image: planned.image.clone(),
-            fields: planned.item.value.clone(),
+            fields: planned.item.value(),
             inputs,
             result: planned.result.clone(),
             outputs: planned.outputs.clone().unwrap_or_default(),

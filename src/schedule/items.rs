@@ -3,22 +3,26 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::fingerprint::{Digest, canonical_json};
+use crate::fingerprint::Digest;
 use crate::manifest::interpolate::walk;
 use crate::manifest::shell::{self, Context};
 use crate::manifest::{Command, ItemClass};
 
 /// One item of the list; in a sampled stage, one sample of one item (a
 /// unit of its own, keyed `KEY#INDEX`).
+///
+/// An item is held as its canonical JSON only (its samples share it), not
+/// as a parsed value beside it: that would be most of the memory of a
+/// large pool. [`Item::value`] parses it when its fields are needed.
 #[derive(Debug, Clone)]
 pub struct Item {
     pub key: String,
-    pub value: serde_json::Value,
     /// Canonical JSON (sorted keys), which enters the item's fingerprint.
-    pub canonical: String,
+    pub canonical: Arc<str>,
     pub sample: Option<Sample>,
 }
 
@@ -63,7 +67,6 @@ impl Item {
         };
         Item {
             key: format!("{}#{index}", self.key),
-            value: self.value.clone(),
             canonical: self.canonical.clone(),
             sample: Some(Sample {
                 item: self.key.clone(),
@@ -72,6 +75,11 @@ impl Item {
                 draw,
             }),
         }
+    }
+
+    /// The item's fields, parsed from its canonical text.
+    pub fn value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.canonical).expect("an item's canonical text is JSON cairn wrote")
     }
 
     /// The key of the item itself (a sample's item's).
@@ -189,45 +197,165 @@ impl ItemCounts {
 /// Reads a JSON array or JSONL file of objects, each naming itself by
 /// `key`. Keys must be unique.
 pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
-    let values = crate::records::read(path, "item list")?;
-    let mut seen = HashMap::new();
-    let mut items = Vec::with_capacity(values.len());
-    for (n, value) in values.into_iter().enumerate() {
-        let name = match value.get(key) {
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => {
-                return Err(format!(
-                    "item {} of `{}` has no string or number field `{key}`",
-                    n + 1,
-                    path.display()
-                ));
+    let mut items = Vec::new();
+    for_each_item(path, key, |item, _| {
+        items.push(item);
+        Ok(())
+    })?;
+    Ok(items)
+}
+
+/// Reads the item list at `path` as [`load_items`] does, handing each item
+/// to `visit` with its parsed value as soon as it is read: the value is
+/// dropped after the visit, so a caller keeps of each item only what it
+/// needs. An error from `visit` stops the reading and is returned as it is.
+///
+/// Keys are told apart by a 64-bit hash of each, not by a set of the keys
+/// (which would hold a second copy of every key): two items whose keys
+/// hash alike are compared for real once the list is read, by reading it
+/// again, so a shared key is always an error and a mere collision never is.
+pub fn for_each_item(
+    path: &Path,
+    key: &str,
+    visit: impl FnMut(Item, &serde_json::Value) -> Result<(), String>,
+) -> Result<(), String> {
+    read_items(path, key, key_hash, visit)
+}
+
+/// [`for_each_item`] with keys hashed by `hash`.
+fn read_items(
+    path: &Path,
+    key: &str,
+    hash: fn(&str) -> u64,
+    mut visit: impl FnMut(Item, &serde_json::Value) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut seen: HashMap<u64, usize, KeyHashed> = HashMap::default();
+    // (earlier item, later item, the later one's key): the same hash.
+    let mut alike: Vec<(usize, usize, String)> = Vec::new();
+    let mut canonical = Vec::with_capacity(256);
+    crate::records::for_each(path, "item list", |n, value| {
+        let name = key_of(&value, key, n, path)?;
+        let hashed = hash(&name);
+        match seen.get(&hashed) {
+            Some(&first) => alike.push((first, n, name.clone())),
+            None => {
+                seen.insert(hashed, n);
             }
-        };
-        if let Err(why) = check_key(&name) {
-            return Err(format!(
-                "item {} of `{}` has the key `{}`, which {why}",
-                n + 1,
-                path.display(),
-                name.escape_debug()
-            ));
         }
-        if let Some(first) = seen.insert(name.clone(), n + 1) {
+        canonical.clear();
+        crate::canonical_json::write(&value, &mut canonical);
+        let text = std::str::from_utf8(&canonical).expect("canonical JSON is UTF-8");
+        let item = Item {
+            key: name,
+            canonical: Arc::from(text),
+            sample: None,
+        };
+        visit(item, &value)
+    })?;
+    if alike.is_empty() {
+        return Ok(());
+    }
+    let mut earlier: HashMap<usize, Option<String>> =
+        alike.iter().map(|(first, _, _)| (*first, None)).collect();
+    crate::records::for_each(path, "item list", |n, value| {
+        if let Some(slot) = earlier.get_mut(&n) {
+            *slot = Some(key_of(&value, key, n, path)?);
+        }
+        Ok(())
+    })?;
+    // Within each group of keys hashed alike (one earliest item, the later
+    // ones in order), the first key met twice is the error.
+    let mut groups: BTreeMap<usize, Vec<(usize, String)>> = BTreeMap::new();
+    for (first, n, name) in alike {
+        groups.entry(first).or_default().push((n, name));
+    }
+    let mut shared: Option<(usize, usize, String)> = None;
+    for (first, later) in groups {
+        let mut met: HashMap<&str, usize> = HashMap::new();
+        if let Some(Some(name)) = earlier.get(&first) {
+            met.insert(name, first);
+        }
+        for (n, name) in &later {
+            if let Some(&before) = met.get(name.as_str()) {
+                if shared.as_ref().is_none_or(|(_, m, _)| n < m) {
+                    shared = Some((before, *n, name.clone()));
+                }
+                break;
+            }
+            met.insert(name, *n);
+        }
+    }
+    match shared {
+        Some((first, n, name)) => Err(format!(
+            "items {} and {} of `{}` share the key `{name}`",
+            first + 1,
+            n + 1,
+            path.display()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The key of item `n` (0-based) of the list at `path`, checked.
+fn key_of(value: &serde_json::Value, key: &str, n: usize, path: &Path) -> Result<String, String> {
+    let name = match value.get(key) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Number(n)) => n.to_string(),
+        _ => {
             return Err(format!(
-                "items {first} and {} of `{}` share the key `{name}`",
+                "item {} of `{}` has no string or number field `{key}`",
                 n + 1,
                 path.display()
             ));
         }
-        let canonical = canonical_json(&value);
-        items.push(Item {
-            key: name,
-            value,
-            canonical,
-            sample: None,
-        });
+    };
+    if let Err(why) = check_key(&name) {
+        return Err(format!(
+            "item {} of `{}` has the key `{}`, which {why}",
+            n + 1,
+            path.display(),
+            name.escape_debug()
+        ));
     }
-    Ok(items)
+    Ok(name)
+}
+
+/// 64 bits of a key's BLAKE3: well spread, so the set of them needs no
+/// hashing of its own.
+fn key_hash(key: &str) -> u64 {
+    let hash = blake3::hash(key.as_bytes());
+    let mut first = [0; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// The hasher of a set of [`key_hash`]es: they are hashes already.
+#[derive(Default, Clone, Copy)]
+struct KeyHashed;
+
+impl std::hash::BuildHasher for KeyHashed {
+    type Hasher = PassThrough;
+    fn build_hasher(&self) -> PassThrough {
+        PassThrough(0)
+    }
+}
+
+/// Hands a `u64` on as its own hash.
+struct PassThrough(u64);
+
+impl std::hash::Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are hashed here; anything else is folded in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 /// Whether `key` can name an item: it names the item's logs, store entries
@@ -249,20 +377,40 @@ pub fn check_key(key: &str) -> Result<(), &'static str> {
     }
 }
 
+/// An item's fields as its placeholders read them: its parsed value and,
+/// in a sampled stage, which sample it is.
+#[derive(Clone, Copy)]
+pub struct Fields<'a> {
+    pub value: &'a serde_json::Value,
+    pub sample: Option<&'a Sample>,
+}
+
 /// Replaces `{item.FIELD}` (nested: `{item.repo.name}`) with the item's
 /// values, as they are, and `{sample.index}`, `{sample.seed}` with a
 /// sample's; other text is left as it is. For text that reaches no shell
 /// (an argv argument, a path template).
 pub fn fill(text: &str, item: &Item) -> Result<String, String> {
-    walk(text, false, |p| value_of(item, p.namespace, p.name))
+    let value = item.value();
+    fill_fields(
+        text,
+        Fields {
+            value: &value,
+            sample: item.sample.as_ref(),
+        },
+    )
+}
+
+/// [`fill`] with the item's fields already parsed.
+pub fn fill_fields(text: &str, fields: Fields<'_>) -> Result<String, String> {
+    walk(text, false, |p| value_of(fields, p.namespace, p.name))
         .map_err(|errors: Vec<String>| errors.join("; "))
 }
 
-/// The text a placeholder of `item` stands for; `None` for another
+/// The text a placeholder of an item stands for; `None` for another
 /// namespace's (or a sample's, outside a sampled stage).
-fn value_of(item: &Item, namespace: &str, name: &str) -> Result<Option<String>, String> {
-    match (namespace, &item.sample) {
-        ("item", _) => field(&item.value, name).map(Some),
+fn value_of(fields: Fields<'_>, namespace: &str, name: &str) -> Result<Option<String>, String> {
+    match (namespace, fields.sample) {
+        ("item", _) => field(fields.value, name).map(Some),
         ("sample", Some(sample)) => match name {
             "index" => Ok(Some(sample.index.to_string())),
             "seed" => Ok(Some(sample.seed.to_string())),
@@ -274,12 +422,12 @@ fn value_of(item: &Item, namespace: &str, name: &str) -> Result<Option<String>, 
 
 /// Fills a shell script: each `{item.FIELD}` value is quoted for where it
 /// stands (see [`shell`]), so it reaches the shell as exactly its bytes.
-pub fn fill_shell(script: &str, item: &Item) -> Result<String, String> {
+fn fill_shell(script: &str, fields: Fields<'_>) -> Result<String, String> {
     shell::expand(
         script,
         false,
         |p, context| -> Result<Option<String>, String> {
-            let Some(value) = value_of(item, p.namespace, p.name)? else {
+            let Some(value) = value_of(fields, p.namespace, p.name)? else {
                 return Ok(None);
             };
             match context {
@@ -315,11 +463,16 @@ pub(super) fn field(item: &serde_json::Value, name: &str) -> Result<String, Stri
 }
 
 pub fn fill_command(command: &Command, item: &Item) -> Result<Command, String> {
+    let value = item.value();
+    let fields = Fields {
+        value: &value,
+        sample: item.sample.as_ref(),
+    };
     Ok(match command {
-        Command::Shell(script) => Command::Shell(fill_shell(script, item)?),
+        Command::Shell(script) => Command::Shell(fill_shell(script, fields)?),
         Command::Exec(argv) => Command::Exec(
             argv.iter()
-                .map(|a| fill(a, item))
+                .map(|a| fill_fields(a, fields))
                 .collect::<Result<_, _>>()?,
         ),
     })
@@ -347,25 +500,29 @@ pub fn file_name(key: &str) -> String {
 
 /// The merged results, one JSON line per item in key order: the same
 /// results give the same bytes, whatever order the items finished in.
+/// Each line is the canonical JSON of `{"class", "item", "key",
+/// "result"}`, written from the item's canonical text as it is.
 pub fn aggregate(items: &[PlannedItem]) -> Vec<u8> {
+    use crate::canonical_json::{write, write_string};
     let mut sorted: Vec<&PlannedItem> = items.iter().collect();
     sorted.sort_by(|a, b| a.item.key.cmp(&b.item.key));
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(items.len() * 160);
     for planned in sorted {
         let class = planned
             .outcome
             .as_ref()
             .map_or("pending", |(c, _)| c.name());
-        let mut line = serde_json::json!({
-            "key": planned.item.key,
-            "class": class,
-            "item": planned.item.value,
-        });
+        out.extend_from_slice(b"{\"class\":");
+        write_string(class, &mut out);
+        out.extend_from_slice(b",\"item\":");
+        out.extend_from_slice(planned.item.canonical.as_bytes());
+        out.extend_from_slice(b",\"key\":");
+        write_string(&planned.item.key, &mut out);
         if let Some(result) = &planned.result {
-            line["result"] = result.clone();
+            out.extend_from_slice(b",\"result\":");
+            write(result, &mut out);
         }
-        out.extend_from_slice(canonical_json(&line).as_bytes());
-        out.push(b'\n');
+        out.extend_from_slice(b"}\n");
     }
     out
 }
@@ -373,14 +530,14 @@ pub fn aggregate(items: &[PlannedItem]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fingerprint::canonical_json;
 
     #[test]
     fn fills_nested_fields_and_leaves_other_braces() {
         let value = serde_json::json!({"id": "t1", "repo": {"name": "r"}, "n": 3});
         let item = Item {
             key: "t1".into(),
-            canonical: canonical_json(&value),
-            value,
+            canonical: canonical_json(&value).into(),
             sample: None,
         };
         assert_eq!(
@@ -399,8 +556,8 @@ mod tests {
         let planned = |key: &str| PlannedItem {
             item: Item {
                 key: key.into(),
-                value: serde_json::json!({"id": key}),
-                canonical: String::new(),
+                canonical: canonical_json(&serde_json::json!({"id": key, "n": [1.5, "é\n"]}))
+                    .into(),
                 sample: None,
             },
             fingerprint: Digest::of(key.as_bytes()),
@@ -415,5 +572,69 @@ mod tests {
         let a = aggregate(&[planned("b"), planned("a"), planned("c")]);
         let b = aggregate(&[planned("c"), planned("b"), planned("a")]);
         assert_eq!(a, b);
+    }
+
+    /// Keys whose hashes collide are told apart by the keys themselves:
+    /// with every key hashed alike, distinct keys pass and a shared one is
+    /// still caught, named with both items' positions.
+    #[test]
+    fn colliding_key_hashes_are_compared_for_real() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("items.jsonl");
+        std::fs::write(&path, "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": 7}\n").unwrap();
+        let mut keys = Vec::new();
+        read_items(
+            &path,
+            "id",
+            |_| 0,
+            |item, _| {
+                keys.push(item.key);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(keys, ["a", "b", "7"]);
+        std::fs::write(
+            &path,
+            "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": \"c\"}\n{\"id\": \"b\"}\n",
+        )
+        .unwrap();
+        for hash in [|_: &str| 0, key_hash] {
+            let error = read_items(&path, "id", hash, |_, _| Ok(())).unwrap_err();
+            assert!(
+                error.contains("items 2 and 4") && error.contains("share the key `b`"),
+                "{error}"
+            );
+        }
+        std::fs::write(&path, "{\"id\": \"a\"}\n{\"id\": \"a\"}\n").unwrap();
+        let error = read_items(&path, "id", |_| 0, |_, _| Ok(())).unwrap_err();
+        assert!(error.contains("items 1 and 2"), "{error}");
+    }
+
+    /// Each merged line is exactly the canonical JSON of its record, as
+    /// when it was built as a value and canonicalised.
+    #[test]
+    fn aggregate_lines_are_canonical_json() {
+        let value = serde_json::json!({"id": "a\"b", "deep": {"z": 1, "a": [null, 2.5]}});
+        let result = serde_json::json!({"score": 0.5, "notes": "é\u{1}"});
+        let planned = PlannedItem {
+            item: Item {
+                key: "a\"b".into(),
+                canonical: canonical_json(&value).into(),
+                sample: None,
+            },
+            fingerprint: Digest::of(b"a"),
+            image: None,
+            attempts_before: 1,
+            code: Digest::of(b"code"),
+            outcome: Some((ItemClass::Verdict("fail".into()), 1)),
+            result: Some(result.clone()),
+            outputs: None,
+            inputs: Vec::new(),
+        };
+        let expected = canonical_json(&serde_json::json!({
+            "key": "a\"b", "class": "fail", "item": value, "result": result,
+        })) + "\n";
+        assert_eq!(String::from_utf8(aggregate(&[planned])).unwrap(), expected);
     }
 }

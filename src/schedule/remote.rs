@@ -103,7 +103,7 @@ pub fn item_entry(
         what: What::Item {
             item: planned.item.key.clone(),
             code: planned.code,
-            canonical: planned.item.canonical.clone(),
+            canonical: planned.item.canonical.to_string(),
             inputs: planned.inputs.clone(),
             class: class.name().to_owned(),
             rule,

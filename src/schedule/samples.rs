@@ -124,7 +124,7 @@ pub fn merged(plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Ve
         }
         let mut line = json!({
             "key": key,
-            "item": first.value,
+            "item": first.value(),
             "samples": drawn,
             "group": tally.group(),
         });
@@ -194,8 +194,8 @@ fn comparisons(
     let mut groups: BTreeMap<String, BTreeMap<String, (u32, u32)>> = BTreeMap::new();
     let (mut missing, mut pooled) = (0, 0);
     for (_, units) in by_item(plan) {
-        let value = &units[0].item.value;
-        let (Ok(group), Ok(on)) = (field(value, &compare.by), field(value, &compare.on)) else {
+        let value = units[0].item.value();
+        let (Ok(group), Ok(on)) = (field(&value, &compare.by), field(&value, &compare.on)) else {
             missing += 1;
             continue;
         };
@@ -409,7 +409,7 @@ fn put_tally(out: &mut Value, tally: &Tally, samples: &Samples) {
 /// The sub-list an item belongs to, by the item's `split` field.
 fn split_of(item: &super::items::Item, samples: &Samples) -> Option<String> {
     let split = samples.split.as_ref()?;
-    Some(field(&item.value, split).unwrap_or_else(|_| "(none)".to_owned()))
+    Some(field(&item.value(), split).unwrap_or_else(|_| "(none)".to_owned()))
 }
 
 /// The plan's units grouped by item, in item-key order.

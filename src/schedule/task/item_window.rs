@@ -471,13 +471,13 @@ impl Window<'_> {
 
 /// Whether `item` is a smoke item of its group (its `smoke` field true).
 fn is_smoke(item: &Item, isolate: &Isolate) -> bool {
-    item.value.get(&isolate.smoke) == Some(&serde_json::Value::Bool(true))
+    item.value().get(&isolate.smoke) == Some(&serde_json::Value::Bool(true))
 }
 
 /// The group `item` belongs to (its `by` field as text).
 fn group_of(item: &Item, isolate: Option<&Isolate>) -> String {
     isolate
-        .and_then(|isolate| super::super::items::field(&item.value, &isolate.by).ok())
+        .and_then(|isolate| super::super::items::field(&item.value(), &isolate.by).ok())
         .unwrap_or_default()
 }
 

@@ -4,35 +4,51 @@
 use super::*;
 
 impl Ledger {
-    /// The newest outcome of every item of `stage`: (key, fingerprint) →
-    /// (class, attempts).
-    pub fn item_outcomes(&self, stage: &str) -> Result<ItemOutcomes, StoreError> {
+    /// The newest outcome of each item of `stage` that `wanted` asks for
+    /// by (key, fingerprint): (class, attempts, result, outputs). Only
+    /// outcomes of stage code `code` (or recorded before outcomes named
+    /// their code) are read, and only wanted ones are kept or parsed, so
+    /// neither old templates nor old item contents cost a thing here.
+    pub fn item_outcomes(
+        &self,
+        stage: &str,
+        code: &Digest,
+        wanted: impl Fn(&str, &Digest) -> bool,
+    ) -> Result<ItemOutcomes, StoreError> {
         let mut statement = self
             .conn
             .prepare_cached(
-                "SELECT key, fingerprint, class, attempts, result, outputs FROM items WHERE pipeline = ?2 AND stage = ?1",
+                "SELECT key, fingerprint, class, attempts, result, outputs FROM items
+                  WHERE pipeline = ?2 AND stage = ?1 AND (code = ?3 OR code IS NULL)",
             )
             .map_err(|e| self.db(e))?;
-        let rows = statement
-            .query_map(params![stage, self.pipeline.name], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, u32>(3)?,
-                    row.get::<_, Option<String>>(4)?,
-                    row.get::<_, Option<String>>(5)?,
-                ))
-            })
+        let mut rows = statement
+            .query(params![stage, self.pipeline.name, code.to_string()])
             .map_err(|e| self.db(e))?;
         let mut outcomes = HashMap::new();
-        for row in rows {
-            let (key, fingerprint, class, attempts, result, outputs) =
-                row.map_err(|e| self.db(e))?;
-            let outputs = outputs.and_then(|text| serde_json::from_str(&text).ok());
-            if let Ok(fingerprint) = fingerprint.parse() {
-                outcomes.insert((key, fingerprint), (class, attempts, result, outputs));
+        while let Some(row) = rows.next().map_err(|e| self.db(e))? {
+            let text = |i: usize| row.get_ref(i).and_then(|v| Ok(v.as_str()?));
+            let (key, fingerprint) = (text(0), text(1));
+            let (Ok(key), Ok(Ok(fingerprint))) = (key, fingerprint.map(str::parse::<Digest>))
+            else {
+                continue;
+            };
+            if !wanted(key, &fingerprint) {
+                continue;
             }
+            let outputs = row
+                .get::<_, Option<String>>(5)
+                .map_err(|e| self.db(e))?
+                .and_then(|text| serde_json::from_str(&text).ok());
+            outcomes.insert(
+                (key.to_owned(), fingerprint),
+                (
+                    row.get(2).map_err(|e| self.db(e))?,
+                    row.get(3).map_err(|e| self.db(e))?,
+                    row.get(4).map_err(|e| self.db(e))?,
+                    outputs,
+                ),
+            );
         }
         Ok(outcomes)
     }
