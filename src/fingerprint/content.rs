@@ -238,6 +238,28 @@ impl StatCache {
         updates
     }
 
+    /// The entries of the files under `dirs`, for a task that looks at
+    /// them away from this cache; [`Self::absorb`] takes back what it
+    /// learned and looked at.
+    pub fn subset_under(&self, dirs: &[&Path]) -> StatCache {
+        // `updated` after `entries`: a newer entry wins.
+        let under = self
+            .entries
+            .iter()
+            .chain(&self.updated)
+            .filter(|(path, _)| dirs.iter().any(|dir| path.starts_with(dir)))
+            .map(|(path, entry)| (path.clone(), *entry));
+        StatCache::from_entries(under)
+    }
+
+    /// Takes back what a [`Self::subset_under`] learned and looked at.
+    pub fn absorb(&mut self, subset: StatCache) {
+        for (path, entry) in subset.updated {
+            self.learn(path, entry);
+        }
+        self.touched.extend(subset.touched);
+    }
+
     /// Loaded entries of paths this process has neither looked up nor
     /// recorded: what a command that looked at every path it depends on
     /// can forget.

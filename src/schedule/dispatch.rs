@@ -134,8 +134,13 @@ pub async fn run(
     let driven = dispatcher.drive().await;
     dispatcher.services.stop_all().await;
     // Whatever a command or a service started that left its process group
-    // (a daemon) and still carries this run's marker.
-    let leaked = kill_marked_processes(&dispatcher.token);
+    // (a daemon) and still carries this run's marker. A run that started
+    // no task (a no-op) has none, and is spared reading all of `/proc`.
+    let leaked = if dispatcher.launched {
+        kill_marked_processes(&dispatcher.token)
+    } else {
+        0
+    };
     if leaked > 0 {
         tracing::warn!("killed {leaked} process(es) this run left behind");
     }
@@ -209,6 +214,9 @@ struct Dispatcher<'a, 'm> {
     services: Arc<Services>,
     /// What became of each selected stage, and when.
     timeline: Timeline,
+    /// Some stage's task was started: only then can a process carry this
+    /// run's marker.
+    launched: bool,
 }
 
 /// How long an interrupted run waits for its remote jobs to be cancelled
@@ -346,6 +354,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             attempts_ledger,
             tags_resolved: HashSet::new(),
             looked_up: HashSet::new(),
+            launched: false,
             uploads,
             upload_worker,
             services,
@@ -591,7 +600,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             self.rank[i] as u64,
         ) {
             Ok(task) => match plan {
-                Some(plan) => task.with_items(stage, plan, self.options.only, self.options.limit),
+                Some(plan) => task.with_items(
+                    stage,
+                    plan,
+                    self.options.only,
+                    self.options.limit,
+                    &self.ctx.stat,
+                ),
                 None => task,
             },
             Err(error) => {
@@ -617,6 +632,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             attempts: attempts.clone(),
         };
         let executor = executors.of_stage(i);
+        self.launched = true;
         running.spawn(async move { (i, key, task.run(executor, links).await) });
     }
 
@@ -638,11 +654,16 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         &mut self,
         i: usize,
         key: &StageKey,
-        result: Result<TaskResult, ScheduleError>,
+        mut result: Result<TaskResult, ScheduleError>,
     ) -> Result<(), ScheduleError> {
         let log = self
             .log_dir
             .join(format!("{}.log", self.ctx.manifest.stages[i].name));
+        if let Ok(task) = &mut result
+            && let Some(stat) = task.stat.take()
+        {
+            self.ctx.stat.absorb(stat);
+        }
         if let Ok(task) = &result
             && !task.cancelled_orphans.is_empty()
             && let Some(ledger) = &self.ctx.ledger

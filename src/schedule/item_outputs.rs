@@ -10,13 +10,13 @@
 //! each attempt, so a retry starts clean.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::ScheduleError;
 use super::items::{Item, PlannedItem, fill};
 use crate::fingerprint::StatCache;
 use crate::manifest::{ItemClass, Stage};
-use crate::store::{ObjectStore, OutputRecord, StoreError, remove_path};
+use crate::store::{ObjectStore, OutputRecord, Published, StoreError, remove_path};
 
 /// One directory output the items write into.
 #[derive(Debug, Clone)]
@@ -57,6 +57,15 @@ impl ItemOutputs {
         self.dirs.is_empty()
     }
 
+    /// The stat cache's entries of the directories the items write into.
+    pub fn stat_subset(&self, stat: &StatCache) -> StatCache {
+        if self.dirs.is_empty() {
+            return StatCache::default();
+        }
+        let dirs: Vec<&Path> = self.dirs.iter().map(|d| d.abs.as_path()).collect();
+        stat.subset_under(&dirs)
+    }
+
     /// Whether `name` is a directory the items write into.
     pub fn contains(&self, name: &str) -> bool {
         self.dirs.iter().any(|d| d.name == name)
@@ -94,11 +103,13 @@ impl ItemOutputs {
     /// Before the items run: removes entries of no current item, and brings
     /// back the entries of reused items. An item whose entries cannot be
     /// brought back loses its outcome (it runs again). Returns how many
-    /// entries were restored.
+    /// entries were restored. Entries are compared through `stat`, the
+    /// project's stat cache (or [`Self::stat_subset`] of it).
     pub fn prepare(
         &self,
         plan: &mut [PlannedItem],
         store: &ObjectStore,
+        stat: &mut StatCache,
     ) -> Result<usize, ScheduleError> {
         let mut expected: HashSet<PathBuf> = HashSet::new();
         for planned in plan.iter() {
@@ -123,7 +134,6 @@ impl ItemOutputs {
             }
         }
         let mut restored = 0;
-        let mut stat = StatCache::default();
         for planned in plan.iter_mut() {
             let Some((class, _)) = &planned.outcome else {
                 continue;
@@ -180,8 +190,12 @@ impl ItemOutputs {
     /// The reused items [`Self::prepare`] will make run again: recorded
     /// `ok` without entries, or with an entry that differs from its record
     /// and whose stored copy is not intact. Reads only (for `status`).
-    pub fn items_to_rerun(&self, plan: &[PlannedItem], store: &ObjectStore) -> Vec<usize> {
-        let mut stat = StatCache::default();
+    pub fn items_to_rerun(
+        &self,
+        plan: &[PlannedItem],
+        store: &ObjectStore,
+        stat: &mut StatCache,
+    ) -> Vec<usize> {
         let mut lost = Vec::new();
         for (n, planned) in plan.iter().enumerate() {
             let Some((class, _)) = &planned.outcome else {
@@ -211,14 +225,15 @@ impl ItemOutputs {
         lost
     }
 
-    /// After an attempt with a final outcome: stores the item's entries.
+    /// After an attempt with a final outcome: stores the item's entries,
+    /// and gives their records and the stat entries of the files hashed.
     /// `Err(message)` if an `ok` item did not write one.
     pub async fn store(
         &self,
         item: &Item,
         class: &ItemClass,
         store: &ObjectStore,
-    ) -> Result<Result<Vec<OutputRecord>, String>, ScheduleError> {
+    ) -> Result<Result<Published, String>, ScheduleError> {
         let paths = match self.paths(item) {
             Ok(paths) => paths,
             Err(message) => return Ok(Err(message)),
@@ -234,7 +249,7 @@ impl ItemOutputs {
             return Ok(Err(format!("the item did not write its output `{rel}`")));
         }
         if present.is_empty() {
-            return Ok(Ok(Vec::new()));
+            return Ok(Ok(Published::default()));
         }
         let store = store.clone();
         let published = tokio::task::spawn_blocking(move || {
@@ -243,6 +258,6 @@ impl ItemOutputs {
         })
         .await
         .map_err(|e| ScheduleError::Task(e.to_string()))??;
-        Ok(Ok(published.records))
+        Ok(Ok(published))
     }
 }

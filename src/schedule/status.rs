@@ -187,7 +187,7 @@ fn forget_unrestorable_items(ctx: &mut Context<'_>, i: usize) {
     if outputs.is_empty() {
         return;
     }
-    for n in outputs.items_to_rerun(plan, &ctx.store) {
+    for n in outputs.items_to_rerun(plan, &ctx.store, &mut ctx.stat) {
         plan[n].outcome = None;
     }
 }

@@ -28,7 +28,7 @@ use super::limits::Limits;
 use super::remote::Uploads;
 use super::services::Services;
 use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environment, redact_text};
-use crate::fingerprint::Digest;
+use crate::fingerprint::{Digest, StatCache, StatEntry};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Retry, Stage};
 use crate::store::remote::{Producer, RemoteCache};
 use crate::store::{
@@ -59,6 +59,9 @@ pub struct TaskResult {
     pub cancelled_orphans: Vec<String>,
     /// A plain stage's last attempt, to be recorded with its result.
     pub last_attempt: Option<ItemAttempt>,
+    /// A per-item stage's stat entries of its item outputs, as the task
+    /// found and wrote them.
+    pub stat: Option<StatCache>,
 }
 
 impl TaskResult {
@@ -73,6 +76,7 @@ impl TaskResult {
             failure_log: None,
             cancelled_orphans: Vec::new(),
             last_attempt: None,
+            stat: None,
         }
     }
 }
@@ -103,6 +107,9 @@ struct Items {
     name: String,
     spec: Foreach,
     outputs: ItemOutputs,
+    /// The stat cache's entries of the item outputs, given back with the
+    /// result.
+    stat: StatCache,
     plan: Vec<PlannedItem>,
     only: Option<Only>,
     limit: Option<usize>,
@@ -528,20 +535,24 @@ impl StageTask {
         Ok(Some(held))
     }
 
-    /// Makes this the task of a per-item stage over `plan`.
+    /// Makes this the task of a per-item stage over `plan`; `stat` is the
+    /// project's stat cache.
     pub fn with_items(
         mut self,
         stage: &Stage,
         plan: Vec<PlannedItem>,
         only: Option<Only>,
         limit: Option<usize>,
+        stat: &StatCache,
     ) -> Self {
         let log_dir = self.job.log.with_file_name(&stage.name);
         let spec = stage.foreach.clone().expect("a per-item stage");
+        let outputs = ItemOutputs::of(stage, &self.job.cwd);
         self.items = Some(Items {
             name: stage.name.clone(),
             spec,
-            outputs: ItemOutputs::of(stage, &self.job.cwd),
+            stat: outputs.stat_subset(stat),
+            outputs,
             plan,
             only,
             limit,
@@ -586,11 +597,15 @@ impl StageTask {
     }
 
     /// Stages the outputs, announces their digests, then publishes them.
+    /// Stores the outputs; directories are listed through `listing` (see
+    /// [`ObjectStore::stage_listed`]), given back with what it learned
+    /// taken out into the published entries.
     async fn store_outputs(
         self,
         links: &TaskLinks,
         started: Instant,
-    ) -> Result<Published, ScheduleError> {
+        mut listing: StatCache,
+    ) -> Result<(Published, StatCache), ScheduleError> {
         // Small files go inline into the ledger: a read of a few kilobytes,
         // not worth a trip to the blocking pool. Anything bigger is copied
         // and fsynced there.
@@ -599,24 +614,29 @@ impl StageTask {
         });
         let store = self.store;
         let outputs = self.outputs;
-        let staged = if small {
-            store.stage(&outputs)?
+        let (staged, listing) = if small {
+            (store.stage_listed(&outputs, &mut listing)?, listing)
         } else {
             let staging_store = store.clone();
-            tokio::task::spawn_blocking(move || staging_store.stage(&outputs))
-                .await
-                .map_err(|e| ScheduleError::Task(e.to_string()))??
+            tokio::task::spawn_blocking(move || {
+                staging_store
+                    .stage_listed(&outputs, &mut listing)
+                    .map(|staged| (staged, listing))
+            })
+            .await
+            .map_err(|e| ScheduleError::Task(e.to_string()))??
         };
         let _ = links
             .hashed
             .send((links.stage, staged.records.clone(), started.elapsed()));
-        Ok(if small {
+        let published = if small {
             store.publish(staged)?
         } else {
             tokio::task::spawn_blocking(move || store.publish(staged))
                 .await
                 .map_err(|e| ScheduleError::Task(e.to_string()))??
-        })
+        };
+        Ok((published, listing))
     }
 }
 

@@ -39,8 +39,8 @@ pub struct Staged {
 }
 
 /// Published outputs: their records, and the small objects the ledger must
-/// store with the result.
-#[derive(Debug)]
+/// store with the result, and the stat entries of the files hashed.
+#[derive(Debug, Default)]
 pub struct Published {
     pub records: Vec<OutputRecord>,
     pub inline: Vec<(Digest, Vec<u8>)>,
@@ -239,7 +239,19 @@ impl ObjectStore {
     /// store's temporary area and hashes them. The digests are final; the
     /// objects become durable and visible only through [`Self::publish`].
     pub fn stage(&self, outputs: &[(String, String, PathBuf)]) -> Result<Staged, StoreError> {
-        self.stage_with(outputs, true)
+        self.stage_with(outputs, true, &mut StatCache::default())
+    }
+
+    /// Like [`Self::stage`], with the files of directory outputs listed
+    /// through `listing`: a stat cache that knows files of theirs (a
+    /// per-item stage's entries, checked or stored moments ago) spares
+    /// reading them again.
+    pub fn stage_listed(
+        &self,
+        outputs: &[(String, String, PathBuf)],
+        listing: &mut StatCache,
+    ) -> Result<Staged, StoreError> {
+        self.stage_with(outputs, true, listing)
     }
 
     /// Like [`Self::stage`], but every file goes to `objects/`, none into
@@ -248,13 +260,14 @@ impl ObjectStore {
         &self,
         outputs: &[(String, String, PathBuf)],
     ) -> Result<Staged, StoreError> {
-        self.stage_with(outputs, false)
+        self.stage_with(outputs, false, &mut StatCache::default())
     }
 
     fn stage_with(
         &self,
         outputs: &[(String, String, PathBuf)],
         inline: bool,
+        listing: &mut StatCache,
     ) -> Result<Staged, StoreError> {
         let mut staged = Staged {
             records: Vec::with_capacity(outputs.len()),
@@ -263,7 +276,7 @@ impl ObjectStore {
             seen: Vec::new(),
         };
         for (name, path, abs) in outputs {
-            let record = self.stage_one(name, path, abs, inline, &mut staged)?;
+            let record = self.stage_one(name, path, abs, inline, listing, &mut staged)?;
             staged.records.push(record);
         }
         Ok(staged)
@@ -275,6 +288,7 @@ impl ObjectStore {
         path: &str,
         abs: &Path,
         inline: bool,
+        listing: &mut StatCache,
         staged: &mut Staged,
     ) -> Result<OutputRecord, StoreError> {
         let seen_ns = now_ns();
@@ -298,7 +312,6 @@ impl ObjectStore {
                 inline,
             });
         }
-        let mut listing = StatCache::default();
         let Content::Dir { mut entries, .. } =
             listing.content(abs).map_err(|e| StoreError::io(abs, e))?
         else {

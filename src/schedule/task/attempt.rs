@@ -21,6 +21,8 @@ pub(super) struct ItemRunner {
     pub(super) run_id: i64,
     pub(super) attempts: UnboundedSender<ItemAttempt>,
     pub(super) outputs: ItemOutputs,
+    /// What storing the items' entries hashed, for the stat cache.
+    pub(super) seen: std::sync::Mutex<Vec<(PathBuf, StatEntry)>>,
     pub(super) store: ObjectStore,
     /// Where final outcomes are uploaded to the remote cache, if anywhere.
     pub(super) uploads: Option<Uploads>,
@@ -150,7 +152,12 @@ impl ItemRunner {
                 (class, rule, None)
             } else if class.is_final() {
                 match self.outputs.store(item, &class, &self.store).await? {
-                    Ok(records) => (class, rule, Some(records)),
+                    Ok(published) => {
+                        if let Ok(mut seen) = self.seen.lock() {
+                            seen.extend(published.seen);
+                        }
+                        (class, rule, Some(published.records))
+                    }
                     Err(message) => {
                         self.outputs.clear(item)?;
                         (ItemClass::Error, Some(message), None)

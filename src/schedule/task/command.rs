@@ -92,12 +92,17 @@ impl StageTask {
                     started: true,
                     outcome,
                     failure: None,
-                    published: Some(self.store_outputs(&links, started).await?),
+                    published: Some(
+                        self.store_outputs(&links, started, StatCache::default())
+                            .await?
+                            .0,
+                    ),
                     partial: None,
                     started_ms,
                     failure_log: None,
                     cancelled_orphans,
                     last_attempt: Some(ended),
+                    stat: None,
                 });
             };
             let retried = self.retry.on.contains(&class) && attempt <= self.retry.max;
@@ -115,6 +120,7 @@ impl StageTask {
                 failure_log: None,
                 cancelled_orphans: cancelled_orphans.clone(),
                 last_attempt: None,
+                stat: None,
             };
             if !retried {
                 return Ok(TaskResult {

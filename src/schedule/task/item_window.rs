@@ -39,7 +39,9 @@ impl StageTask {
             }
         }
         if !items.outputs.is_empty() {
-            let restored = items.outputs.prepare(&mut items.plan, &self.store)?;
+            let restored = items
+                .outputs
+                .prepare(&mut items.plan, &self.store, &mut items.stat)?;
             if restored > 0 {
                 tracing::info!("restored {restored} item output(s) of `{}`", items.name);
             }
@@ -120,6 +122,7 @@ impl StageTask {
             run_id: self.run_id,
             attempts: links.attempts.clone(),
             outputs: items.outputs.clone(),
+            seen: std::sync::Mutex::default(),
             store: self.store.clone(),
             uploads: self.uploads.clone(),
             producer: self.producer.clone(),
@@ -208,6 +211,13 @@ impl StageTask {
         }
 
         release_windows(held_across).await;
+        // What storing the entries hashed is remembered with what
+        // preparing them looked at.
+        if let Ok(mut seen) = runner.seen.lock() {
+            for (path, entry) in seen.drain(..) {
+                items.stat.learn(path, entry);
+            }
+        }
 
         // The counts that decide the stage leave marked groups out.
         let counts = ItemCounts::of(&items.plan);
@@ -233,6 +243,7 @@ impl StageTask {
             failure_log: None,
             cancelled_orphans,
             last_attempt: None,
+            stat: None,
         };
         if stopped {
             task.failure = Some(format!(
@@ -277,7 +288,9 @@ impl StageTask {
                 counts.summary()
             ));
         }
+        let stat = std::mem::take(&mut items.stat);
         if task.failure.is_some() || task.partial.is_some() {
+            task.stat = Some(stat);
             return Ok(task);
         }
 
@@ -316,7 +329,9 @@ impl StageTask {
                 }
             }
         }
-        task.published = Some(self.store_outputs(&links, started).await?);
+        let (published, stat) = self.store_outputs(&links, started, stat).await?;
+        task.published = Some(published);
+        task.stat = Some(stat);
         Ok(task)
     }
 }
