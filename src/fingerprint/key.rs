@@ -22,10 +22,22 @@ impl Component {
     /// A component whose value is `content`, tagged by `kind` so that equal
     /// bytes of different kinds never collide.
     pub fn of_value(kind: &str, content: &[u8], detail: impl Into<String>) -> Self {
+        Self::of_parts(kind, [content], detail)
+    }
+
+    /// [`Self::of_value`] of the concatenation of `parts`, hashed as they
+    /// come (a million items' listing is never held whole).
+    pub fn of_parts<'a>(
+        kind: &str,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+        detail: impl Into<String>,
+    ) -> Self {
         let mut hasher = blake3::Hasher::new();
         hasher.update(kind.as_bytes());
         hasher.update(&[0]);
-        hasher.update(content);
+        for part in parts {
+            hasher.update(part);
+        }
         Self {
             digest: Digest::from_hash(hasher.finalize()),
             detail: detail.into(),

@@ -307,15 +307,16 @@ impl<'m> Context<'m> {
             // (its merged output is in key order too).
             let mut sorted: Vec<&PlannedItem> = items.iter().collect();
             sorted.sort_unstable_by(|a, b| a.item.key.cmp(&b.item.key));
-            let mut listing = Vec::with_capacity(items.len() * 48);
-            for planned in sorted {
-                listing.extend_from_slice(planned.item.key.as_bytes());
-                listing.push(0);
-                listing.extend_from_slice(planned.fingerprint.as_bytes());
-            }
+            let listing = sorted.iter().flat_map(|planned| {
+                [
+                    planned.item.key.as_bytes(),
+                    b"\0".as_slice(),
+                    planned.fingerprint.as_bytes().as_slice(),
+                ]
+            });
             key.insert(
                 "items",
-                Component::of_value("items", &listing, format!("{} items", items.len())),
+                Component::of_parts("items", listing, format!("{} items", items.len())),
             );
             if let Some(samples) = &foreach.samples {
                 // How the samples are reported enters the stage (what it

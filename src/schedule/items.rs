@@ -23,7 +23,8 @@ pub struct Item {
     pub key: String,
     /// Canonical JSON (sorted keys), which enters the item's fingerprint.
     pub canonical: Arc<str>,
-    pub sample: Option<Sample>,
+    /// Boxed: most items are not samples, and a million of them are held.
+    pub sample: Option<Box<Sample>>,
 }
 
 /// Which sample of which item a unit of a sampled stage is.
@@ -68,12 +69,12 @@ impl Item {
         Item {
             key: format!("{}#{index}", self.key),
             canonical: self.canonical.clone(),
-            sample: Some(Sample {
+            sample: Some(Box::new(Sample {
                 item: self.key.clone(),
                 index,
                 seed,
                 draw,
-            }),
+            })),
         }
     }
 
@@ -395,7 +396,7 @@ pub fn fill(text: &str, item: &Item) -> Result<String, String> {
         text,
         Fields {
             value: &value,
-            sample: item.sample.as_ref(),
+            sample: item.sample.as_deref(),
         },
     )
 }
@@ -466,7 +467,7 @@ pub fn fill_command(command: &Command, item: &Item) -> Result<Command, String> {
     let value = item.value();
     let fields = Fields {
         value: &value,
-        sample: item.sample.as_ref(),
+        sample: item.sample.as_deref(),
     };
     Ok(match command {
         Command::Shell(script) => Command::Shell(fill_shell(script, fields)?),

@@ -13,6 +13,8 @@
 //! | 8 | results and item outcomes record their origin (`remote:URL` when a remote cache supplied them, else none) |
 //! | 9 | `redraws` records each `cairn resample`: which samples of which stage are drawn anew |
 //! | 10 | `stage_runs` records every selected stage of every run (its state, why, its times, where it ran); runs record the manifest's digest and cairn's version; item attempts are indexed by run |
+//! | 11 | the stat cache records when each entry was seen (racy-clean), digests as bytes |
+//! | 12 | inline objects in a table with rowids, their digests in an index of their own |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -20,7 +22,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 11;
+pub const LEDGER_SCHEMA_VERSION: i64 = 12;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -92,10 +94,12 @@ CREATE TABLE IF NOT EXISTS heads (
     attempt_id INTEGER NOT NULL,
     PRIMARY KEY (pipeline, stage)
 );
+-- Not WITHOUT ROWID: there every search compares whole rows, reading an
+-- object's overflow pages each time its row lies on the search's path.
 CREATE TABLE IF NOT EXISTS objects (
     digest BLOB PRIMARY KEY,
     bytes BLOB NOT NULL
-) WITHOUT ROWID;
+);
 -- The newest outcome of each item of a per-item stage, by fingerprint.
 CREATE TABLE IF NOT EXISTS items (
     pipeline TEXT NOT NULL,
@@ -186,6 +190,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (9, redraws),
     (10, stage_runs),
     (11, racy_clean_stat_cache),
+    (12, objects_by_rowid),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -295,6 +300,18 @@ fn stage_runs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
 fn racy_clean_stat_cache(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch("DROP TABLE IF EXISTS stat_cache;")?;
     tx.execute_batch(SCHEMA)
+}
+
+/// 12: inline objects move to a table with rowids, their digests to an
+/// index of their own: a lookup by digest no longer reads the objects its
+/// search passes (a 1,000-stage no-op made 3,600 reads of one 9 KB object).
+fn objects_by_rowid(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch("ALTER TABLE objects RENAME TO objects_v11;")?;
+    tx.execute_batch(SCHEMA)?;
+    tx.execute_batch(
+        "INSERT INTO objects (digest, bytes) SELECT digest, bytes FROM objects_v11;
+         DROP TABLE objects_v11;",
+    )
 }
 
 fn has_column(tx: &Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<bool> {
