@@ -218,11 +218,9 @@ pub struct Ledger {
     pipeline: PipelineId,
 }
 
-/// Set on every connection: commits durable at checkpoints (the WAL keeps
-/// them atomic), and a page cache that holds a large ledger's pages for a
-/// whole command (SQLite's default of 2 MB made a 1,000-stage no-op read
-/// each page of its ledger six times over).
-const CONNECTION_PRAGMAS: &str = "PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;";
+/// Set on every connection: commits are durable at checkpoints (the WAL
+/// keeps them atomic).
+const CONNECTION_PRAGMAS: &str = "PRAGMA synchronous=NORMAL;";
 
 /// The columns a [`ResultRecord`] is read from. The key (large: one
 /// component per input) is left out and read on demand by [`Ledger::key`].
