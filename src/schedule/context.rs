@@ -552,18 +552,17 @@ impl<'m> Context<'m> {
                 by_fingerprint
                     .get_or_init(index)
                     .get(fingerprint)
-                    .is_some_and(|&n| planned[n].item.key == key)
+                    .copied()
+                    .filter(|&n| planned[n].item.key == key)
             })?;
-            let by_fingerprint = by_fingerprint.into_inner().unwrap_or_default();
-            for ((_, fingerprint), (class, attempts, result, outputs)) in outcomes {
-                let Some(&n) = by_fingerprint.get(&fingerprint) else {
-                    continue;
-                };
+            for (n, outcome) in outcomes {
                 let p = &mut planned[n];
-                p.outcome = Some((ItemClass::parse(&class), attempts));
-                p.attempts_before += attempts;
-                p.result = result.and_then(|text| serde_json::from_str(&text).ok());
-                p.outputs = outputs;
+                p.outcome = Some((ItemClass::parse(&outcome.class), outcome.attempts));
+                p.attempts_before += outcome.attempts;
+                p.result = outcome
+                    .result
+                    .and_then(|text| serde_json::from_str(&text).ok());
+                p.outputs = outcome.outputs;
             }
         }
         if let Some(ledger) = &self.ledger {

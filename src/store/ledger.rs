@@ -95,9 +95,16 @@ pub struct NewResult<'a> {
     pub origin: Option<&'a str>,
 }
 
-/// (item key, item fingerprint) → (class, attempts, JSON result, outputs).
-pub type ItemOutcomes =
-    HashMap<(String, Digest), (String, u32, Option<String>, Option<Vec<OutputRecord>>)>;
+/// The newest outcome of an item under one fingerprint.
+#[derive(Debug, Clone)]
+pub struct ItemOutcome {
+    pub class: String,
+    pub attempts: u32,
+    /// Its JSON result (`item_result`), as recorded.
+    pub result: Option<String>,
+    /// What it wrote (`item_outputs`).
+    pub outputs: Option<Vec<OutputRecord>>,
+}
 
 /// One attempt of one item of a per-item stage.
 #[derive(Debug, Clone, Serialize)]

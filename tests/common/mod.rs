@@ -248,6 +248,7 @@ pub fn downgrade_to_schema_5(db: &rusqlite::Connection) {
         "BEGIN;
          DROP INDEX results_by_stage;
          DROP INDEX item_attempts_by_item;
+         DROP INDEX item_attempts_by_class;
          ALTER TABLE runs DROP COLUMN pipeline;
          ALTER TABLE results DROP COLUMN pipeline;
          ALTER TABLE item_attempts DROP COLUMN pipeline;

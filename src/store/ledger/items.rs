@@ -4,8 +4,9 @@
 use super::*;
 
 impl Ledger {
-    /// The newest outcome of each item of `stage` that `wanted` asks for
-    /// by (key, fingerprint): (class, attempts, result, outputs). Only
+    /// The newest outcome of each item of `stage` that `wanted` asks for:
+    /// given its (key, fingerprint), `wanted` answers with a number of the
+    /// caller's (an index into its plan), given back with the outcome. Only
     /// outcomes of stage code `code` (or recorded before outcomes named
     /// their code) are read, and only wanted ones are kept or parsed, so
     /// neither old templates nor old item contents cost a thing here.
@@ -13,8 +14,8 @@ impl Ledger {
         &self,
         stage: &str,
         code: &Digest,
-        wanted: impl Fn(&str, &Digest) -> bool,
-    ) -> Result<ItemOutcomes, StoreError> {
+        wanted: impl Fn(&str, &Digest) -> Option<usize>,
+    ) -> Result<Vec<(usize, ItemOutcome)>, StoreError> {
         let mut statement = self
             .conn
             .prepare_cached(
@@ -25,7 +26,7 @@ impl Ledger {
         let mut rows = statement
             .query(params![stage, self.pipeline.name, code.to_string()])
             .map_err(|e| self.db(e))?;
-        let mut outcomes = HashMap::new();
+        let mut outcomes = Vec::new();
         while let Some(row) = rows.next().map_err(|e| self.db(e))? {
             let text = |i: usize| row.get_ref(i).and_then(|v| Ok(v.as_str()?));
             let (key, fingerprint) = (text(0), text(1));
@@ -33,22 +34,22 @@ impl Ledger {
             else {
                 continue;
             };
-            if !wanted(key, &fingerprint) {
+            let Some(n) = wanted(key, &fingerprint) else {
                 continue;
-            }
+            };
             let outputs = row
                 .get::<_, Option<String>>(5)
                 .map_err(|e| self.db(e))?
                 .and_then(|text| serde_json::from_str(&text).ok());
-            outcomes.insert(
-                (key.to_owned(), fingerprint),
-                (
-                    row.get(2).map_err(|e| self.db(e))?,
-                    row.get(3).map_err(|e| self.db(e))?,
-                    row.get(4).map_err(|e| self.db(e))?,
+            outcomes.push((
+                n,
+                ItemOutcome {
+                    class: row.get(2).map_err(|e| self.db(e))?,
+                    attempts: row.get(3).map_err(|e| self.db(e))?,
+                    result: row.get(4).map_err(|e| self.db(e))?,
                     outputs,
-                ),
-            );
+                },
+            ));
         }
         Ok(outcomes)
     }
@@ -348,7 +349,9 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare_cached(
-                "SELECT key, fingerprint, COUNT(*) FROM item_attempts
+                // Left to itself SQLite walks every attempt of the stage
+                // by `item_attempts_by_item`, for the order of the grouping.
+                "SELECT key, fingerprint, COUNT(*) FROM item_attempts INDEXED BY item_attempts_by_class
                   WHERE pipeline = ?1 AND stage = ?2 AND class = 'cancelled'
                   GROUP BY key, fingerprint",
             )
