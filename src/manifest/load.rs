@@ -240,6 +240,7 @@ impl<'s> Checker<'s> {
             ),
             Some(stages) => {
                 if let Some(table) = self.expect_table(&stages.value, "`stages`") {
+                    drafts.reserve(table.len());
                     for entry in table {
                         if let Some(draft) = self.stage(entry, root.as_deref(), &params) {
                             drafts.push(draft);
@@ -249,8 +250,10 @@ impl<'s> Checker<'s> {
             }
         }
 
-        let mut stages: Vec<Stage> = Vec::new();
-        let mut items_refs = Vec::new();
+        // Sized once: a stage is large, and growing a vector of a thousand
+        // of them copied each one several times.
+        let mut stages: Vec<Stage> = Vec::with_capacity(drafts.len());
+        let mut items_refs = Vec::with_capacity(drafts.len());
         for mut draft in drafts {
             let items = draft.items.take();
             if let Some(stage) = self.interpolate_stage(draft, &params) {
