@@ -6,7 +6,7 @@
 //! location never matter, while renaming, adding, removing or changing the
 //! executable bit of any file does.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::{File, Metadata};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -179,27 +179,57 @@ pub fn now_ns() -> i64 {
 /// index. A racy entry is hashed again, and trusted from then on.
 #[derive(Debug, Default)]
 pub struct StatCache {
-    entries: HashMap<PathBuf, StatEntry>,
-    updated: HashMap<PathBuf, StatEntry>,
-    /// Paths looked up or recorded since loading: what pruning keeps.
-    touched: HashSet<PathBuf>,
+    /// One slot a path: a lookup hashes the path once.
+    slots: HashMap<PathBuf, Slot>,
+}
+
+/// What the cache knows of one path.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    /// As loaded, or as last saved by this process.
+    saved: Option<StatEntry>,
+    /// Learned since, to be saved.
+    updated: Option<StatEntry>,
+    /// Looked up since loading: what pruning keeps.
+    touched: bool,
+}
+
+impl Slot {
+    fn newest(&self) -> Option<StatEntry> {
+        self.updated.or(self.saved)
+    }
+
+    /// An entry to save, unless it is the one saved.
+    fn learn(&mut self, entry: StatEntry) {
+        self.updated = (self.saved != Some(entry)).then_some(entry);
+    }
 }
 
 impl StatCache {
     pub fn from_entries(entries: impl IntoIterator<Item = (PathBuf, StatEntry)>) -> Self {
+        let slots = entries.into_iter().map(|(path, entry)| {
+            let slot = Slot {
+                saved: Some(entry),
+                ..Slot::default()
+            };
+            (path, slot)
+        });
         Self {
-            entries: entries.into_iter().collect(),
-            ..Self::default()
+            slots: slots.collect(),
         }
     }
 
     fn lookup(&mut self, path: &Path, meta: &Metadata) -> Option<Digest> {
-        if !self.touched.contains(path) {
-            self.touched.insert(path.to_owned());
-        }
-        self.updated
-            .get(path)
-            .or_else(|| self.entries.get(path))
+        let Some(slot) = self.slots.get_mut(path) else {
+            let slot = Slot {
+                touched: true,
+                ..Slot::default()
+            };
+            self.slots.insert(path.to_owned(), slot);
+            return None;
+        };
+        slot.touched = true;
+        slot.newest()
             .filter(|entry| entry.matches(meta) && !entry.racy())
             .map(|entry| entry.digest)
     }
@@ -207,33 +237,32 @@ impl StatCache {
     /// Remembers `digest` for the file at `path` as `meta` describes it,
     /// stat'ed at `seen_ns` (before its bytes were read).
     pub fn record(&mut self, path: &Path, meta: &Metadata, digest: Digest, seen_ns: i64) {
-        self.learn(path.to_owned(), StatEntry::new(meta, digest, seen_ns));
+        let entry = StatEntry::new(meta, digest, seen_ns);
+        match self.slots.get_mut(path) {
+            Some(slot) => slot.learn(entry),
+            None => self.learn(path.to_owned(), entry),
+        }
     }
 
     /// Remembers an entry made elsewhere (by the store, hashing an output
     /// as it copies it in).
     pub fn learn(&mut self, path: PathBuf, entry: StatEntry) {
-        if self.entries.get(&path) != Some(&entry) {
-            self.updated.insert(path, entry);
-        }
+        self.slots.entry(path).or_default().learn(entry);
     }
 
     /// Entries added or changed since loading, for persisting at
     /// `saved_ns`: from then on each is seen as of that moment.
     pub fn take_updates(&mut self, saved_ns: i64) -> Vec<(PathBuf, StatEntry)> {
-        let updates: Vec<_> = self
-            .updated
-            .drain()
-            .map(|(path, entry)| {
+        let mut updates = Vec::new();
+        for (path, slot) in &mut self.slots {
+            if let Some(entry) = slot.updated.take() {
                 let entry = StatEntry {
                     seen_ns: saved_ns.max(entry.seen_ns),
                     ..entry
                 };
-                (path, entry)
-            })
-            .collect();
-        for (path, entry) in &updates {
-            self.entries.insert(path.clone(), *entry);
+                slot.saved = Some(entry);
+                updates.push((path.clone(), entry));
+            }
         }
         updates
     }
@@ -242,32 +271,33 @@ impl StatCache {
     /// them away from this cache; [`Self::absorb`] takes back what it
     /// learned and looked at.
     pub fn subset_under(&self, dirs: &[&Path]) -> StatCache {
-        // `updated` after `entries`: a newer entry wins.
         let under = self
-            .entries
+            .slots
             .iter()
-            .chain(&self.updated)
             .filter(|(path, _)| dirs.iter().any(|dir| path.starts_with(dir)))
-            .map(|(path, entry)| (path.clone(), *entry));
+            .filter_map(|(path, slot)| Some((path.clone(), slot.newest()?)));
         StatCache::from_entries(under)
     }
 
     /// Takes back what a [`Self::subset_under`] learned and looked at.
     pub fn absorb(&mut self, subset: StatCache) {
-        for (path, entry) in subset.updated {
-            self.learn(path, entry);
+        for (path, theirs) in subset.slots {
+            let ours = self.slots.entry(path).or_default();
+            if let Some(entry) = theirs.updated {
+                ours.learn(entry);
+            }
+            ours.touched |= theirs.touched;
         }
-        self.touched.extend(subset.touched);
     }
 
     /// Loaded entries of paths this process has neither looked up nor
     /// recorded: what a command that looked at every path it depends on
     /// can forget.
     pub fn untouched(&self) -> Vec<PathBuf> {
-        self.entries
-            .keys()
-            .filter(|path| !self.touched.contains(*path) && !self.updated.contains_key(*path))
-            .cloned()
+        self.slots
+            .iter()
+            .filter(|(_, slot)| slot.saved.is_some() && !slot.touched && slot.updated.is_none())
+            .map(|(path, _)| path.clone())
             .collect()
     }
 
