@@ -25,8 +25,11 @@ pub fn for_each(
     let cannot = |e: std::io::Error| format!("cannot read {what} `{}`: {e}", path.display());
     let file = crate::fingerprint::open_regular(path).map_err(cannot)?;
     let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
-    if starts_with_bracket(&mut reader).map_err(cannot)? {
-        let mut bytes = Vec::new();
+    // What comes before the first value is kept, so that the lines and
+    // offsets errors give count from the top of the file.
+    let mut leading = Vec::new();
+    if starts_with_bracket(&mut reader, &mut leading).map_err(cannot)? {
+        let mut bytes = leading;
         std::io::Read::read_to_end(&mut reader, &mut bytes).map_err(cannot)?;
         std::str::from_utf8(&bytes)
             .map_err(|e| format!("{what} `{}` is not UTF-8: {e}", path.display()))?;
@@ -47,7 +50,7 @@ pub fn for_each(
             .map_err(|e| format!("{what} `{}` is not a JSON array: {e}", path.display()));
     }
     let mut line = Vec::new();
-    let mut n = 0;
+    let mut n = leading.iter().filter(|&&b| b == b'\n').count();
     let mut count = 0;
     loop {
         line.clear();
@@ -68,8 +71,8 @@ pub fn for_each(
 }
 
 /// Whether the first byte that is not white space is `[` (a JSON array);
-/// consumes the white space before it.
-fn starts_with_bracket(reader: &mut impl BufRead) -> std::io::Result<bool> {
+/// moves the white space before it into `leading`.
+fn starts_with_bracket(reader: &mut impl BufRead, leading: &mut Vec<u8>) -> std::io::Result<bool> {
     loop {
         let buffer = reader.fill_buf()?;
         if buffer.is_empty() {
@@ -78,11 +81,13 @@ fn starts_with_bracket(reader: &mut impl BufRead) -> std::io::Result<bool> {
         match buffer.iter().position(|b| !b.is_ascii_whitespace()) {
             Some(at) => {
                 let bracket = buffer[at] == b'[';
+                leading.extend_from_slice(&buffer[..at]);
                 reader.consume(at);
                 return Ok(bracket);
             }
             None => {
                 let all = buffer.len();
+                leading.extend_from_slice(buffer);
                 reader.consume(all);
             }
         }
@@ -150,6 +155,14 @@ mod tests {
         assert!(error.contains("is not a JSON array"), "{error}");
         let error = read_text("{\"a\": \"\u{ff}\"}\n\u{0}\u{0}").unwrap_err();
         assert!(error.contains("line 2"), "{error}");
+    }
+
+    #[test]
+    fn lines_count_from_the_top_of_the_file_past_leading_blank_lines() {
+        let error = read_text("\n\n{oops}\n").unwrap_err();
+        assert!(error.contains("line 3: not JSON"), "{error}");
+        let error = read_text("\n\n  [1,\n oops]").unwrap_err();
+        assert!(error.contains("line 4"), "{error}");
     }
 
     #[test]

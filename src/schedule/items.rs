@@ -230,6 +230,9 @@ fn read_items(
     hash: fn(&str) -> u64,
     mut visit: impl FnMut(Item, &serde_json::Value) -> Result<(), String>,
 ) -> Result<(), String> {
+    // Keys hashed alike are compared by reading the list again, which
+    // must then be the file read the first time.
+    let before = file_identity(path);
     let mut seen: HashMap<u64, usize, KeyHashed> = HashMap::default();
     // (earlier item, later item, the later one's key): the same hash.
     let mut alike: Vec<(usize, usize, String)> = Vec::new();
@@ -264,6 +267,12 @@ fn read_items(
         }
         Ok(())
     })?;
+    if before.is_none() || file_identity(path) != before {
+        return Err(format!(
+            "item list `{}` changed while it was read; run again",
+            path.display()
+        ));
+    }
     // Within each group of keys hashed alike (one earliest item, the later
     // ones in order), the first key met twice is the error.
     let mut groups: BTreeMap<usize, Vec<(usize, String)>> = BTreeMap::new();
@@ -295,6 +304,22 @@ fn read_items(
         )),
         None => Ok(()),
     }
+}
+
+/// What tells one state of a file from another: its identity, size and
+/// times.
+fn file_identity(path: &Path) -> Option<(u64, u64, u64, i64, i64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec(),
+    ))
 }
 
 /// The key of item `n` (0-based) of the list at `path`, checked.
@@ -610,6 +635,28 @@ mod tests {
         std::fs::write(&path, "{\"id\": \"a\"}\n{\"id\": \"a\"}\n").unwrap();
         let error = read_items(&path, "id", |_| 0, |_, _| Ok(())).unwrap_err();
         assert!(error.contains("items 1 and 2"), "{error}");
+    }
+
+    /// Planning fills templates from the value as read, a command from the
+    /// canonical text read again: the two must be the same value.
+    #[test]
+    fn an_items_canonical_text_reads_back_as_its_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list.jsonl");
+        std::fs::write(
+            &path,
+            "{\"id\": \"a\", \"x\": 118.075470945216424, \"y\": 1e-7, \"z\": 0.30000000000000004}\n",
+        )
+        .unwrap();
+        let mut read = Vec::new();
+        for_each_item(&path, "id", |item, value| {
+            read.push((item, value.clone()));
+            Ok(())
+        })
+        .unwrap();
+        let (item, value) = &read[0];
+        assert_eq!(&item.value(), value, "{}", item.canonical);
+        assert_eq!(fill("{item.x}", item).unwrap(), value["x"].to_string());
     }
 
     /// Each merged line is exactly the canonical JSON of its record, as

@@ -14,7 +14,8 @@
 //! | 9 | `redraws` records each `cairn resample`: which samples of which stage are drawn anew |
 //! | 10 | `stage_runs` records every selected stage of every run (its state, why, its times, where it ran); runs record the manifest's digest and cairn's version; item attempts are indexed by run |
 //! | 11 | the stat cache records when each entry was seen (racy-clean), digests as bytes |
-//! | 12 | inline objects in a table with rowids, their digests in an index of their own; item attempts indexed by class |
+//! | 12 | inline objects in a table with rowids, their digests in an index of their own |
+//! | 13 | item attempts indexed by class |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -22,7 +23,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 12;
+pub const LEDGER_SCHEMA_VERSION: i64 = 13;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -194,6 +195,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (10, stage_runs),
     (11, racy_clean_stat_cache),
     (12, objects_by_rowid),
+    (13, attempts_by_class),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -308,7 +310,6 @@ fn racy_clean_stat_cache(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Re
 /// 12: inline objects move to a table with rowids, their digests to an
 /// index of their own: a lookup by digest no longer reads the objects its
 /// search passes (a 1,000-stage no-op made 3,600 reads of one 9 KB object).
-/// Item attempts are indexed by class ([`SCHEMA`] creates the index).
 fn objects_by_rowid(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch("ALTER TABLE objects RENAME TO objects_v11;")?;
     tx.execute_batch(SCHEMA)?;
@@ -316,6 +317,12 @@ fn objects_by_rowid(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<
         "INSERT INTO objects (digest, bytes) SELECT digest, bytes FROM objects_v11;
          DROP TABLE objects_v11;",
     )
+}
+
+/// 13: item attempts indexed by class, for the few cancelled or abandoned
+/// ones ([`SCHEMA`] creates the index).
+fn attempts_by_class(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
 }
 
 fn has_column(tx: &Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<bool> {
