@@ -17,7 +17,8 @@ use serde_json::Value;
 pub fn to_string(value: &Value) -> String {
     let mut out = Vec::with_capacity(128);
     write(value, &mut out);
-    String::from_utf8(out).expect("serde_json writes UTF-8 and so does `write`")
+    // serde_json writes UTF-8 and so does `write`: nothing is replaced.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Appends `value` as canonical JSON to `out`: no value or string is

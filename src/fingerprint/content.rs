@@ -126,11 +126,7 @@ impl StatEntry {
         digest: Digest,
         seen_ns: i64,
     ) -> Option<Self> {
-        let held = before.dev() == after.dev()
-            && before.ino() == after.ino()
-            && before.size() == after.size()
-            && mtime_ns(before) == mtime_ns(after);
-        held.then(|| Self::new(after, digest, seen_ns))
+        unchanged(before, after).then(|| Self::new(after, digest, seen_ns))
     }
 
     fn matches(&self, meta: &Metadata) -> bool {
@@ -162,6 +158,16 @@ fn timestamp_tick(mtime_ns: i64) -> i64 {
     } else {
         20_000_000
     }
+}
+
+/// Whether nothing wrote the file `before` described by the time `after`
+/// describes it: its identity, size and mtime held (its ctime may move:
+/// storing it can link it).
+pub fn unchanged(before: &Metadata, after: &Metadata) -> bool {
+    before.dev() == after.dev()
+        && before.ino() == after.ino()
+        && before.size() == after.size()
+        && mtime_ns(before) == mtime_ns(after)
 }
 
 /// Now, in nanoseconds since the epoch, on the clock files are stamped by.

@@ -31,7 +31,7 @@ mod key;
 
 pub use content::{
     Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, now_ns,
-    open_regular, read_regular, refuse_special, tree_digest,
+    open_regular, read_regular, refuse_special, tree_digest, unchanged,
 };
 pub use digest::{Digest, ParseDigestError, hex};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};

@@ -1,6 +1,6 @@
 //! A per-item stage's items, checked before any of them runs.
 //!
-//! Item keys are checked as the list is read ([`super::items::for_each_item`]);
+//! Item keys are checked as the list is read ([`super::items::for_each_keyed`]);
 //! here, every `{item.FIELD}` the stage writes (in `run`, checks,
 //! `item_inputs`, `item_result`, `item_outputs`) is checked against every
 //! item. A field that an item lacks would fail that item with an empty log;
@@ -17,7 +17,7 @@
 use std::path::Path;
 
 use super::ScheduleError;
-use super::items::for_each_item;
+use super::items::for_each_keyed;
 use crate::manifest::interpolate::walk;
 use crate::manifest::{Command, Manifest, Stage, line_col};
 
@@ -150,8 +150,8 @@ pub fn check_item_lists(manifest: &Manifest, selected: &[bool]) -> Result<(), Sc
             message,
         };
         let fields = FieldCheck::new(manifest, stage, Path::new(items_path));
-        for_each_item(&list, &foreach.key, |item, value| {
-            fields.check(&item.key, value)
+        for_each_keyed(&list, &foreach.key, |_, key, value| {
+            fields.check(&key, value)
         })
         .map_err(bad)?;
     }

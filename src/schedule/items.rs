@@ -78,9 +78,18 @@ impl Item {
         }
     }
 
-    /// The item's fields, parsed from its canonical text.
+    /// The item's fields, parsed from its canonical text. That text is
+    /// cairn's own writing of a value it parsed (floats read exactly, so it
+    /// reads back as that value); should it ever not parse, the item has
+    /// no fields (its placeholders then fail it) and the error is logged.
     pub fn value(&self) -> serde_json::Value {
-        serde_json::from_str(&self.canonical).expect("an item's canonical text is JSON cairn wrote")
+        serde_json::from_str(&self.canonical).unwrap_or_else(|e| {
+            tracing::error!(
+                "item `{}`: its canonical text does not read back: {e}",
+                self.key
+            );
+            serde_json::Value::Null
+        })
     }
 
     /// The key of the item itself (a sample's item's).
@@ -218,25 +227,46 @@ pub fn load_items(path: &Path, key: &str) -> Result<Vec<Item>, String> {
 pub fn for_each_item(
     path: &Path,
     key: &str,
-    visit: impl FnMut(Item, &serde_json::Value) -> Result<(), String>,
+    mut visit: impl FnMut(Item, &serde_json::Value) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut canonical = Vec::with_capacity(256);
+    for_each_keyed(path, key, |n, name, value| {
+        canonical.clear();
+        crate::canonical_json::write(value, &mut canonical);
+        let text = std::str::from_utf8(&canonical)
+            .map_err(|e| format!("item {} of `{}`: {e}", n + 1, path.display()))?;
+        let item = Item {
+            key: name,
+            canonical: Arc::from(text),
+            sample: None,
+        };
+        visit(item, value)
+    })
+}
+
+/// [`for_each_item`] for a reader of keys and fields only (a check): each
+/// item's position, key and value, with no canonical text made.
+pub fn for_each_keyed(
+    path: &Path,
+    key: &str,
+    visit: impl FnMut(usize, String, &serde_json::Value) -> Result<(), String>,
 ) -> Result<(), String> {
     read_items(path, key, key_hash, visit)
 }
 
-/// [`for_each_item`] with keys hashed by `hash`.
+/// [`for_each_keyed`] with keys hashed by `hash`.
 fn read_items(
     path: &Path,
     key: &str,
     hash: fn(&str) -> u64,
-    mut visit: impl FnMut(Item, &serde_json::Value) -> Result<(), String>,
+    mut visit: impl FnMut(usize, String, &serde_json::Value) -> Result<(), String>,
 ) -> Result<(), String> {
     // Keys hashed alike are compared by reading the list again, which
     // must then be the file read the first time.
-    let before = file_identity(path);
+    let before = std::fs::metadata(path).ok();
     let mut seen: HashMap<u64, usize, KeyHashed> = HashMap::default();
     // (earlier item, later item, the later one's key): the same hash.
     let mut alike: Vec<(usize, usize, String)> = Vec::new();
-    let mut canonical = Vec::with_capacity(256);
     crate::records::for_each(path, "item list", |n, value| {
         let name = key_of(&value, key, n, path)?;
         let hashed = hash(&name);
@@ -246,15 +276,7 @@ fn read_items(
                 seen.insert(hashed, n);
             }
         }
-        canonical.clear();
-        crate::canonical_json::write(&value, &mut canonical);
-        let text = std::str::from_utf8(&canonical).expect("canonical JSON is UTF-8");
-        let item = Item {
-            key: name,
-            canonical: Arc::from(text),
-            sample: None,
-        };
-        visit(item, &value)
+        visit(n, name, &value)
     })?;
     if alike.is_empty() {
         return Ok(());
@@ -267,7 +289,11 @@ fn read_items(
         }
         Ok(())
     })?;
-    if before.is_none() || file_identity(path) != before {
+    let after = std::fs::metadata(path).ok();
+    let same = before
+        .zip(after)
+        .is_some_and(|(before, after)| crate::fingerprint::unchanged(&before, &after));
+    if !same {
         return Err(format!(
             "item list `{}` changed while it was read; run again",
             path.display()
@@ -304,22 +330,6 @@ fn read_items(
         )),
         None => Ok(()),
     }
-}
-
-/// What tells one state of a file from another: its identity, size and
-/// times.
-fn file_identity(path: &Path) -> Option<(u64, u64, u64, i64, i64, i64, i64)> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
-    Some((
-        meta.dev(),
-        meta.ino(),
-        meta.size(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-        meta.ctime(),
-        meta.ctime_nsec(),
-    ))
 }
 
 /// The key of item `n` (0-based) of the list at `path`, checked.
@@ -613,8 +623,8 @@ mod tests {
             &path,
             "id",
             |_| 0,
-            |item, _| {
-                keys.push(item.key);
+            |_, key, _| {
+                keys.push(key);
                 Ok(())
             },
         )
@@ -626,14 +636,14 @@ mod tests {
         )
         .unwrap();
         for hash in [|_: &str| 0, key_hash] {
-            let error = read_items(&path, "id", hash, |_, _| Ok(())).unwrap_err();
+            let error = read_items(&path, "id", hash, |_, _, _| Ok(())).unwrap_err();
             assert!(
                 error.contains("items 2 and 4") && error.contains("share the key `b`"),
                 "{error}"
             );
         }
         std::fs::write(&path, "{\"id\": \"a\"}\n{\"id\": \"a\"}\n").unwrap();
-        let error = read_items(&path, "id", |_| 0, |_, _| Ok(())).unwrap_err();
+        let error = read_items(&path, "id", |_| 0, |_, _, _| Ok(())).unwrap_err();
         assert!(error.contains("items 1 and 2"), "{error}");
     }
 
