@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// Jobs abandoned by a run and never adopted since (see `orphaned_jobs`).
+const ORPHANED_JOBS: &str = "SELECT a.key, a.fingerprint, a.handle FROM item_attempts a
+  WHERE a.pipeline = ?1 AND a.stage = ?2 AND a.class = 'abandoned' AND a.handle IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM item_attempts b
+                     WHERE b.pipeline = a.pipeline AND b.stage = a.stage AND b.key = a.key
+                       AND b.id > a.id AND b.handle = a.handle)
+  ORDER BY a.id";
+
 impl Ledger {
     /// The newest outcome of each item of `stage` that `wanted` asks for:
     /// given its (key, fingerprint), `wanted` answers with a number of the
@@ -289,14 +297,7 @@ impl Ledger {
     pub fn orphaned_jobs(&self, stage: &str) -> Result<Vec<(String, Digest, String)>, StoreError> {
         let mut statement = self
             .conn
-            .prepare_cached(
-                "SELECT a.key, a.fingerprint, a.handle FROM item_attempts a
-                  WHERE a.pipeline = ?1 AND a.stage = ?2 AND a.class = 'abandoned' AND a.handle IS NOT NULL
-                    AND NOT EXISTS (SELECT 1 FROM item_attempts b
-                                     WHERE b.pipeline = a.pipeline AND b.stage = a.stage AND b.key = a.key
-                                       AND b.id > a.id AND b.handle = a.handle)
-                  ORDER BY a.id",
-            )
+            .prepare_cached(ORPHANED_JOBS)
             .map_err(|e| self.db(e))?;
         let rows = statement
             .query_map(params![self.pipeline.name, stage], |row| {
@@ -467,5 +468,30 @@ impl Ledger {
             })
             .map_err(|e| self.db(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every run asks this of every stage it starts: binding the next
+    /// stage's name must not make SQLite plan the query again.
+    #[test]
+    fn a_cached_query_is_not_planned_again_for_each_stage() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipeline = PipelineId {
+            name: "p".to_owned(),
+            manifest: "cairn.toml".to_owned(),
+        };
+        let ledger = Ledger::open(&dir.path().join("cache"), &pipeline).unwrap();
+        for stage in ["a", "b", "c"] {
+            assert!(ledger.orphaned_jobs(stage).unwrap().is_empty());
+        }
+        let statement = ledger.conn.prepare_cached(ORPHANED_JOBS).unwrap();
+        assert_eq!(
+            statement.get_status(rusqlite::StatementStatus::RePrepare),
+            0
+        );
     }
 }
