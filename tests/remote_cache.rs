@@ -363,7 +363,7 @@ fn a_blob_whose_bytes_are_not_its_digests_is_refused() {
             bytes[100] ^= 0x01;
             std::fs::write(&blob, bytes).unwrap();
         },
-        "its bytes hash to sha256:",
+        "its bytes hash to blake3:",
     );
 }
 

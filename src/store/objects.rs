@@ -166,15 +166,26 @@ impl ObjectStore {
         dir.join(format!("{}-{n}", std::process::id()))
     }
 
-    /// Makes downloaded, verified files visible: each `(temp, dest)`,
-    /// already fsynced by the download that wrote it, is renamed into
-    /// place. `hashed` names the objects among them (each hashed as it was
-    /// written).
+    /// Makes downloaded, verified files durable and visible: each
+    /// `(temp, dest)` is fsynced (its writeback was started by the download
+    /// that wrote it, so this mostly waits for the disk to finish), then
+    /// renamed into place. `hashed` names the objects among them (each
+    /// hashed as it was written).
     pub fn publish_downloads(
         &self,
         placed: Vec<(PathBuf, PathBuf)>,
         hashed: Vec<Digest>,
     ) -> Result<(), StoreError> {
+        let next = AtomicUsize::new(0);
+        let sync = || -> Result<(), StoreError> {
+            while let Some((temp, _)) = placed.get(next.fetch_add(1, Ordering::Relaxed)) {
+                File::open(temp)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| StoreError::io(temp, e))?;
+            }
+            Ok(())
+        };
+        on_threads(RESTORE_THREADS.min(placed.len()), sync)?;
         for (temp, dest) in placed {
             self.rename_into_place(&temp, &dest)?;
         }
@@ -571,17 +582,21 @@ impl ObjectStore {
                 }
             }
         }
+        // Placed first, several at a time: a copy is written and its
+        // writeback started, not waited for.
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
-        let restore_files = || -> Result<Vec<&str>, StoreError> {
+        let place_files = || -> Result<(Vec<&str>, Vec<&Path>), StoreError> {
             let mut damaged = Vec::new();
+            let mut copied = Vec::new();
             while let Some((entry, target)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
                 if failed.load(Ordering::Relaxed) {
                     break;
                 }
                 let executable = entry.kind == EntryKind::Executable;
-                match self.copy_verified(&entry.digest, target, executable) {
-                    Ok(()) => {}
+                match self.place_verified(&entry.digest, target, executable) {
+                    Ok(Placed::Copied) => copied.push(target.as_path()),
+                    Ok(Placed::Linked) => {}
                     Err(StoreError::Corrupt { .. }) => damaged.push(entry.path.as_str()),
                     Err(other) => {
                         failed.store(true, Ordering::Relaxed);
@@ -589,34 +604,40 @@ impl ObjectStore {
                     }
                 }
             }
-            Ok(damaged)
+            Ok((damaged, copied))
         };
         let mut damaged = Vec::new();
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..RESTORE_THREADS.min(files.len()))
-                .map(|_| scope.spawn(restore_files))
-                .collect();
-            for worker in workers {
-                match worker.join() {
-                    Ok(found) => damaged.extend(found?),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-            Ok::<(), StoreError>(())
-        })?;
-        if damaged.is_empty() {
-            return Ok(());
+        let mut copied = Vec::new();
+        for (found, written) in on_threads(RESTORE_THREADS.min(files.len()), place_files)? {
+            damaged.extend(found);
+            copied.extend(written);
         }
-        damaged.sort_unstable();
-        Err(StoreError::Corrupt {
-            path: self.objects_dir(),
-            detail: format!(
-                "{} stored file(s) of `{}` do not hash to their names: {}",
-                damaged.len(),
-                record.path,
-                damaged.join(", ")
-            ),
-        })
+        if !damaged.is_empty() {
+            damaged.sort_unstable();
+            return Err(StoreError::Corrupt {
+                path: self.objects_dir(),
+                detail: format!(
+                    "{} stored file(s) of `{}` do not hash to their names: {}",
+                    damaged.len(),
+                    record.path,
+                    damaged.join(", ")
+                ),
+            });
+        }
+        // Then made durable, all of them on their way to the disk at once
+        // (a copy synced as soon as written waits out the disk's latency
+        // one file at a time).
+        let next = AtomicUsize::new(0);
+        let sync_copies = || -> Result<(), StoreError> {
+            while let Some(path) = copied.get(next.fetch_add(1, Ordering::Relaxed)) {
+                File::open(path)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| StoreError::io(path, e))?;
+            }
+            Ok(())
+        };
+        on_threads(RESTORE_THREADS.min(copied.len()), sync_copies)?;
+        Ok(())
     }
 
     /// Re-stores object `digest` from `source` if `source` still holds
@@ -663,23 +684,52 @@ impl ObjectStore {
         remove_path(path).map_err(|e| StoreError::io(path, e))
     }
 
+    /// Restores `dest` from object `digest`, durable.
     fn copy_verified(
         &self,
         digest: &Digest,
         dest: &Path,
         executable: bool,
     ) -> Result<(), StoreError> {
+        if self.place_verified(digest, dest, executable)? == Placed::Copied {
+            File::open(dest)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StoreError::io(dest, e))?;
+        }
+        Ok(())
+    }
+
+    /// Restores `dest` from object `digest`: a link where `[cache] link`
+    /// asks for one and one can be made, else a copy whose writeback is
+    /// started but not waited for (the caller syncs it). What is in place
+    /// is checked against `digest` unless this process hashed the object
+    /// as it wrote it; a damaged object is removed, and `Corrupt`.
+    fn place_verified(
+        &self,
+        digest: &Digest,
+        dest: &Path,
+        executable: bool,
+    ) -> Result<Placed, StoreError> {
         let source = self.object_path(digest);
         if self.link != Link::Copy && self.link_verified(&source, digest, dest, executable)? {
-            return Ok(());
+            return Ok(Placed::Linked);
         }
-        // Copied by the kernel, then the copy in place is what is checked
-        // (unless the object was hashed as this process wrote it).
+        let mode = if executable { 0o755 } else { 0o644 };
         let io = |e| StoreError::io(&source, e);
-        let size = fs::copy(&source, dest).map_err(io)?;
+        let mut from = File::open(&source).map_err(io)?;
+        let mut to = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(dest)
+            .map_err(|e| StoreError::io(dest, e))?;
+        // Copied by the kernel (`copy_file_range`).
+        let size = io::copy(&mut from, &mut to).map_err(io)?;
         if !self.just_hashed(digest)
             && crate::fingerprint::hash_file(dest, size, true).map_err(io)? != *digest
         {
+            drop(to);
             let _ = fs::remove_file(dest);
             // A damaged object must not be taken for a stored one: gone,
             // the stage that re-runs stores it afresh.
@@ -689,11 +739,52 @@ impl ObjectStore {
                 detail: format!("content does not hash to {digest}"),
             });
         }
-        let mode = if executable { 0o755 } else { 0o644 };
-        fs::set_permissions(dest, fs::Permissions::from_mode(mode))
-            .and_then(|()| File::open(dest)?.sync_all())
-            .map_err(|e| StoreError::io(dest, e))
+        // The mode asked for, whatever the umask.
+        to.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(|e| StoreError::io(dest, e))?;
+        start_writeback(&to);
+        Ok(Placed::Copied)
     }
+}
+
+/// How a restored file was put in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placed {
+    /// Its own bytes, written but not yet synced.
+    Copied,
+    /// The stored object's blocks (a hard link or a reflink), already
+    /// durable.
+    Linked,
+}
+
+/// Asks the kernel to start writing `file`'s dirty pages to the disk now,
+/// without waiting: a later fsync then finds them written or on their
+/// way. Only a hint; an error changes nothing the fsync will not report.
+pub(in crate::store) fn start_writeback(file: &File) {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `file` is an open descriptor for the whole call;
+    // sync_file_range reads no memory of ours.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// Runs `work` on `threads` scoped threads (at least one) and gathers what
+/// each returns; the first error wins, a panic is passed on.
+fn on_threads<T: Send>(
+    threads: usize,
+    work: impl Fn() -> Result<T, StoreError> + Sync,
+) -> Result<Vec<T>, StoreError> {
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.max(1)).map(|_| scope.spawn(&work)).collect();
+        workers
+            .into_iter()
+            .map(|worker| match worker.join() {
+                Ok(result) => result,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
 }
 
 impl ObjectStore {

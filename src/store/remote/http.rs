@@ -7,7 +7,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use sha2::Digest as _;
 
 use crate::fingerprint::Digest;
 
@@ -47,7 +46,6 @@ impl std::fmt::Debug for HttpCache {
 pub struct Downloaded {
     pub size: u64,
     pub blake3: Digest,
-    pub sha256: String,
 }
 
 impl HttpCache {
@@ -240,9 +238,13 @@ impl HttpCache {
         }
     }
 
-    /// `GET /cas/SHA256` into the file `dest`, hashing both digests as the
-    /// bytes arrive, and fsynced once complete; `Ok(None)` on 404. At most `limit` bytes are taken: a
-    /// server that sends more is not believed.
+    /// `GET /cas/SHA256` into the file `dest`, hashing its BLAKE3 as the
+    /// bytes arrive, its writeback started once complete (the caller syncs
+    /// it before it publishes it); `Ok(None)` on 404. At most
+    /// `limit` bytes are taken: a server that sends more is not believed.
+    /// The SHA-256 is only the address asked for: the caller checks the
+    /// bytes against the BLAKE3 digest its signed entry names, which alone
+    /// decides (re-hashing SHA-256 too took a third of a restore's CPU).
     pub async fn get_blob(
         &self,
         sha256: &str,
@@ -271,21 +273,18 @@ impl HttpCache {
                 .create_new(true)
                 .open(&path)?;
             let mut blake3 = blake3::Hasher::new();
-            let mut sha256 = sha2::Sha256::new();
             let mut size = 0u64;
             while let Some(chunk) = arriving.blocking_recv() {
                 blake3.update(&chunk);
-                sha256.update(&chunk);
                 out.write_all(&chunk)?;
                 size += chunk.len() as u64;
             }
-            // Durable before it may be published: synced here, by the
-            // thread that wrote it, while other downloads still arrive.
-            out.sync_all()?;
+            // On its way to the disk while other downloads still arrive;
+            // synced before it is published.
+            crate::store::objects::start_writeback(&out);
             Ok(Downloaded {
                 size,
                 blake3: Digest::from_hash(blake3.finalize()),
-                sha256: crate::fingerprint::hex(&sha256.finalize()),
             })
         });
         let mut size = 0u64;

@@ -318,7 +318,8 @@ impl RemoteCache {
         Ok(Ok(inline))
     }
 
-    /// Downloads one blob to `temp` and checks its size and both digests.
+    /// Downloads one blob to `temp` and checks its size and its BLAKE3
+    /// digest (a listing: its size; its entries are checked when read).
     async fn download(&self, blob: &Blob, temp: &Path) -> Result<Result<(), Refusal>, Unavailable> {
         let refuse = |detail: String| {
             Ok(Err(Refusal::Blob {
@@ -332,11 +333,10 @@ impl RemoteCache {
         if got.size != blob.size {
             return refuse(format!("{} bytes, not {}", got.size, blob.size));
         }
-        if got.sha256 != blob.sha256 {
-            return refuse(format!("its bytes hash to sha256:{}", got.sha256));
-        }
-        // A listing's digest is that of the entries it lists (checked
-        // when it is read), not of its bytes.
+        // The signed BLAKE3 digest decides: bytes that hash to it are the
+        // bytes the signer stored, whatever name the server keeps them
+        // under. A listing's digest is that of the entries it lists
+        // (checked when it is read), not of its bytes.
         if blob.role != Role::Tree && got.blake3 != blob.blake3 {
             return refuse(format!("its bytes hash to {}", got.blake3));
         }
