@@ -659,3 +659,107 @@ fn register_needs_a_digest_to_check_against() {
     out.success();
     assert!(out.stdout().contains("not pinned"), "{}", out.stdout());
 }
+
+/// The release pipeline and a stage that reads the registered freeze from
+/// the registry, as a trainer does (its receipt is its only input).
+fn consuming_pipeline(remote: Option<&str>) -> String {
+    let remote = remote.map_or_else(String::new, |url| {
+        format!("\n[cache.remote]\nurl = \"{url}\"\n")
+    });
+    format!(
+        "{PIPELINE}
+[stages.consume]
+run = \"cat registry/swe-rl/2026.11/manifest.json > {{out.copy}}\"
+inputs = {{ receipt = \"state/registered.json\" }}
+outputs = {{ copy = \"state/consumed.json\" }}
+{remote}"
+    )
+}
+
+#[test]
+fn a_registry_that_lost_its_freeze_gets_it_back_from_the_next_run() {
+    let p = Project::new();
+    dataset(&p, "lost");
+    p.file("cairn.toml", &consuming_pipeline(None));
+    p.cairn(&["run"]).success();
+    let receipt = p.read("state/registered.json");
+    std::fs::remove_dir_all(p.path("registry")).unwrap();
+
+    // The receipt is intact, the import it stands for is not: stale, and
+    // `why` says what is missing.
+    let why = p.cairn(&["why", "register", "--json"]);
+    why.success();
+    let why: serde_json::Value = serde_json::from_str(&why.stdout()).unwrap();
+    assert_eq!(why["state"], "stale", "{why}");
+    assert_eq!(why["reason"]["reason"], "effect-missing", "{why}");
+    let effect = why["reason"]["effect"].as_str().unwrap();
+    assert!(
+        effect.contains("swe-rl 2026.11") && effect.contains("`registry`"),
+        "{effect}"
+    );
+
+    let run = p.cairn(&["run"]);
+    run.success();
+    assert!(
+        run.stderr().contains("1 ran, 3 fresh"),
+        "register alone re-runs; its receipt is the same bytes: {}",
+        run.stderr()
+    );
+    assert_eq!(p.read("state/registered.json"), receipt);
+    assert_eq!(
+        p.read("registry/swe-rl/2026.11/manifest.json"),
+        p.read("state/freeze/manifest.json")
+    );
+    let again = p.cairn(&["run"]);
+    again.success();
+    assert!(
+        again.stderr().contains("0 ran, 4 fresh"),
+        "{}",
+        again.stderr()
+    );
+}
+
+#[test]
+fn a_second_checkout_imports_the_freeze_into_its_own_registry_rather_than_taking_a_receipt_from_the_remote()
+ {
+    let cache = common::http_cache::HttpCache::start();
+    let home = tempfile::tempdir().unwrap();
+    let key = home.path().join("signing-key");
+    let run = |p: &Project| {
+        let output = p
+            .command(&["run"])
+            .env("CAIRN_SIGNING_KEY_FILE", &key)
+            .env_remove("CAIRN_SIGNING_KEY")
+            .output()
+            .unwrap();
+        let run = common::Run { output };
+        run.success();
+        run
+    };
+    let a = Project::new();
+    dataset(&a, "shared");
+    a.file("cairn.toml", &consuming_pipeline(Some(&cache.url())));
+    run(&a);
+
+    let b = Project::new();
+    dataset(&b, "shared");
+    b.file("cairn.toml", &consuming_pipeline(Some(&cache.url())));
+    let second = run(&b);
+    // The freeze and the bundle come from the remote; the import is done
+    // here, where the registry is.
+    assert!(
+        second.stderr().contains("export (from the remote cache)"),
+        "{}",
+        second.stderr()
+    );
+    assert!(
+        !second.stderr().contains("register (from the remote cache)"),
+        "{}",
+        second.stderr()
+    );
+    assert_eq!(
+        b.read("registry/swe-rl/2026.11/manifest.json"),
+        a.read("registry/swe-rl/2026.11/manifest.json")
+    );
+    assert_eq!(b.read("state/consumed.json"), a.read("state/consumed.json"));
+}

@@ -518,13 +518,15 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
     );
     // Its items came along: only those that ended in error there (which
     // are not shared: a run tries them again) are pending here.
-    let pending = |p: &Project| -> Vec<(String, u64)> {
+    // (`status` exits 1 where a stage would run.)
+    let status_of = |p: &Project, code: i32| -> Vec<serde_json::Value> {
         let status = cairn_keyed(p, &key, &["status", "--json"]);
-        status.success();
+        status.code_is(code);
         let json: serde_json::Value = serde_json::from_str(&status.stdout()).unwrap();
-        json["stages"]
-            .as_array()
-            .unwrap()
+        json["stages"].as_array().unwrap().clone()
+    };
+    let pending = |stages: Vec<serde_json::Value>| -> Vec<(String, u64)> {
+        stages
             .iter()
             .filter(|s| s["items"].is_object())
             .map(|s| {
@@ -537,10 +539,34 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
             })
             .collect()
     };
-    assert_eq!(pending(&gpu), pending(&made));
+    let pulled_status = status_of(&gpu, 1);
+    let stale: Vec<&str> = pulled_status
+        .iter()
+        .filter(|s| s["state"] != "fresh" && s["reason"]["reason"] != "upstream-stale")
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stale, ["register"], "only the import is missing here");
+    assert_eq!(pending(pulled_status), pending(status_of(&made, 0)));
+    // The pull brought the receipt, not the import it stands for: the
+    // first run imports the bundle into this machine's registry (what the
+    // trainer reads), and runs nothing else.
     let run = cairn_keyed(&gpu, &key, &["run"]);
     run.success();
-    assert!(run.stderr().contains("0 ran, 22 fresh"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("1 ran, 21 fresh")
+            && run
+                .stderr()
+                .contains("register (the registry `state/swesmith-curation/registry` does not hold swesmith-rl"),
+        "{}",
+        run.stderr()
+    );
+    let receipt: serde_json::Value =
+        serde_json::from_str(&gpu.read("state/swesmith-curation/registered.json")).unwrap();
+    let registered = format!(
+        "state/swesmith-curation/registry/swesmith-rl/{}/manifest.json",
+        receipt["version"].as_str().unwrap()
+    );
+    assert_eq!(gpu.read(&registered), made.read(&registered));
     // Pulled again: everything is here already, nothing is fetched.
     let again = cairn_keyed(&gpu, &key, &["pull", "--remote-cache", &url]);
     again.success();

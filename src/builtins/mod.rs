@@ -20,6 +20,25 @@ use serde::Deserialize;
 use crate::manifest::catalog;
 use crate::release::ReleaseError;
 
+/// The output of built-in `name` that describes work it does beyond its
+/// declared outputs (`register`: its receipt, of the import into the
+/// registry), if it does any. A result of such a stage counts only while
+/// that work is still in place ([`missing_effect`]), and is never taken
+/// from a remote cache, which cannot bring it back.
+pub fn effect_output(name: &str) -> Option<&'static str> {
+    (name == "register").then_some("receipt")
+}
+
+/// What is missing of the work a result of built-in `name` stands for,
+/// given the bytes of its [`effect_output`] and the project root; `None`
+/// if it is all in place.
+pub fn missing_effect(name: &str, described: &[u8], root: &std::path::Path) -> Option<String> {
+    match name {
+        "register" => register::missing(described, root),
+        _ => None,
+    }
+}
+
 /// What a built-in is given: its settings and its ports' paths (relative
 /// to the project root, which is the working directory).
 #[derive(Debug, Deserialize)]

@@ -1,11 +1,18 @@
 //! `uses = "register"`: `cairn register` as a stage. The bundle must match
 //! the digest in its `sha256` input; the receipt records what was
 //! registered, without times, so a re-run writes the same bytes.
+//!
+//! The import into the registry is the stage's work, and the registry is
+//! not one of its outputs (it holds every version, and is meant to outlive
+//! the pipeline's state): a receipt restored from the store or taken from
+//! a remote cache does not bring it back. So a result of this stage counts
+//! only while its registry still holds what its receipt names
+//! ([`missing`]), and a remote cache is never asked for one.
 
 use serde::Deserialize;
 
 use super::{BuiltinError, Invocation};
-use crate::release::{Limits, Registered, read_sha256_file, register, write_atomic};
+use crate::release::{Lack, Limits, Registered, lacks, read_sha256_file, register, write_atomic};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,4 +49,32 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         registration.version,
         registration.path.display()
     ))
+}
+
+/// What a receipt says is registered and its registry (relative to the
+/// project root `root`) no longer holds, in words; `None` if it is all
+/// there.
+pub fn missing(receipt: &[u8], root: &std::path::Path) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Receipt {
+        name: String,
+        version: String,
+        sha256: String,
+        registry: String,
+    }
+    let r = match serde_json::from_slice::<Receipt>(receipt) {
+        Ok(r) => r,
+        Err(e) => return Some(format!("its receipt cannot be read: {e}")),
+    };
+    let (name, version, at) = (&r.name, &r.version, &r.registry);
+    lacks(&root.join(at), name, version, &r.sha256).map(|lack| match lack {
+        Lack::Unlisted => format!("the registry `{at}` does not hold {name} {version}"),
+        Lack::OtherDigest => {
+            format!("the registry `{at}` holds {name} {version} from another bundle")
+        }
+        Lack::FilesGone => {
+            format!("the registry `{at}` lists {name} {version}, but its files are gone")
+        }
+        Lack::Unreadable(why) => why,
+    })
 }

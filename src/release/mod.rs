@@ -12,7 +12,7 @@ mod verify;
 
 pub use archive::{BundleWritten, files_under, write_bundle};
 pub use format::{FreezeManifest, FrozenItem};
-pub use registry::{Registered, Registration, register};
+pub use registry::{Lack, Registered, Registration, lacks, register};
 pub use verify::{Limits, Verified, expected_digest, read_sha256_file, verify_bundle};
 
 use std::path::{Path, PathBuf};

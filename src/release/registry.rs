@@ -122,6 +122,48 @@ pub fn register(
     Ok(registration(Registered::Imported))
 }
 
+/// What a registry lacks of a registered version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lack {
+    /// Its index does not list the version (or there is no index).
+    Unlisted,
+    /// Its index lists the version with another archive digest.
+    OtherDigest,
+    /// Its index lists the version, but its directory is gone.
+    FilesGone,
+    /// Its index cannot be read; why.
+    Unreadable(String),
+}
+
+/// What the registry at `into` lacks of `name` `version` registered with
+/// archive digest `sha256`; `None` if its index lists it so and its
+/// directory is there. (The files themselves are `cairn audit`'s and
+/// `cairn verify`'s to check, as for any output.)
+pub fn lacks(into: &Path, name: &str, version: &str, sha256: &str) -> Option<Lack> {
+    let listed = match read_index(into) {
+        Ok(index) => index
+            .as_ref()
+            .and_then(|index| index.datasets.get(name))
+            .and_then(|versions| versions.get(version))
+            .map(|entry| entry.sha256 == sha256),
+        Err(error) => return Some(Lack::Unreadable(error.to_string())),
+    };
+    match listed {
+        None => Some(Lack::Unlisted),
+        Some(false) => Some(Lack::OtherDigest),
+        Some(true)
+            if !into
+                .join(name)
+                .join(version)
+                .join("manifest.json")
+                .is_file() =>
+        {
+            Some(Lack::FilesGone)
+        }
+        Some(true) => None,
+    }
+}
+
 fn entry_of(verified: &Verified) -> IndexEntry {
     IndexEntry {
         sha256: verified.sha256.clone(),

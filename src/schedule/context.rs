@@ -44,6 +44,9 @@ pub enum DirtyReason {
     /// Its fingerprint cannot be computed (an unreadable input or item
     /// list); running it would fail the same way.
     Unreadable { error: String },
+    /// A result exists, but the work it stands for beyond its outputs is
+    /// gone (a `register` stage's import into its registry).
+    EffectMissing { effect: String },
 }
 
 impl DirtyReason {
@@ -77,6 +80,7 @@ impl DirtyReason {
                 format!("upstream {} will run first", quote_list(stages))
             }
             DirtyReason::Unreadable { error } => format!("cannot be fingerprinted: {error}"),
+            DirtyReason::EffectMissing { effect } => effect.clone(),
         }
     }
 }
@@ -636,6 +640,9 @@ impl<'m> Context<'m> {
                     }));
                 }
             }
+            if let Some(effect) = self.missing_effect(stage, &record)? {
+                return Ok(Freshness::Dirty(DirtyReason::EffectMissing { effect }));
+            }
             return Ok(Freshness::Fresh(record));
         }
         if let Some(attempt) = self.latest_failure.get(&stage.name)
@@ -658,6 +665,36 @@ impl<'m> Context<'m> {
                 changes: Vec::new(),
             },
         }))
+    }
+
+    /// What is missing of the work a built-in's result stands for beyond
+    /// its outputs (`register`'s import), read from the stored copy of the
+    /// output that describes it; `None` if nothing is, or if that copy
+    /// cannot be read (a damaged copy is the restore's to find).
+    fn missing_effect(
+        &self,
+        stage: &crate::manifest::Stage,
+        record: &ResultRecord,
+    ) -> Result<Option<String>, ScheduleError> {
+        let Some(uses) = &stage.uses else {
+            return Ok(None);
+        };
+        let Some(port) = crate::builtins::effect_output(&uses.name) else {
+            return Ok(None);
+        };
+        let Some(output) = record.outputs.iter().find(|o| o.name == port) else {
+            return Ok(None);
+        };
+        let bytes = match (&self.ledger, output.inline) {
+            (Some(ledger), true) => ledger.inline_object(&output.digest)?,
+            (None, true) => None,
+            (_, false) => std::fs::read(self.store.object_path(&output.digest)).ok(),
+        };
+        Ok(bytes
+            .filter(|bytes| Digest::of(bytes) == output.digest)
+            .and_then(|bytes| {
+                crate::builtins::missing_effect(&uses.name, &bytes, &self.manifest.root)
+            }))
     }
 
     /// Whether every object `output` needs is stored (present with its

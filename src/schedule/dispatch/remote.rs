@@ -9,7 +9,8 @@ impl Dispatcher<'_, '_> {
     /// remote cache first: then the lookup goes to `lookups` and `None` is
     /// returned; the stage comes back when the remote has answered.
     /// Per-item stages are looked up item by item when they run; `--force`
-    /// means run it here.
+    /// means run it here, and so does a built-in whose work reaches beyond
+    /// its outputs (`register`), which no entry can bring back.
     pub(super) fn look_up_first(
         &mut self,
         i: usize,
@@ -23,6 +24,10 @@ impl Dispatcher<'_, '_> {
         let stage = &self.ctx.manifest.stages[i];
         if stage.foreach.is_some()
             || reason == DirtyReason::Forced
+            || stage
+                .uses
+                .as_ref()
+                .is_some_and(|uses| crate::builtins::effect_output(&uses.name).is_some())
             || !remote.is_up()
             || !self.looked_up.insert(i)
         {
