@@ -717,6 +717,31 @@ fn a_registry_that_lost_its_freeze_gets_it_back_from_the_next_run() {
         "{}",
         again.stderr()
     );
+
+    // The index kept, the version's files gone: imported again as well.
+    std::fs::remove_dir_all(p.path("registry/swe-rl/2026.11")).unwrap();
+    let why = p.cairn(&["why", "register"]);
+    why.success();
+    assert!(
+        why.stdout()
+            .contains("the registry `registry` lists swe-rl 2026.11, but its files are gone"),
+        "{}",
+        why.stdout()
+    );
+    let run = p.cairn(&["run"]);
+    run.success();
+    assert!(run.stderr().contains("1 ran, 3 fresh"), "{}", run.stderr());
+    assert_eq!(
+        p.read("registry/swe-rl/2026.11/manifest.json"),
+        p.read("state/freeze/manifest.json")
+    );
+    let settled = p.cairn(&["run"]);
+    settled.success();
+    assert!(
+        settled.stderr().contains("0 ran, 4 fresh"),
+        "{}",
+        settled.stderr()
+    );
 }
 
 #[test]

@@ -137,8 +137,7 @@ pub enum Lack {
 
 /// What the registry at `into` lacks of `name` `version` registered with
 /// archive digest `sha256`; `None` if its index lists it so and its
-/// directory is there. (The files themselves are `cairn audit`'s and
-/// `cairn verify`'s to check, as for any output.)
+/// directory is there.
 pub fn lacks(into: &Path, name: &str, version: &str, sha256: &str) -> Option<Lack> {
     let listed = match read_index(into) {
         Ok(index) => index
@@ -151,15 +150,9 @@ pub fn lacks(into: &Path, name: &str, version: &str, sha256: &str) -> Option<Lac
     match listed {
         None => Some(Lack::Unlisted),
         Some(false) => Some(Lack::OtherDigest),
-        Some(true)
-            if !into
-                .join(name)
-                .join(version)
-                .join("manifest.json")
-                .is_file() =>
-        {
-            Some(Lack::FilesGone)
-        }
+        // The test `register` makes before it imports (the files inside
+        // are `cairn audit`'s and `cairn verify`'s to check).
+        Some(true) if !into.join(name).join(version).is_dir() => Some(Lack::FilesGone),
         Some(true) => None,
     }
 }
@@ -188,9 +181,12 @@ fn conflict(into: &Path, verified: &Verified) -> Result<Option<Registered>, Rele
         Some(entry) if entry.sha256 == verified.sha256 && destination.is_dir() => {
             Ok(Some(Registered::AlreadyPresent))
         }
+        // Listed, its files gone: imported again from this very bundle
+        // (verified against the digest the index names).
+        Some(entry) if entry.sha256 == verified.sha256 && !destination.exists() => Ok(None),
         Some(entry) if entry.sha256 == verified.sha256 => {
             Err(ReleaseError::Refused(vec![format!(
-                "the registry lists {name} {version}, but `{}` is missing; the registry is damaged",
+                "the registry lists {name} {version}, but `{}` is not a directory; the registry is damaged",
                 destination.display()
             )]))
         }

@@ -185,7 +185,13 @@ impl ObjectStore {
             }
             Ok(())
         };
-        on_threads(RESTORE_THREADS.min(placed.len()), sync)?;
+        if let Err(error) = on_threads(RESTORE_THREADS.min(placed.len()), sync) {
+            // Not published, so not kept.
+            for (temp, _) in &placed {
+                let _ = fs::remove_file(temp);
+            }
+            return Err(error);
+        }
         for (temp, dest) in placed {
             self.rename_into_place(&temp, &dest)?;
         }
@@ -551,8 +557,8 @@ impl ObjectStore {
     }
 
     /// Restores a directory's entries under `staging`: the directories
-    /// first, then the files, several at a time (each copy waits on the
-    /// disk for its fsync). Every damaged object is found (and removed) in
+    /// first, then the files, several at a time, each copy's writeback
+    /// started; then every copy is synced. Every damaged object is found (and removed) in
     /// this one pass, so the re-run that follows stores them all afresh.
     fn restore_entries(
         &self,
