@@ -720,16 +720,9 @@ impl ObjectStore {
         if self.link != Link::Copy && self.link_verified(&source, digest, dest, executable)? {
             return Ok(Placed::Linked);
         }
-        let mode = if executable { 0o755 } else { 0o644 };
         let io = |e| StoreError::io(&source, e);
         let mut from = File::open(&source).map_err(io)?;
-        let mut to = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(dest)
-            .map_err(|e| StoreError::io(dest, e))?;
+        let (mut to, mode) = create_restored(dest, executable)?;
         // Copied by the kernel (`copy_file_range`).
         let size = io::copy(&mut from, &mut to).map_err(io)?;
         if !self.just_hashed(digest)
@@ -853,18 +846,25 @@ fn write_verified(
             detail: format!("content does not hash to {digest}"),
         });
     }
+    let (mut out, mode) = create_restored(dest, executable)?;
+    out.write_all(bytes)
+        .and_then(|()| out.sync_all())
+        .map_err(|e| StoreError::io(dest, e))?;
+    fs::set_permissions(dest, fs::Permissions::from_mode(mode)).map_err(|e| StoreError::io(dest, e))
+}
+
+/// Creates (or truncates) the restored file `dest` with the mode an
+/// executable or a plain file gets; returns it and that mode.
+fn create_restored(dest: &Path, executable: bool) -> Result<(File, u32), StoreError> {
     let mode = if executable { 0o755 } else { 0o644 };
-    let mut out = OpenOptions::new()
+    OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(mode)
         .open(dest)
-        .map_err(|e| StoreError::io(dest, e))?;
-    out.write_all(bytes)
-        .and_then(|()| out.sync_all())
-        .map_err(|e| StoreError::io(dest, e))?;
-    fs::set_permissions(dest, fs::Permissions::from_mode(mode)).map_err(|e| StoreError::io(dest, e))
+        .map(|file| (file, mode))
+        .map_err(|e| StoreError::io(dest, e))
 }
 
 /// Removes a file or directory tree; absent is fine.
