@@ -176,16 +176,8 @@ impl ObjectStore {
         placed: Vec<(PathBuf, PathBuf)>,
         hashed: Vec<Digest>,
     ) -> Result<(), StoreError> {
-        let next = AtomicUsize::new(0);
-        let sync = || -> Result<(), StoreError> {
-            while let Some((temp, _)) = placed.get(next.fetch_add(1, Ordering::Relaxed)) {
-                File::open(temp)
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| StoreError::io(temp, e))?;
-            }
-            Ok(())
-        };
-        if let Err(error) = on_threads(RESTORE_THREADS.min(placed.len()), sync) {
+        let temps: Vec<&Path> = placed.iter().map(|(temp, _)| temp.as_path()).collect();
+        if let Err(error) = sync_files(&temps) {
             // Not published, so not kept.
             for (temp, _) in &placed {
                 let _ = fs::remove_file(temp);
@@ -558,8 +550,9 @@ impl ObjectStore {
 
     /// Restores a directory's entries under `staging`: the directories
     /// first, then the files, several at a time, each copy's writeback
-    /// started; then every copy is synced. Every damaged object is found (and removed) in
-    /// this one pass, so the re-run that follows stores them all afresh.
+    /// started; then every copy is synced. Every damaged object is found
+    /// (and removed) in this one pass, so the re-run that follows stores
+    /// them all afresh.
     fn restore_entries(
         &self,
         entries: &[TreeEntry],
@@ -633,17 +626,7 @@ impl ObjectStore {
         // Then made durable, all of them on their way to the disk at once
         // (a copy synced as soon as written waits out the disk's latency
         // one file at a time).
-        let next = AtomicUsize::new(0);
-        let sync_copies = || -> Result<(), StoreError> {
-            while let Some(path) = copied.get(next.fetch_add(1, Ordering::Relaxed)) {
-                File::open(path)
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| StoreError::io(path, e))?;
-            }
-            Ok(())
-        };
-        on_threads(RESTORE_THREADS.min(copied.len()), sync_copies)?;
-        Ok(())
+        sync_files(&copied)
     }
 
     /// Re-stores object `digest` from `source` if `source` still holds
@@ -766,6 +749,21 @@ pub(in crate::store) fn start_writeback(file: &File) {
     unsafe {
         libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
+}
+
+/// Fsyncs every file of `paths`, [`RESTORE_THREADS`] at a time (their
+/// writeback already started, so most of the wait overlaps).
+fn sync_files(paths: &[&Path]) -> Result<(), StoreError> {
+    let next = AtomicUsize::new(0);
+    let sync = || -> Result<(), StoreError> {
+        while let Some(path) = paths.get(next.fetch_add(1, Ordering::Relaxed)) {
+            File::open(path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StoreError::io(path, e))?;
+        }
+        Ok(())
+    };
+    on_threads(RESTORE_THREADS.min(paths.len()), sync).map(drop)
 }
 
 /// Runs `work` on `threads` scoped threads (at least one) and gathers what
