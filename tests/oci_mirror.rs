@@ -213,3 +213,53 @@ fn images_go_to_a_real_registry_over_http_and_the_quota_counts_its_tags() {
     other.file("cairn.toml", &fresh);
     other.cairn(&["run"]).success();
 }
+
+#[test]
+fn a_layout_target_that_lost_its_images_gets_them_back_from_the_next_run() {
+    let p = project(3, "oci:target", 100);
+    p.cairn(&["run"]).success();
+    let rows = p.read("state/mirrored.jsonl");
+    let index = p.read("target/index.json");
+
+    // The list of mirrored images is intact, the copies it names are not.
+    std::fs::remove_dir_all(p.path("target")).unwrap();
+    let why = p.cairn(&["why", "mirror", "--json"]);
+    why.success();
+    let why: serde_json::Value = serde_json::from_str(&why.stdout()).unwrap();
+    assert_eq!(why["reason"]["reason"], "effect-missing", "{why}");
+    assert_eq!(why["reason"]["effect"], "the OCI layout `target` is gone");
+    let run = p.cairn(&["run"]);
+    run.success();
+    assert!(run.stderr().contains("1 ran, 0 fresh"), "{}", run.stderr());
+    assert_eq!(p.read("state/mirrored.jsonl"), rows);
+    assert_eq!(p.read("target/index.json"), index);
+
+    // One image dropped from the layout's index: named, and copied again.
+    let mut value: serde_json::Value = serde_json::from_str(&index).unwrap();
+    let dropped = value["manifests"].as_array_mut().unwrap().remove(0);
+    std::fs::write(p.path("target/index.json"), value.to_string()).unwrap();
+    let name = dropped["annotations"]["org.opencontainers.image.ref.name"]
+        .as_str()
+        .unwrap();
+    let why = p.cairn(&["why", "mirror"]);
+    why.success();
+    assert!(
+        why.stdout()
+            .contains(&format!("the OCI layout `target` lacks {name}")),
+        "{}",
+        why.stdout()
+    );
+    p.cairn(&["run"]).success();
+    assert!(
+        newest_log(&p, "mirror").contains("1 copied, 2 already there"),
+        "{}",
+        newest_log(&p, "mirror")
+    );
+    let again = p.cairn(&["run"]);
+    again.success();
+    assert!(
+        again.stderr().contains("0 ran, 1 fresh"),
+        "{}",
+        again.stderr()
+    );
+}

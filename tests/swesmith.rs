@@ -545,15 +545,21 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
         .filter(|s| s["state"] != "fresh" && s["reason"]["reason"] != "upstream-stale")
         .map(|s| s["stage"].as_str().unwrap())
         .collect();
-    assert_eq!(stale, ["register"], "only the import is missing here");
+    // (`register`, downstream of the mirror, waits for it: upstream-stale.)
+    assert_eq!(
+        stale,
+        ["mirror-images"],
+        "only the work beyond outputs is missing here"
+    );
     assert_eq!(pending(pulled_status), pending(status_of(&made, 0)));
-    // The pull brought the receipt, not the import it stands for: the
-    // first run imports the bundle into this machine's registry (what the
-    // trainer reads), and runs nothing else.
+    // The pull brought the receipt, not the import it stands for (nor the
+    // mirror's list, the copies): the first run mirrors into this machine's
+    // layout and imports the bundle into its registry (what the trainer
+    // reads), and runs nothing else.
     let run = cairn_keyed(&gpu, &key, &["run"]);
     run.success();
     assert!(
-        run.stderr().contains("1 ran, 21 fresh")
+        run.stderr().contains("2 ran, 20 fresh")
             && run
                 .stderr()
                 .contains("register (the registry `state/swesmith-curation/registry` does not hold swesmith-rl"),

@@ -21,20 +21,31 @@ use crate::manifest::catalog;
 use crate::release::ReleaseError;
 
 /// The output of built-in `name` that describes work it does beyond its
-/// declared outputs (`register`: its receipt, of the import into the
-/// registry), if it does any. A result of such a stage counts only while
-/// that work is still in place ([`missing_effect`]), and is never taken
-/// from a remote cache, which cannot bring it back.
+/// declared outputs, if it does any: `register`'s receipt (the import into
+/// the registry), `oci-mirror`'s list of mirrored images (the copies in
+/// its target). A result of such a stage counts only while that work is
+/// still in place ([`missing_effect`]), and is never taken from a remote
+/// cache, which cannot bring it back: the stage runs here, where redoing
+/// work already done is a check that copies nothing.
 pub fn effect_output(name: &str) -> Option<&'static str> {
-    (name == "register").then_some("receipt")
+    match name {
+        "register" => Some("receipt"),
+        "oci-mirror" => Some("mirrored"),
+        _ => None,
+    }
 }
 
-/// What is missing of the work a result of built-in `name` stands for,
-/// given the bytes of its [`effect_output`] and the project root; `None`
-/// if it is all in place.
-pub fn missing_effect(name: &str, described: &[u8], root: &std::path::Path) -> Option<String> {
-    match name {
+/// What is missing of the work a result of the built-in `uses` stands
+/// for, given the bytes of its [`effect_output`] and the project root;
+/// `None` if it is all in place.
+pub fn missing_effect(
+    uses: &crate::manifest::Uses,
+    described: &[u8],
+    root: &std::path::Path,
+) -> Option<String> {
+    match uses.name.as_str() {
         "register" => register::missing(described, root),
+        "oci-mirror" => oci_mirror::missing(&uses.with, described, root),
         _ => None,
     }
 }

@@ -51,6 +51,45 @@ struct Settings {
     token_env: Option<String>,
 }
 
+/// What a mirror's output says is in its target and an OCI layout target
+/// (`oci:PATH`, relative to the project root `root`) no longer holds, in
+/// words; `None` if it is all there. A registry target is not asked: it is
+/// the one registry every machine naming its address reaches, and asking
+/// it on every `status` would put the network on the no-op path.
+pub fn missing(with: &Value, mirrored: &[u8], root: &Path) -> Option<String> {
+    let at = with["target"].as_str()?.strip_prefix("oci:")?;
+    let dir = root.join(at);
+    if !dir.join("index.json").is_file() {
+        return Some(format!("the OCI layout `{at}` is gone"));
+    }
+    let layout = match Layout::open(&dir, false) {
+        Ok(layout) => layout,
+        Err(error) => return Some(error.to_string()),
+    };
+    let mut lacking = Vec::new();
+    for line in mirrored.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let Ok(row) = serde_json::from_slice::<Value>(line) else {
+            return Some("its list of mirrored images cannot be read".to_owned());
+        };
+        let (Some(name), Some(digest)) = (row["target"].as_str(), row["digest"].as_str()) else {
+            continue;
+        };
+        // The test the mirror makes before it copies (the blobs are
+        // checked by whatever pulls them, as from any registry).
+        if layout.refs.get(name).and_then(|e| e["digest"].as_str()) != Some(digest) {
+            lacking.push(name.to_owned());
+        }
+    }
+    match lacking.as_slice() {
+        [] => None,
+        [one] => Some(format!("the OCI layout `{at}` lacks {one}")),
+        [first, rest @ ..] => Some(format!(
+            "the OCI layout `{at}` lacks {first} and {} more",
+            rest.len()
+        )),
+    }
+}
+
 fn default_key() -> String {
     "id".to_owned()
 }

@@ -45,7 +45,8 @@ pub enum DirtyReason {
     /// list); running it would fail the same way.
     Unreadable { error: String },
     /// A result exists, but the work it stands for beyond its outputs is
-    /// gone (a `register` stage's import into its registry).
+    /// gone (a `register` stage's import into its registry, an
+    /// `oci-mirror` stage's copies in an OCI layout).
     EffectMissing { effect: String },
 }
 
@@ -692,9 +693,7 @@ impl<'m> Context<'m> {
         };
         Ok(bytes
             .filter(|bytes| Digest::of(bytes) == output.digest)
-            .and_then(|bytes| {
-                crate::builtins::missing_effect(&uses.name, &bytes, &self.manifest.root)
-            }))
+            .and_then(|bytes| crate::builtins::missing_effect(uses, &bytes, &self.manifest.root)))
     }
 
     /// Whether every object `output` needs is stored (present with its
