@@ -839,3 +839,43 @@ fn a_remote_address_with_a_query_is_refused_where_it_is_written() {
         out.stderr()
     );
 }
+
+#[test]
+fn an_empty_output_file_is_uploaded_like_any_other() {
+    let cache = HttpCache::start();
+    let machine = Machine::new();
+    let manifest = format!(
+        "[pipeline]\nname = \"empty\"\n\n[cache.remote]\nurl = \"{}\"\n\n\
+         [stages.make]\nrun = \": > {{out.empty}}; echo full > {{out.full}}\"\n\
+         outputs = {{ empty = \"build/empty.txt\", full = \"build/full.txt\" }}\n",
+        cache.url()
+    );
+    let a = Project::new();
+    a.file("cairn.toml", &manifest);
+    let first = machine.cairn(&a, &["run"]);
+    first.success();
+    assert!(
+        !first.stderr().contains("takes no uploads") && !first.stderr().contains("not uploaded"),
+        "{}",
+        first.stderr()
+    );
+    // The empty blob is on the server, under the SHA-256 of no bytes.
+    let empty_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    assert!(
+        cache.files("cas").iter().any(|f| f.ends_with(empty_sha256)),
+        "{:?}",
+        cache.files("cas")
+    );
+
+    let b = Project::new();
+    b.file("cairn.toml", &manifest);
+    let second = machine.cairn(&b, &["run"]);
+    second.success();
+    assert!(
+        second.stderr().contains("make (from the remote cache)"),
+        "{}",
+        second.stderr()
+    );
+    assert_eq!(b.read("build/empty.txt"), "");
+    assert_eq!(b.read("build/full.txt"), "full\n");
+}

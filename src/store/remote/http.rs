@@ -169,8 +169,7 @@ impl HttpCache {
 
     /// `PUT /ac/KEY`.
     pub async fn put_entry(&self, key: &str, bytes: Vec<u8>) -> Result<(), Unavailable> {
-        self.put(&format!("ac/{key}"), reqwest::Body::from(bytes), "PUT /ac")
-            .await
+        self.put(&format!("ac/{key}"), bytes, "PUT /ac").await
     }
 
     /// `HEAD /cas/SHA256`: whether the remote holds the blob.
@@ -206,18 +205,18 @@ impl HttpCache {
 
     /// `PUT /cas/SHA256` of bytes in memory.
     pub async fn put_blob_bytes(&self, sha256: &str, bytes: Vec<u8>) -> Result<(), Unavailable> {
-        self.put(
-            &format!("cas/{sha256}"),
-            reqwest::Body::from(bytes),
-            "PUT /cas",
-        )
-        .await
+        self.put(&format!("cas/{sha256}"), bytes, "PUT /cas").await
     }
 
-    async fn put(&self, path: &str, body: reqwest::Body, what: &str) -> Result<(), Unavailable> {
-        self.put_sized(path, body, what, 0).await
+    async fn put(&self, path: &str, bytes: Vec<u8>, what: &str) -> Result<(), Unavailable> {
+        let size = bytes.len() as u64;
+        self.put_sized(path, reqwest::Body::from(bytes), what, size)
+            .await
     }
 
+    /// `PUT` of `size` bytes, the length always stated: a body sent
+    /// without one (as an empty body was) is refused by nginx's WebDAV
+    /// module ("PUT request body must be in a file").
     async fn put_sized(
         &self,
         path: &str,
@@ -227,6 +226,7 @@ impl HttpCache {
     ) -> Result<(), Unavailable> {
         let response = self
             .request_for(reqwest::Method::PUT, path, size)
+            .header(reqwest::header::CONTENT_LENGTH, size)
             .body(body)
             .send()
             .await
