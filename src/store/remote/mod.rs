@@ -154,7 +154,7 @@ impl RemoteCache {
         let before = self.stats.refused.fetch_add(1, Ordering::Relaxed);
         if before < SHOWN {
             tracing::warn!(
-                "refused the remote cache's entry for {fingerprint}: {refusal}; it runs here instead"
+                "refused the remote cache's entry for {fingerprint}: {refusal}; nothing of it is used"
             );
         } else if before == SHOWN {
             tracing::warn!(
