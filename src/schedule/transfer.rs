@@ -327,7 +327,9 @@ pub fn remote_summary(remote: &RemoteCache) -> String {
     }
     let failures = RemoteStats::count(&stats.upload_failures);
     if failures > 0 {
-        parts.push(format!("{failures} result(s) not uploaded"));
+        parts.push(format!(
+            "{failures} result(s) not uploaded (`cairn push` sends them later)"
+        ));
     }
     if let Some(why) = remote.down_because() {
         parts.push(format!("unreachable: {why}"));
