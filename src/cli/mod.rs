@@ -40,6 +40,7 @@ mod builtin;
 mod bundle;
 mod dag;
 mod error;
+mod fresh_run;
 mod gc;
 mod lineage;
 mod locked;

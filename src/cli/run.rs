@@ -10,6 +10,9 @@ use crate::schedule::{self, Context, RunOptions, State};
 use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
+    if super::fresh_run::run(global, args)? {
+        return Ok(());
+    }
     let loaded = workspace::load(global)?;
     let selected = loaded.selection(&args.targets)?;
     let forced = loaded.forced(&args.force)?;

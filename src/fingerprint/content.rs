@@ -129,7 +129,7 @@ impl StatEntry {
         unchanged(before, after).then(|| Self::new(after, digest, seen_ns))
     }
 
-    fn matches(&self, meta: &Metadata) -> bool {
+    pub fn matches(&self, meta: &Metadata) -> bool {
         self.dev == meta.dev()
             && self.ino == meta.ino()
             && self.size == meta.size()
@@ -175,6 +175,56 @@ pub fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// A path's digest as the stat cache vouches for it (see
+/// [`StatCache::vouch`]).
+#[derive(Debug)]
+pub struct Vouched {
+    pub digest: Digest,
+    pub files: Vec<(PathBuf, StatEntry)>,
+    pub dirs: Vec<(PathBuf, DirStat)>,
+}
+
+/// A directory as `stat` saw it at `seen_ns`: a change to its entries
+/// changes its mtime and ctime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirStat {
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub seen_ns: i64,
+}
+
+impl DirStat {
+    pub fn new(meta: &Metadata, seen_ns: i64) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime_ns: mtime_ns(meta),
+            ctime_ns: ctime_ns(meta),
+            seen_ns,
+        }
+    }
+
+    /// Whether `meta` is this directory, unchanged.
+    pub fn matches(&self, meta: &Metadata) -> bool {
+        meta.is_dir()
+            && self.dev == meta.dev()
+            && self.ino == meta.ino()
+            && self.mtime_ns == mtime_ns(meta)
+            && self.ctime_ns == ctime_ns(meta)
+    }
+
+    /// Whether an entry added in the same timestamp tick as `seen_ns`
+    /// could have left its times as they are (see [`StatEntry::racy`]).
+    pub fn racy(&self) -> bool {
+        self.mtime_ns
+            .max(self.ctime_ns)
+            .saturating_add(timestamp_tick(self.mtime_ns))
+            >= self.seen_ns
+    }
 }
 
 /// Digests of files by absolute path; an optimisation only. An entry is
@@ -305,6 +355,69 @@ impl StatCache {
             .filter(|(_, slot)| slot.saved.is_some() && !slot.touched && slot.updated.is_none())
             .map(|(path, _)| path.clone())
             .collect()
+    }
+
+    /// The digest of `path` as this cache can vouch for it without reading
+    /// a byte, with what that rests on: the entry of every file (matching
+    /// the file as it is now, racy or not) and the stat of every directory
+    /// listed (taken before it was read). `None` if some file has no such
+    /// entry, the tree holds a symbolic link, or the path cannot be read.
+    pub fn vouch(&self, path: &Path) -> Option<Vouched> {
+        let seen_ns = now_ns();
+        let meta = std::fs::metadata(path).ok()?;
+        let entry_of = |abs: &Path, meta: &Metadata| {
+            self.slots
+                .get(abs)
+                .and_then(Slot::newest)
+                .filter(|entry| entry.matches(meta))
+        };
+        if !meta.is_dir() {
+            let entry = entry_of(path, &meta)?;
+            return Some(Vouched {
+                digest: entry.digest,
+                files: vec![(path.to_owned(), entry)],
+                dirs: Vec::new(),
+            });
+        }
+        let mut listed = Vec::new();
+        list_tree(path, path, &mut listed).ok()?;
+        let mut vouched = Vouched {
+            digest: Digest::of(b""),
+            files: Vec::new(),
+            dirs: vec![(path.to_owned(), DirStat::new(&meta, seen_ns))],
+        };
+        let mut entries = Vec::with_capacity(listed.len());
+        for item in listed {
+            let (kind, digest, size) = if item.meta.file_type().is_symlink() {
+                return None;
+            } else if item.meta.is_dir() {
+                vouched
+                    .dirs
+                    .push((item.abs.clone(), DirStat::new(&item.meta, seen_ns)));
+                (
+                    EntryKind::Dir,
+                    Digest::from_hash(blake3::Hash::from_bytes([0; 32])),
+                    0,
+                )
+            } else {
+                let entry = entry_of(&item.abs, &item.meta)?;
+                vouched.files.push((item.abs.clone(), entry));
+                let kind = if is_executable(&item.meta) {
+                    EntryKind::Executable
+                } else {
+                    EntryKind::File
+                };
+                (kind, entry.digest, item.meta.size())
+            };
+            entries.push(TreeEntry {
+                path: item.rel,
+                kind,
+                digest,
+                size,
+            });
+        }
+        vouched.digest = tree_digest(&mut entries);
+        Some(vouched)
     }
 
     /// The digest of `path` (a file, or a directory tree), from the cache

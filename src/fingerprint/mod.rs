@@ -30,8 +30,8 @@ mod digest;
 mod key;
 
 pub use content::{
-    Content, EntryKind, StatCache, StatEntry, TreeEntry, hash_file, is_executable, now_ns,
-    open_regular, read_regular, refuse_special, tree_digest, unchanged,
+    Content, DirStat, EntryKind, StatCache, StatEntry, TreeEntry, Vouched, hash_file,
+    is_executable, now_ns, open_regular, read_regular, refuse_special, tree_digest, unchanged,
 };
 pub use digest::{Digest, ParseDigestError, hex};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};
@@ -43,7 +43,7 @@ use crate::manifest::{Command, EnvValue, Stage};
 pub fn stage_key(
     stage: &Stage,
     input_digests: &[Digest],
-    environment: impl Fn(&str) -> Option<String>,
+    mut environment: impl FnMut(&str) -> Option<String>,
 ) -> StageKey {
     let mut key = StageKey::default();
     let mut command = command_component("command", &stage.run);

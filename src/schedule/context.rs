@@ -161,6 +161,12 @@ pub struct Context<'m> {
     /// Stored tree listings of upstream directory outputs, by digest
     /// (`None`: not in the store).
     listings: HashMap<Digest, Option<TreeListing>>,
+    /// Each stage's input digests, as of its last `key_of` (what a fresh
+    /// proof checks the workspace against).
+    pub input_digests: HashMap<usize, Vec<Digest>>,
+    /// The variables the keys read from cairn's environment: the digest
+    /// of each value (`None`: unset). Never the values.
+    pub env_read: BTreeMap<String, Option<Digest>>,
 }
 
 /// A stored directory listing, by path, for looking up what lies inside.
@@ -252,6 +258,8 @@ impl<'m> Context<'m> {
             images: HashMap::new(),
             resolver: std::sync::Arc::default(),
             listings: HashMap::new(),
+            input_digests: HashMap::new(),
+            env_read: BTreeMap::new(),
         })
     }
 
@@ -281,7 +289,14 @@ impl<'m> Context<'m> {
                 })?;
             digests.push(content.digest());
         }
-        let mut key = stage_key(stage, &digests, |name| std::env::var(name).ok());
+        let env_read = &mut self.env_read;
+        let mut key = stage_key(stage, &digests, |name| {
+            let value = std::env::var(name).ok();
+            let digest = value.as_deref().map(|v| Digest::of(v.as_bytes()));
+            env_read.insert(name.to_owned(), digest);
+            value
+        });
+        self.input_digests.insert(i, digests);
         if let Some((image, require_digest)) = manifest.image_of(stage)
             && !is_per_item(image)
         {

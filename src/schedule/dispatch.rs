@@ -40,7 +40,7 @@ use crate::store::{
     ResultStatus, RunCounts, StoreError, now_ms,
 };
 use interrupts::Interrupts;
-use record::new_lock_file;
+pub(crate) use record::new_lock_file;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -904,7 +904,45 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             "failed"
         };
         self.close_run(status)?;
+        if status == "ok" {
+            self.keep_fresh_proof();
+        }
         Ok(self.summary)
+    }
+
+    /// Keeps what this run saw, if it left every stage valid, for the next
+    /// no-op to check by `stat` alone (see [`super::fresh_proof`]). Written
+    /// after everything else the run wrote; a proof is an optimisation, so
+    /// one that cannot be made or kept is only logged.
+    fn keep_fresh_proof(&self) {
+        let options = self.options;
+        let every_stage = options.selected.iter().all(|s| *s);
+        let clean = self.summary.failed.is_empty()
+            && self.summary.partial.is_empty()
+            && self.summary.blocked.is_empty()
+            && self.summary.stopped.is_empty()
+            && self.summary.cut_short.is_empty()
+            && self.summary.lock_differs.is_empty();
+        if !every_stage || !clean || options.remote.is_some() || options.only.is_some() {
+            return;
+        }
+        let ctx = &*self.ctx;
+        let (Some(ledger), Some(key)) = (
+            &ctx.ledger,
+            super::fresh_proof::key(
+                &ctx.manifest.path,
+                ctx.manifest.source.as_bytes(),
+                ctx.manifest.profile.as_deref(),
+            ),
+        ) else {
+            return;
+        };
+        let Some(proof) = super::fresh_proof::Proof::make(ctx, &self.used, ctx.dag.order()) else {
+            return;
+        };
+        if let Err(error) = ledger.keep_fresh_proof(&key, &proof.encode()) {
+            tracing::debug!("the fresh proof was not kept: {error}");
+        }
     }
 
     /// Accounts for every selected stage never finished (blocked by a

@@ -22,6 +22,7 @@ use crate::fingerprint::{Digest, StageKey, StatEntry};
 mod damage;
 mod items;
 mod pipelines;
+mod proofs;
 mod redraws;
 mod results;
 mod runs;
@@ -342,7 +343,8 @@ impl Ledger {
                     schema::migrate(&conn, version, &pipeline.name, &pipeline.manifest)
                 } else {
                     conn.execute_batch(&format!(
-                        "BEGIN; {SCHEMA} PRAGMA user_version = {LEDGER_SCHEMA_VERSION}; COMMIT;"
+                        "BEGIN; {SCHEMA} {} PRAGMA user_version = {LEDGER_SCHEMA_VERSION}; COMMIT;",
+                        schema::voiding_triggers()
                     ))
                 }
             })

@@ -188,7 +188,7 @@ impl Dispatcher<'_, '_> {
 ///
 /// For each stage: the result this run found valid or produced (`used`), or
 /// else its current one (the one the lock already names, else the newest).
-pub(super) fn new_lock_file(
+pub(crate) fn new_lock_file(
     ctx: &Context<'_>,
     used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
 ) -> LockFile {

@@ -85,6 +85,18 @@ impl Ledger {
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
     }
 
+    /// Whether a run is left `running` (by a process that was killed, as
+    /// the caller holds the workspace lock).
+    pub fn has_open_runs(&self) -> Result<bool, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM runs WHERE status = 'running')",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| self.db(e))
+    }
+
     /// Marks runs left `running` by a process that no longer holds the
     /// workspace lock (it was killed) as `killed`; returns their tokens.
     pub fn close_abandoned_runs(&self) -> Result<Vec<String>, StoreError> {

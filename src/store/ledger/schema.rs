@@ -16,6 +16,7 @@
 //! | 11 | the stat cache records when each entry was seen (racy-clean), digests as bytes |
 //! | 12 | inline objects in a table with rowids, their digests in an index of their own |
 //! | 13 | item attempts indexed by class |
+//! | 14 | `fresh_proofs`: what a run that left every stage valid saw, for the next no-op to check by `stat` alone; triggers on every table a stage's freshness is read from delete them |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -23,7 +24,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 13;
+pub const LEDGER_SCHEMA_VERSION: i64 = 14;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -176,7 +177,46 @@ CREATE TABLE IF NOT EXISTS pipelines (
     name TEXT PRIMARY KEY,
     manifest TEXT NOT NULL
 );
+-- What the last run that left every stage of a pipeline valid saw (see
+-- schedule::fresh_proof), under the digest of what it ran: the manifest's
+-- bytes and path, the profile, the cairn binary. Any write to a table a
+-- stage's freshness is read from deletes every proof (the triggers below),
+-- in the transaction that writes it.
+CREATE TABLE IF NOT EXISTS fresh_proofs (
+    key BLOB PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    made_ms INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
 ";
+
+/// The tables a stage's freshness is read from: a write to any of them
+/// voids every fresh proof. (`runs`, `stage_runs` and `stat_cache` are
+/// not: a no-op writes the first two, and the stat cache is checked entry
+/// by entry; `pipelines` is rewritten by every command that opens the
+/// ledger and decides no result.)
+const VOIDING_TABLES: &[&str] = &[
+    "results",
+    "heads",
+    "objects",
+    "items",
+    "item_attempts",
+    "redraws",
+];
+
+/// The triggers that void the fresh proofs, one per table and kind of write.
+pub fn voiding_triggers() -> String {
+    let mut sql = String::new();
+    for table in VOIDING_TABLES {
+        for write in ["INSERT", "UPDATE", "DELETE"] {
+            sql.push_str(&format!(
+                "CREATE TRIGGER IF NOT EXISTS void_proofs_{table}_{write} AFTER {write} ON {table}
+                 BEGIN DELETE FROM fresh_proofs; END;\n"
+            ));
+        }
+    }
+    sql
+}
 
 /// One step of the schema's history: brings a ledger from the version
 /// before it to its own. Given the pipeline that opens the old ledger, and
@@ -196,6 +236,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (11, racy_clean_stat_cache),
     (12, objects_by_rowid),
     (13, attempts_by_class),
+    (14, fresh_proofs),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -323,6 +364,12 @@ fn objects_by_rowid(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<
 /// ones ([`SCHEMA`] creates the index).
 fn attempts_by_class(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
+}
+
+/// 14: `fresh_proofs` and the triggers that void them.
+fn fresh_proofs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)?;
+    tx.execute_batch(&voiding_triggers())
 }
 
 fn has_column(tx: &Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<bool> {

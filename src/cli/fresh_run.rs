@@ -1,0 +1,147 @@
+//! `cairn run` with nothing to do, told by the fresh proof alone: the
+//! manifest is hashed, not parsed; the stages are not decided again; every
+//! path the last run read and wrote is `stat`ed (see
+//! [`crate::schedule::fresh_proof`]). Anything else goes the usual way.
+
+use super::args::{Global, RunArgs};
+use super::error::CliError;
+use super::workspace;
+use crate::fingerprint::Digest;
+use crate::schedule::fresh_proof::{self, CHECK_VAR, Checked, Proof};
+use crate::store::{Ledger, RunCounts, StageRun, WorkspaceLock, now_ms};
+
+/// Answers `cairn run` from the proof the last run kept, if it holds;
+/// `Ok(false)` sends the command the usual way.
+pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
+    let plain = args.targets.is_empty()
+        && args.force.is_empty()
+        && !args.dry_run
+        && !args.locked
+        && !args.json
+        && !args.detach
+        && args.limit.is_none()
+        && args.only.is_none()
+        && args.remote.remote_cache.is_none()
+        && args.jobs != Some(0);
+    if !plain {
+        return Ok(false);
+    }
+    let path = workspace::manifest_path(global)?;
+    let Ok(source) = std::fs::read(&path) else {
+        return Ok(false);
+    };
+    let profile = global.profile.as_deref();
+    let (Some(key), Ok(text)) = (
+        fresh_proof::key(&path, &source, profile),
+        std::str::from_utf8(&source),
+    ) else {
+        return Ok(false);
+    };
+    let Some(root) = fresh_proof::root_hint(&path, text) else {
+        return Ok(false);
+    };
+    let cache = root.join("cache");
+    // (Taking the lock makes the cache directory: only where a ledger is.)
+    if !cache.join("ledger.db").is_file() {
+        return Ok(false);
+    }
+    // Another cairn at work: the usual way waits for it.
+    let Some(_lock) = WorkspaceLock::try_acquire(&cache) else {
+        return Ok(false);
+    };
+    // A ledger that cannot be read is the usual way's to report.
+    let Ok(Some((ledger, body))) = Ledger::open_for_proof(&cache, &key) else {
+        return Ok(false);
+    };
+    let Some(mut proof) = Proof::decode(&body).filter(|proof| proof.root == root) else {
+        return Ok(false);
+    };
+    match proof.check() {
+        Checked::Fails(why) => {
+            tracing::debug!("the fresh proof does not hold: {why}");
+            return Ok(false);
+        }
+        Checked::Holds { renewed } => {
+            if renewed {
+                ledger.renew_fresh_proof(&key, &proof.encode())?;
+            }
+        }
+    }
+    // A run that died is for the usual way to close (and its processes
+    // to be found).
+    if ledger.has_open_runs()? {
+        return Ok(false);
+    }
+    if std::env::var_os(CHECK_VAR).is_some() {
+        check_the_slow_way(global)?;
+    }
+    let run_id = record(&ledger, &proof, profile, &source)?;
+    if !global.quiet {
+        errln!("0 ran, {} fresh (run {run_id})", proof.stages.len());
+    }
+    Ok(true)
+}
+
+/// Records the run as a no-op run is recorded: every stage fresh.
+fn record(
+    ledger: &Ledger,
+    proof: &Proof,
+    profile: Option<&str>,
+    source: &[u8],
+) -> Result<i64, CliError> {
+    let token = format!("{}-{}", std::process::id(), now_ms());
+    let digest = Digest::of(source).hex();
+    let run_id = ledger.begin_run(&super::remote::invocation(), profile, &token, &digest)?;
+    let now = now_ms();
+    let host = crate::schedule::host_name();
+    let stages: Vec<StageRun> = proof
+        .stages
+        .iter()
+        .map(|(stage, executor)| StageRun {
+            stage: stage.clone(),
+            state: "fresh".to_owned(),
+            reason: None,
+            message: None,
+            ready_ms: Some(now),
+            started_ms: Some(now),
+            hashed_ms: None,
+            finished_ms: Some(now),
+            executor: executor.clone(),
+            host: host.clone(),
+        })
+        .collect();
+    ledger.record_stage_runs(run_id, &stages)?;
+    let counts = RunCounts {
+        fresh: stages.len(),
+        ..RunCounts::default()
+    };
+    ledger.finish_run(run_id, "ok", counts)?;
+    Ok(run_id)
+}
+
+/// `CAIRN_CHECK_FRESH_PROOF`: every stage decided the usual way must be
+/// fresh with its outputs in place, or the proof was wrong.
+fn check_the_slow_way(global: &Global) -> Result<(), CliError> {
+    let loaded = workspace::load(global)?;
+    let mut ctx = loaded.read_context()?;
+    let every = vec![true; loaded.manifest.stages.len()];
+    let statuses = crate::schedule::evaluate(&mut ctx, &every, &Default::default())?;
+    let wrong: Vec<String> = statuses
+        .iter()
+        .filter(|s| s.reason.is_some() || !s.outputs_to_restore.is_empty())
+        .map(|s| match &s.reason {
+            Some(reason) => format!("`{}` ({})", s.stage, reason.summary()),
+            None => format!("`{}` (outputs to restore)", s.stage),
+        })
+        .collect();
+    if wrong.is_empty() {
+        return Ok(());
+    }
+    Err(CliError::Usage {
+        message: format!(
+            "internal error: the fresh proof held, but these stages are not fresh: {}",
+            wrong.join(", ")
+        ),
+        help: Some("please report this as a cairn bug".to_owned()),
+    })
+}

@@ -1,0 +1,667 @@
+//! A fresh proof: what a run that left every stage of a pipeline valid saw,
+//! kept so that the next `cairn run` with nothing to do can tell so by
+//! `stat` alone, as ninja and make do, without loading the manifest or
+//! deciding any stage again.
+//!
+//! A run decides every stage from four things: the manifest (its bytes,
+//! where it is, the profile), the variables the keys read from the
+//! environment, the ledger, and the files the stages read and write. A
+//! proof holds each of them fixed:
+//!
+//! - it is kept under [`key`], the digest of the manifest's bytes, its
+//!   path, the working directory, the profile and the cairn binary;
+//! - it lists the digest of every variable the keys read;
+//! - it lives in the ledger, whose triggers delete every proof in the same
+//!   transaction as any write of a result, an item outcome or an inline
+//!   object (see `store::ledger::schema`);
+//! - it lists the stat of every file and directory the stages read and
+//!   write, every stored object their results name, the lock file, and the
+//!   directories those paths lie in.
+//!
+//! It is made only after checking that what it lists *is* what the run
+//! decided from: each input's and output's digest, as the stat cache
+//! vouches for it from the files' stats now, must be the digest the run
+//! used or recorded, and the lock file must say what the run would write.
+//! A file written within a timestamp tick of being hashed (racy, see
+//! [`StatEntry::racy`]) is hashed again when the proof is checked.
+//!
+//! Stages whose freshness rests on anything else get no proof: per-item
+//! stages (their item lists and outcomes), stages in an image (a tag is
+//! pinned by asking a registry), built-ins with work beyond their outputs
+//! (`register`, `oci-mirror`), and runs with a remote cache.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+use super::Context;
+use crate::fingerprint::{Digest, DirStat, EntryKind, StatEntry, Vouched, hash_file, now_ns};
+use crate::store::{OutputKind, OutputRecord};
+
+/// Set (to anything) to have every `run` that a proof answers also decide
+/// every stage the slow way and fail loudly if any is not fresh: how the
+/// test suite checks each proof it meets.
+pub const CHECK_VAR: &str = "CAIRN_CHECK_FRESH_PROOF";
+
+/// Bumped whenever the encoding or what a proof lists changes.
+const FORMAT: &[u8; 8] = b"cfproof2";
+
+/// What a proof is kept under: the digest of the manifest's bytes, the path
+/// it was given by and the working directory, the profile, and the cairn
+/// binary (a rebuilt cairn may decide otherwise). `None` if the binary or
+/// the working directory cannot be known.
+pub fn key(manifest: &Path, source: &[u8], profile: Option<&str>) -> Option<[u8; 32]> {
+    let exe = std::env::current_exe().ok()?;
+    let meta = std::fs::metadata(&exe).ok()?;
+    let cwd = std::env::current_dir().ok()?;
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(FORMAT);
+    for part in [
+        exe.as_os_str().as_encoded_bytes(),
+        cwd.as_os_str().as_encoded_bytes(),
+        manifest.as_os_str().as_encoded_bytes(),
+        profile.unwrap_or("\u{0}none").as_bytes(),
+    ] {
+        hasher.update(&(part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    for number in [meta.dev(), meta.ino(), meta.size()] {
+        hasher.update(&number.to_le_bytes());
+    }
+    hasher.update(&meta.mtime().to_le_bytes());
+    hasher.update(&meta.mtime_nsec().to_le_bytes());
+    hasher.update(source);
+    Some(*hasher.finalize().as_bytes())
+}
+
+/// Where the project root of the manifest at `path` is, read from its text
+/// without parsing it: `root = "…"` in its `[pipeline]` table, else the
+/// manifest's directory. Only a hint: a proof found under it is used only
+/// if it was made for the same root.
+pub fn root_hint(path: &Path, source: &str) -> Option<PathBuf> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut in_pipeline = false;
+    let mut root = None;
+    for line in source.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_pipeline = line == "[pipeline]";
+            continue;
+        }
+        if !in_pipeline {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("root")
+            && let Some(value) = rest.trim_start().strip_prefix('=')
+            && let Some(quoted) = value.trim().strip_prefix('"')
+            && let Some((text, _)) = quoted.split_once('"')
+        {
+            if text.contains('\\') {
+                return None;
+            }
+            root = Some(text.to_owned());
+        }
+    }
+    dir.join(root.unwrap_or_default()).canonicalize().ok()
+}
+
+/// One thing a proof rests on, as it was when the proof was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Watched {
+    /// A file the stages read or write (or the lock file), with the entry
+    /// its digest was vouched for by.
+    File(PathBuf, StatEntry),
+    /// A directory whose listing entered a digest.
+    Dir(PathBuf, DirStat),
+    /// A directory a path lies in (its own, not a link to another):
+    /// replaced by a symbolic link, the path would be elsewhere.
+    Place { path: PathBuf, dev: u64, ino: u64 },
+    /// A stored object a result names: present with its size.
+    Object {
+        path: PathBuf,
+        dev: u64,
+        ino: u64,
+        size: u64,
+    },
+}
+
+/// What a run that left every stage valid saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    /// The project root it was made for.
+    pub root: PathBuf,
+    /// Every stage, in the order the run decided them: its name and where
+    /// its commands run (for the run's timeline).
+    pub stages: Vec<(String, String)>,
+    env: Vec<(String, Option<Digest>)>,
+    watched: Vec<Watched>,
+}
+
+/// What checking a proof found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// Everything is as it was. `renewed`: a racy file was hashed again and
+    /// found unchanged; the proof now trusts it without hashing.
+    Holds { renewed: bool },
+    /// Something differs (named, for `-v`): the stages must be decided.
+    Fails(String),
+}
+
+impl Proof {
+    /// The proof of a run that used `used` (each stage's fingerprint and
+    /// outputs) for every stage of `ctx`'s manifest, in `order`; `None` if
+    /// the pipeline cannot have one or the workspace is no longer what the
+    /// run decided from (both logged at debug level).
+    pub fn make(
+        ctx: &Context<'_>,
+        used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
+        order: &[usize],
+    ) -> Option<Proof> {
+        match Self::try_make(ctx, used, order) {
+            Ok(proof) => Some(proof),
+            Err(why) => {
+                tracing::debug!("no fresh proof: {why}");
+                None
+            }
+        }
+    }
+
+    fn try_make(
+        ctx: &Context<'_>,
+        used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
+        order: &[usize],
+    ) -> Result<Proof, String> {
+        let manifest = ctx.manifest;
+        let root = &manifest.root;
+        let mut watched: BTreeMap<PathBuf, Watched> = BTreeMap::new();
+        let mut places: BTreeMap<PathBuf, Watched> = BTreeMap::new();
+        let mut watch = |path: &Path, vouched: Vouched, watched: &mut BTreeMap<_, _>| {
+            for (file, entry) in vouched.files {
+                watched.insert(file.clone(), Watched::File(file, entry));
+            }
+            for (dir, stat) in vouched.dirs {
+                watched.insert(dir.clone(), Watched::Dir(dir, stat));
+            }
+            place(root, path, &mut places)
+        };
+        let mut stages = Vec::with_capacity(order.len());
+        for &i in order {
+            let stage = &manifest.stages[i];
+            if stage.foreach.is_some() {
+                return Err(format!("`{}` is a per-item stage", stage.name));
+            }
+            if manifest.image_of(stage).is_some() {
+                return Err(format!("`{}` runs in an image", stage.name));
+            }
+            if let Some(uses) = &stage.uses
+                && crate::builtins::effect_output(&uses.name).is_some()
+            {
+                return Err(format!("`{}` does work beyond its outputs", stage.name));
+            }
+            let (_, outputs) = used
+                .get(&i)
+                .ok_or_else(|| format!("`{}` has no result of this run", stage.name))?;
+            let inputs = ctx
+                .input_digests
+                .get(&i)
+                .ok_or_else(|| format!("`{}` was not fingerprinted", stage.name))?;
+            for (input, expected) in stage.inputs.iter().zip(inputs) {
+                let abs = input.path.resolve(root);
+                let vouched = vouch(ctx, &abs, expected)?;
+                watch(&abs, vouched, &mut watched)?;
+            }
+            for output in outputs {
+                let abs = root.join(&output.path);
+                let vouched = vouch(ctx, &abs, &output.digest)?;
+                watch(&abs, vouched, &mut watched)?;
+                for (path, size) in stored_objects(ctx, output)? {
+                    let meta =
+                        std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                    if meta.len() != size {
+                        return Err(format!("{} is not {size} bytes", path.display()));
+                    }
+                    let object = Watched::Object {
+                        path: path.clone(),
+                        dev: meta.dev(),
+                        ino: meta.ino(),
+                        size,
+                    };
+                    watched.insert(path, object);
+                }
+            }
+            let executor = stage
+                .executor
+                .as_ref()
+                .map_or_else(|| "local".to_owned(), |e| e.name.clone());
+            stages.push((stage.name.clone(), executor));
+        }
+        // The lock file says what this run would write.
+        let lock_path = manifest.lock_path();
+        let seen_ns = now_ns();
+        let meta = std::fs::metadata(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
+        let text = std::fs::read(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
+        let after = std::fs::metadata(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
+        let expected = super::dispatch::new_lock_file(ctx, used).render();
+        if text != expected.as_bytes() || !crate::fingerprint::unchanged(&meta, &after) {
+            return Err("the lock file is not what this run would write".to_owned());
+        }
+        let entry = StatEntry::new(&after, Digest::of(&text), seen_ns);
+        watched.insert(lock_path.clone(), Watched::File(lock_path, entry));
+        watched.extend(places);
+        Ok(Proof {
+            root: root.clone(),
+            stages,
+            env: ctx.env_read.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            watched: watched.into_values().collect(),
+        })
+    }
+
+    /// Checks every variable and path against what the proof saw: any
+    /// difference fails it at once. A racy file is hashed.
+    pub fn check(&mut self) -> Checked {
+        for (name, digest) in &self.env {
+            let now = std::env::var(name)
+                .ok()
+                .map(|value| Digest::of(value.as_bytes()));
+            if now != *digest {
+                return Checked::Fails(format!("the variable {name} changed"));
+            }
+        }
+        let mut renewed = false;
+        for watched in &mut self.watched {
+            let differs = |path: &Path| Checked::Fails(format!("{} changed", path.display()));
+            match watched {
+                Watched::File(path, entry) => {
+                    let seen_ns = now_ns();
+                    let Ok(meta) = std::fs::metadata(&*path) else {
+                        return differs(path);
+                    };
+                    if !entry.matches(&meta) {
+                        return differs(path);
+                    }
+                    if entry.racy() {
+                        match hash_file(path, meta.len(), false) {
+                            Ok(digest) if digest == entry.digest => {
+                                entry.seen_ns = seen_ns;
+                                renewed = true;
+                            }
+                            _ => return differs(path),
+                        }
+                    }
+                }
+                Watched::Dir(path, stat) => {
+                    let Ok(meta) = std::fs::metadata(&*path) else {
+                        return differs(path);
+                    };
+                    if !stat.matches(&meta) || stat.racy() {
+                        return differs(path);
+                    }
+                }
+                Watched::Place { path, dev, ino } => {
+                    let Ok(meta) = std::fs::symlink_metadata(&*path) else {
+                        return differs(path);
+                    };
+                    if !meta.is_dir() || meta.dev() != *dev || meta.ino() != *ino {
+                        return differs(path);
+                    }
+                }
+                Watched::Object {
+                    path,
+                    dev,
+                    ino,
+                    size,
+                } => {
+                    let Ok(meta) = std::fs::metadata(&*path) else {
+                        return differs(path);
+                    };
+                    if meta.dev() != *dev || meta.ino() != *ino || meta.len() != *size {
+                        return differs(path);
+                    }
+                }
+            }
+        }
+        Checked::Holds { renewed }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Encoder(Vec::with_capacity(64 + self.watched.len() * 96));
+        out.0.extend_from_slice(FORMAT);
+        out.path(&self.root);
+        out.u64(self.stages.len() as u64);
+        for (name, executor) in &self.stages {
+            out.text(name);
+            out.text(executor);
+        }
+        out.u64(self.env.len() as u64);
+        for (name, digest) in &self.env {
+            out.text(name);
+            match digest {
+                Some(digest) => {
+                    out.0.push(1);
+                    out.0.extend_from_slice(digest.as_bytes());
+                }
+                None => out.0.push(0),
+            }
+        }
+        out.u64(self.watched.len() as u64);
+        for watched in &self.watched {
+            match watched {
+                Watched::File(path, e) => {
+                    out.0.push(0);
+                    out.path(path);
+                    for n in [e.dev, e.ino, e.size] {
+                        out.u64(n);
+                    }
+                    for n in [e.mtime_ns, e.ctime_ns, e.seen_ns] {
+                        out.u64(n as u64);
+                    }
+                    out.0.extend_from_slice(e.digest.as_bytes());
+                }
+                Watched::Dir(path, d) => {
+                    out.0.push(1);
+                    out.path(path);
+                    out.u64(d.dev);
+                    out.u64(d.ino);
+                    for n in [d.mtime_ns, d.ctime_ns, d.seen_ns] {
+                        out.u64(n as u64);
+                    }
+                }
+                Watched::Place { path, dev, ino } => {
+                    out.0.push(2);
+                    out.path(path);
+                    out.u64(*dev);
+                    out.u64(*ino);
+                }
+                Watched::Object {
+                    path,
+                    dev,
+                    ino,
+                    size,
+                } => {
+                    out.0.push(3);
+                    out.path(path);
+                    for n in [*dev, *ino, *size] {
+                        out.u64(n);
+                    }
+                }
+            }
+        }
+        out.0
+    }
+
+    /// The proof `bytes` encode; `None` for anything else (another format,
+    /// a cut or damaged body).
+    pub fn decode(bytes: &[u8]) -> Option<Proof> {
+        let mut d = Decoder(bytes.strip_prefix(FORMAT)?);
+        let root = d.path()?;
+        let stages = (0..d.count()?)
+            .map(|_| Some((d.text()?, d.text()?)))
+            .collect::<Option<Vec<_>>>()?;
+        let env = (0..d.count()?)
+            .map(|_| {
+                let name = d.text()?;
+                let digest = match d.byte()? {
+                    0 => None,
+                    1 => Some(d.digest()?),
+                    _ => return None,
+                };
+                Some((name, digest))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let watched = (0..d.count()?)
+            .map(|_| {
+                Some(match d.byte()? {
+                    0 => {
+                        let path = d.path()?;
+                        let (dev, ino, size) = (d.u64()?, d.u64()?, d.u64()?);
+                        let (mtime_ns, ctime_ns, seen_ns) = (d.i64()?, d.i64()?, d.i64()?);
+                        let digest = d.digest()?;
+                        let entry = StatEntry {
+                            dev,
+                            ino,
+                            size,
+                            mtime_ns,
+                            ctime_ns,
+                            digest,
+                            seen_ns,
+                        };
+                        Watched::File(path, entry)
+                    }
+                    1 => {
+                        let path = d.path()?;
+                        let (dev, ino) = (d.u64()?, d.u64()?);
+                        let (mtime_ns, ctime_ns, seen_ns) = (d.i64()?, d.i64()?, d.i64()?);
+                        let stat = DirStat {
+                            dev,
+                            ino,
+                            mtime_ns,
+                            ctime_ns,
+                            seen_ns,
+                        };
+                        Watched::Dir(path, stat)
+                    }
+                    2 => Watched::Place {
+                        path: d.path()?,
+                        dev: d.u64()?,
+                        ino: d.u64()?,
+                    },
+                    3 => Watched::Object {
+                        path: d.path()?,
+                        dev: d.u64()?,
+                        ino: d.u64()?,
+                        size: d.u64()?,
+                    },
+                    _ => return None,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        d.0.is_empty().then_some(Proof {
+            root,
+            stages,
+            env,
+            watched,
+        })
+    }
+}
+
+/// `path`'s digest as the stat cache vouches for it, which must be
+/// `expected` (what the run decided from or recorded).
+fn vouch(ctx: &Context<'_>, path: &Path, expected: &Digest) -> Result<Vouched, String> {
+    let vouched = ctx
+        .stat
+        .vouch(path)
+        .ok_or_else(|| format!("{} is not vouched for by the stat cache", path.display()))?;
+    if vouched.digest != *expected {
+        return Err(format!("{} changed during the run", path.display()));
+    }
+    Ok(vouched)
+}
+
+/// The directories `path` lies in below `root` (none for a path outside it).
+fn place(root: &Path, path: &Path, places: &mut BTreeMap<PathBuf, Watched>) -> Result<(), String> {
+    let Ok(inside) = path.strip_prefix(root) else {
+        return Ok(());
+    };
+    let mut dir = root.to_path_buf();
+    let components: Vec<Component<'_>> = inside.components().collect();
+    for component in components.iter().take(components.len().saturating_sub(1)) {
+        dir.push(component);
+        if places.contains_key(&dir) {
+            continue;
+        }
+        let meta =
+            std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !meta.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()));
+        }
+        let watched = Watched::Place {
+            path: dir.clone(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        places.insert(dir.clone(), watched);
+    }
+    Ok(())
+}
+
+/// The stored objects `output` needs, with their sizes (as the freshness
+/// check finds them: `ObjectStore::is_complete`).
+fn stored_objects(ctx: &Context<'_>, output: &OutputRecord) -> Result<Vec<(PathBuf, u64)>, String> {
+    let store = &ctx.store;
+    Ok(match output.kind {
+        OutputKind::File if output.inline => Vec::new(),
+        OutputKind::File => vec![(store.object_path(&output.digest), output.size)],
+        OutputKind::Dir => {
+            let listing = store.tree_path(&output.digest);
+            let size = std::fs::metadata(&listing)
+                .map_err(|e| format!("{}: {e}", listing.display()))?
+                .len();
+            let entries = store
+                .tree(&output.digest)
+                .map_err(|e| format!("{}: {e}", listing.display()))?;
+            let mut objects = vec![(listing, size)];
+            objects.extend(
+                entries
+                    .iter()
+                    .filter(|e| matches!(e.kind, EntryKind::File | EntryKind::Executable))
+                    .map(|e| (store.object_path(&e.digest), e.size)),
+            );
+            objects
+        }
+    })
+}
+
+struct Encoder(Vec<u8>);
+
+impl Encoder {
+    fn u64(&mut self, n: u64) {
+        self.0.extend_from_slice(&n.to_le_bytes());
+    }
+
+    fn text(&mut self, text: &str) {
+        self.bytes(text.as_bytes());
+    }
+
+    fn path(&mut self, path: &Path) {
+        self.bytes(path.as_os_str().as_encoded_bytes());
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.u64(bytes.len() as u64);
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+struct Decoder<'b>(&'b [u8]);
+
+impl Decoder<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn i64(&mut self) -> Option<i64> {
+        Some(self.u64()? as i64)
+    }
+
+    /// A count of things each at least a byte long: no more than are left.
+    fn count(&mut self) -> Option<usize> {
+        let n = usize::try_from(self.u64()?).ok()?;
+        (n <= self.0.len()).then_some(n)
+    }
+
+    fn bytes(&mut self) -> Option<&[u8]> {
+        let n = usize::try_from(self.u64()?).ok()?;
+        self.take(n)
+    }
+
+    fn text(&mut self) -> Option<String> {
+        String::from_utf8(self.bytes()?.to_vec()).ok()
+    }
+
+    fn path(&mut self) -> Option<PathBuf> {
+        use std::os::unix::ffi::OsStrExt;
+        Some(PathBuf::from(std::ffi::OsStr::from_bytes(self.bytes()?)))
+    }
+
+    fn digest(&mut self) -> Option<Digest> {
+        let bytes: [u8; 32] = self.take(32)?.try_into().ok()?;
+        Some(Digest::from_hash(blake3::Hash::from_bytes(bytes)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_hint_reads_root_in_the_pipeline_table_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let manifest = dir.path().join("cairn.toml");
+        let at = |text: &str| root_hint(&manifest, text);
+        let top = dir.path().canonicalize().unwrap();
+        assert_eq!(at("[pipeline]\nname = \"x\"\n"), Some(top.clone()));
+        assert_eq!(
+            at("[pipeline]\nname = \"x\"\nroot = \"sub\" # here\n"),
+            Some(top.join("sub"))
+        );
+        assert_eq!(
+            at("[pipeline]\nname = \"x\"\n[stages.a]\nroot = \"sub\"\n"),
+            Some(top.clone())
+        );
+        assert_eq!(at("[pipeline]\nroot = \"s\\u0075b\"\n"), None);
+    }
+
+    #[test]
+    fn a_cut_or_foreign_body_decodes_to_nothing() {
+        let entry = StatEntry {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: 4,
+            ctime_ns: 5,
+            digest: Digest::of(b"x"),
+            seen_ns: 6,
+        };
+        let proof = Proof {
+            root: PathBuf::from("/r"),
+            stages: vec![("a".to_owned(), "local".to_owned())],
+            env: vec![
+                ("HOME".to_owned(), Some(Digest::of(b"/root"))),
+                ("X".to_owned(), None),
+            ],
+            watched: vec![
+                Watched::File(PathBuf::from("/r/a"), entry),
+                Watched::Place {
+                    path: PathBuf::from("/r/d"),
+                    dev: 1,
+                    ino: 9,
+                },
+            ],
+        };
+        let bytes = proof.encode();
+        assert_eq!(Proof::decode(&bytes), Some(proof));
+        for cut in 0..bytes.len() {
+            assert_eq!(Proof::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        let mut other = bytes.clone();
+        other[7] ^= 1;
+        assert_eq!(Proof::decode(&other), None);
+    }
+}

@@ -1,0 +1,93 @@
+//! The `fresh_proofs` table: what the last run that left every stage of a
+//! pipeline valid saw, for a no-op to check without deciding anything
+//! again (see `schedule::fresh_proof`). Its triggers (in [`schema`])
+//! delete every proof when a result, an item outcome or an inline object
+//! is written.
+
+use super::*;
+
+impl Ledger {
+    /// Opens the ledger in `cache` only to read the proof kept under `key`:
+    /// `None` if there is no ledger, it is of another schema, or it keeps
+    /// no such proof. The connection then speaks for the proof's pipeline.
+    /// Nothing is created, migrated or claimed.
+    pub fn open_for_proof(cache: &Path, key: &[u8]) -> Result<Option<(Self, Vec<u8>)>, StoreError> {
+        let path = cache.join("ledger.db");
+        if !path.exists() {
+            return Ok(None);
+        }
+        // The caller holds the workspace lock. A damaged log could have
+        // lost the write that voided the proof: it is checked first.
+        super::super::ledger_health::check_wal(&path)?;
+        let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(|e| StoreError::db(&path, e))?;
+        configure(&conn).map_err(|e| StoreError::db(&path, e))?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(|e| StoreError::db(&path, e))?;
+        if version != LEDGER_SCHEMA_VERSION {
+            return Ok(None);
+        }
+        let found: Option<(String, String, Vec<u8>)> = conn
+            .query_row(
+                "SELECT p.pipeline, m.manifest, p.body FROM fresh_proofs p
+                   JOIN pipelines m ON m.name = p.pipeline WHERE p.key = ?1",
+                [key],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()
+            .map_err(|e| StoreError::db(&path, e))?;
+        Ok(found.map(|(name, manifest, body)| {
+            let ledger = Self {
+                conn,
+                path,
+                pipeline: PipelineId { name, manifest },
+            };
+            (ledger, body)
+        }))
+    }
+
+    /// Keeps `body` as this pipeline's proof under `key`, in place of any
+    /// it had. Written after everything else the run wrote: a write to a
+    /// voiding table after it would delete it.
+    pub fn keep_fresh_proof(&self, key: &[u8], body: &[u8]) -> Result<(), StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        tx.execute(
+            "DELETE FROM fresh_proofs WHERE pipeline = ?1",
+            [&self.pipeline.name],
+        )
+        .and_then(|_| {
+            tx.execute(
+                "INSERT INTO fresh_proofs (key, pipeline, made_ms, body) VALUES (?1, ?2, ?3, ?4)",
+                params![key, self.pipeline.name, now_ms(), body],
+            )
+        })
+        .map_err(|e| self.db(e))?;
+        tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// Replaces the body of the proof under `key`, if it is still kept.
+    pub fn renew_fresh_proof(&self, key: &[u8], body: &[u8]) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE fresh_proofs SET body = ?2 WHERE key = ?1",
+                params![key, body],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Whether any proof is kept (for tests of what voids them).
+    pub fn fresh_proofs(&self) -> Result<usize, StoreError> {
+        self.conn
+            .query_row("SELECT count(*) FROM fresh_proofs", [], |row| {
+                row.get::<_, i64>(0)
+            })
+            .map(|n| n as usize)
+            .map_err(|e| self.db(e))
+    }
+}
