@@ -62,6 +62,15 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
             return Ok(false);
         }
         Checked::Holds { renewed } => {
+            tracing::debug!(
+                "the fresh proof holds: {} paths as the last run left them{}",
+                proof.paths(),
+                if renewed {
+                    " (racy files hashed again)"
+                } else {
+                    ""
+                }
+            );
             if renewed {
                 ledger.renew_fresh_proof(&key, &proof.encode())?;
             }

@@ -271,6 +271,7 @@ impl Proof {
             }
         }
         let mut renewed = false;
+        let listed = self.listed_children();
         for watched in &mut self.watched {
             let differs = |path: &Path| Checked::Fails(format!("{} changed", path.display()));
             match watched {
@@ -293,11 +294,33 @@ impl Proof {
                     }
                 }
                 Watched::Dir(path, stat) => {
+                    let seen_ns = now_ns();
                     let Ok(meta) = std::fs::metadata(&*path) else {
                         return differs(path);
                     };
-                    if !stat.matches(&meta) || stat.racy() {
+                    if !stat.matches(&meta) {
                         return differs(path);
+                    }
+                    if stat.racy() {
+                        // An entry added within the tick it was listed in
+                        // could have kept its times: its entries must be
+                        // the ones the proof lists, each checked by itself.
+                        let Ok(read) = std::fs::read_dir(&*path) else {
+                            return differs(path);
+                        };
+                        let mut entries = Vec::new();
+                        for entry in read {
+                            let Ok(entry) = entry else {
+                                return differs(path);
+                            };
+                            entries.push(entry.path());
+                        }
+                        entries.sort();
+                        if listed.get(&*path) != Some(&entries) {
+                            return differs(path);
+                        }
+                        stat.seen_ns = seen_ns;
+                        renewed = true;
                     }
                 }
                 Watched::Place { path, dev, ino } => {
@@ -324,6 +347,36 @@ impl Proof {
             }
         }
         Checked::Holds { renewed }
+    }
+
+    /// The files and directories the proof lists in each directory whose
+    /// listing it lists, sorted.
+    fn listed_children(&self) -> HashMap<PathBuf, Vec<PathBuf>> {
+        let mut children: HashMap<PathBuf, Vec<PathBuf>> = self
+            .watched
+            .iter()
+            .filter_map(|w| match w {
+                Watched::Dir(path, _) => Some((path.clone(), Vec::new())),
+                _ => None,
+            })
+            .collect();
+        for watched in &self.watched {
+            let (Watched::File(path, _) | Watched::Dir(path, _)) = watched else {
+                continue;
+            };
+            if let Some(siblings) = path.parent().and_then(|dir| children.get_mut(dir)) {
+                siblings.push(path.clone());
+            }
+        }
+        for siblings in children.values_mut() {
+            siblings.sort();
+        }
+        children
+    }
+
+    /// How many paths the proof rests on.
+    pub fn paths(&self) -> usize {
+        self.watched.len()
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -1,0 +1,278 @@
+//! The fresh proof: a run that left every stage valid keeps what it saw,
+//! and the next `cairn run` with nothing to do is answered by `stat`ing it
+//! (the manifest hashed, not parsed; nothing decided). Every change a run
+//! would see must make it decide again, and only then.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::Project;
+
+const MANIFEST: &str = r#"
+[pipeline]
+name = "proof"
+
+[stages.a]
+run = "echo a >> log.txt; cat in.txt > a.txt"
+inputs = ["in.txt"]
+outputs = ["a.txt"]
+
+[stages.b]
+run = "echo b >> log.txt; cat a.txt data/* > b.txt; head -c 40000 /dev/zero >> b.txt"
+inputs = ["a.txt", "data"]
+outputs = ["b.txt"]
+
+[stages.c]
+run = "echo c >> log.txt; printf '%s' \"$GREETING\" > c.txt; mkdir -p tree && cp b.txt tree/"
+inputs = ["b.txt"]
+outputs = ["c.txt", "tree"]
+env = { GREETING = true }
+"#;
+
+fn project() -> Project {
+    let p = Project::new();
+    p.file("cairn.toml", MANIFEST)
+        .file("in.txt", "input\n")
+        .file("data/1.txt", "one\n")
+        .file("data/2.txt", "two\n");
+    p
+}
+
+/// What `cairn run` did: whether the proof answered it, which stages ran
+/// (from the side-effect log), and its stderr.
+struct Ran {
+    by_proof: bool,
+    stages: Vec<String>,
+    stderr: String,
+}
+
+fn run(p: &Project, extra_env: &[(&str, &str)]) -> Ran {
+    let before = p.lines("log.txt").len();
+    let mut command = p.command(&["run"]);
+    command
+        .env("RUST_LOG", "cairn=debug")
+        .env("GREETING", "hello")
+        .stdin(Stdio::null());
+    for (name, value) in extra_env {
+        command.env(name, value);
+    }
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "cairn run failed:\n{stderr}");
+    Ran {
+        by_proof: stderr.contains("the fresh proof holds"),
+        stages: p.lines("log.txt")[before..].to_vec(),
+        stderr,
+    }
+}
+
+/// Runs until a run is answered by the proof again (at most twice: the
+/// first may decide, hash and keep a new proof).
+fn settle(p: &Project) {
+    for _ in 0..3 {
+        if run(p, &[]).by_proof {
+            return;
+        }
+    }
+    panic!("no run was answered by a proof");
+}
+
+fn proofs(p: &Project) -> i64 {
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    db.query_row("SELECT count(*) FROM fresh_proofs", [], |row| row.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_no_op_is_answered_by_the_proof_and_recorded_like_any_run() {
+    let p = project();
+    let first = run(&p, &[]);
+    assert_eq!(first.stages, ["a", "b", "c"]);
+    assert!(!first.by_proof);
+    assert_eq!(proofs(&p), 1, "the run keeps a proof");
+
+    settle(&p);
+    let noop = run(&p, &[]);
+    assert!(noop.by_proof, "{}", noop.stderr);
+    assert!(noop.stages.is_empty());
+    assert!(
+        noop.stderr.contains("0 ran, 3 fresh (run"),
+        "{}",
+        noop.stderr
+    );
+
+    // Recorded as a no-op decided the usual way is: a run, every stage fresh.
+    let log = p.cairn(&["log"]);
+    log.success();
+    let newest = log.stdout().lines().nth(1).unwrap().to_owned();
+    let columns: Vec<&str> = newest.split_whitespace().collect();
+    assert_eq!(&columns[2..6], ["ok", "0", "3", "0"], "{newest}");
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let fresh: i64 = db
+        .query_row(
+            "SELECT count(*) FROM stage_runs WHERE run_id = (SELECT max(id) FROM runs) AND state = 'fresh'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(fresh, 3);
+}
+
+#[test]
+fn every_change_a_run_would_see_makes_it_decide_again() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+
+    // (what changes, the stages that must run)
+    type Change = (&'static str, fn(&Project), &'static [&'static str]);
+    let changes: &[Change] = &[
+        (
+            "an input edited, its size and mtime kept",
+            |p| {
+                let path = p.path("in.txt");
+                let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+                std::fs::write(&path, "INPUT\n").unwrap();
+                let file = std::fs::File::options().write(true).open(&path).unwrap();
+                file.set_modified(mtime).unwrap();
+            },
+            &["a", "b", "c"],
+        ),
+        (
+            "a file added to an input directory",
+            |p| {
+                p.file("data/3.txt", "three\n");
+            },
+            &["b", "c"],
+        ),
+        (
+            "a file inside an output directory removed",
+            |p| std::fs::remove_file(p.path("tree/b.txt")).unwrap(),
+            &[],
+        ),
+        (
+            "an output edited",
+            |p| {
+                p.file("c.txt", "tampered");
+            },
+            &[],
+        ),
+        (
+            "the manifest's command edited",
+            |p| {
+                let text = p.read("cairn.toml").replace("cat in.txt", "cat  in.txt");
+                p.file("cairn.toml", &text);
+            },
+            &["a"],
+        ),
+        (
+            "the lock file removed",
+            |p| std::fs::remove_file(p.path("cairn.lock")).unwrap(),
+            &[],
+        ),
+        (
+            "a stored object removed",
+            |p| {
+                // b.txt is over 16 KiB: stored as a file, not in the ledger.
+                let digest = blake3::hash(&std::fs::read(p.path("b.txt")).unwrap()).to_hex();
+                let object = p.path(&format!("cache/objects/{}/{}", &digest[..2], &digest[2..]));
+                std::fs::remove_file(object).unwrap();
+            },
+            // (`tree` holds the same bytes: its stored copy is gone too.)
+            &["b", "c"],
+        ),
+    ];
+    for (what, change, must_run) in changes {
+        change(&p);
+        let decided = run(&p, &[]);
+        assert!(
+            !decided.by_proof,
+            "{what}: the proof answered\n{}",
+            decided.stderr
+        );
+        assert_eq!(decided.stages, *must_run, "{what}\n{}", decided.stderr);
+        settle(&p);
+    }
+    // The restores put the outputs back.
+    assert_eq!(p.read("c.txt"), "hello");
+    assert!(p.exists("tree/b.txt"));
+
+    let other = run(&p, &[("GREETING", "bonjour")]);
+    assert!(!other.by_proof, "a variable a stage reads changed");
+    assert_eq!(other.stages, ["c"]);
+    assert_eq!(p.read("c.txt"), "bonjour");
+}
+
+#[test]
+fn a_write_to_the_results_voids_the_proof_in_its_own_transaction() {
+    let p = project();
+    run(&p, &[]);
+    assert_eq!(proofs(&p), 1);
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    db.execute("DELETE FROM heads WHERE stage = 'c'", [])
+        .unwrap();
+    assert_eq!(proofs(&p), 0, "the trigger deleted the proof");
+    drop(db);
+    let decided = run(&p, &[]);
+    assert!(!decided.by_proof);
+    // The next run keeps a proof again, and it answers the one after.
+    assert_eq!(proofs(&p), 1);
+    assert!(run(&p, &[]).by_proof);
+}
+
+#[test]
+fn a_run_of_some_stages_or_with_flags_is_decided_as_usual() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    for args in [
+        &["run", "a"][..],
+        &["run", "--dry-run"],
+        &["run", "--json"],
+        &["run", "--force", "a"],
+        &["--profile", "nothing", "run"],
+    ] {
+        let output = p
+            .command(args)
+            .env("RUST_LOG", "cairn=debug")
+            .env("GREETING", "hello")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !stderr.contains("the fresh proof holds"),
+            "{args:?} was answered by the proof:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_proof_the_slow_way_disagrees_with_is_an_internal_error_under_the_check() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    // Another writer that bypasses the triggers (as no cairn does) makes
+    // the proof wrong: the check must catch it.
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    db.execute_batch(
+        "DROP TRIGGER void_proofs_heads_DELETE; DROP TRIGGER void_proofs_results_DELETE;
+         DELETE FROM heads WHERE stage = 'c'; DELETE FROM results WHERE stage = 'c';",
+    )
+    .unwrap();
+    drop(db);
+    let output = p
+        .command(&["run"])
+        .env("GREETING", "hello")
+        .env("CAIRN_CHECK_FRESH_PROOF", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("the fresh proof held, but these stages are not fresh: `c`"),
+        "{stderr}"
+    );
+}
