@@ -923,10 +923,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             && self.summary.stopped.is_empty()
             && self.summary.cut_short.is_empty()
             && self.summary.lock_differs.is_empty();
-        if !every_stage || !clean || options.remote.is_some() || options.only.is_some() {
+        let ctx = &*self.ctx;
+        // (A manifest with a remote cache gets none even when a run goes
+        // without it: a run with it prints what the remote did.)
+        let remote = options.remote.is_some() || ctx.manifest.remote_cache.is_some();
+        if !every_stage || !clean || remote || options.only.is_some() {
             return;
         }
-        let ctx = &*self.ctx;
         let (Some(ledger), Some(key)) = (
             &ctx.ledger,
             super::fresh_proof::key(
