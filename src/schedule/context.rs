@@ -167,6 +167,9 @@ pub struct Context<'m> {
     /// The variables the keys read from cairn's environment: the digest
     /// of each value (`None`: unset). Never the values.
     pub env_read: BTreeMap<String, Option<Digest>>,
+    /// Per-item stages: their item list as `stat` saw it just before it
+    /// was read, and when (`None` if it changed while it was read).
+    pub item_lists: HashMap<usize, Option<(std::fs::Metadata, i64)>>,
 }
 
 /// A stored directory listing, by path, for looking up what lies inside.
@@ -260,6 +263,7 @@ impl<'m> Context<'m> {
             listings: HashMap::new(),
             input_digests: HashMap::new(),
             env_read: BTreeMap::new(),
+            item_lists: HashMap::new(),
         })
     }
 
@@ -482,6 +486,8 @@ impl<'m> Context<'m> {
         }
         let mut tagged: Vec<Tagged> = Vec::new();
         let mut failed = None;
+        let seen_ns = crate::fingerprint::now_ns();
+        let before = std::fs::metadata(&list).ok();
         let listed = for_each_item(&list, &foreach.key, |item, value| {
             if foreach.samples.is_some() && item.key.contains('#') {
                 // `KEY#INDEX` names a sample: `a#1` would be two things.
@@ -533,6 +539,14 @@ impl<'m> Context<'m> {
             return Err(error);
         }
         listed.map_err(bad)?;
+        let after = std::fs::metadata(&list).ok();
+        let read_as_seen = before.filter(|before| {
+            after
+                .as_ref()
+                .is_some_and(|after| crate::fingerprint::unchanged(before, after))
+        });
+        self.item_lists
+            .insert(i, read_as_seen.map(|meta| (meta, seen_ns)));
         if let Some((_, require_digest)) = image {
             // Many distinct tags are asked for side by side, not in turn.
             self.resolver

@@ -25,10 +25,13 @@
 //! A file written within a timestamp tick of being hashed (racy, see
 //! [`StatEntry::racy`]) is hashed again when the proof is checked.
 //!
-//! Stages whose freshness rests on anything else get no proof: per-item
-//! stages (their item lists and outcomes), stages in an image (a tag is
-//! pinned by asking a registry), built-ins with work beyond their outputs
-//! (`register`, `oci-mirror`), and runs with a remote cache.
+//! A per-item stage's proof also lists its item list (unchanged since it
+//! was read) and every item's inputs; its items' outcomes are in the
+//! ledger. Stages whose freshness rests on anything else get no proof:
+//! per-item stages with `item_outputs` (checked against the store item by
+//! item) or whose plan this run did not keep (it ran them), stages in an
+//! image (a tag is pinned by asking a registry), built-ins with work beyond
+//! their outputs (`register`, `oci-mirror`), and remote caches.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -190,9 +193,6 @@ impl Proof {
         let mut stages = Vec::with_capacity(order.len());
         for &i in order {
             let stage = &manifest.stages[i];
-            if stage.foreach.is_some() {
-                return Err(format!("`{}` is a per-item stage", stage.name));
-            }
             if manifest.image_of(stage).is_some() {
                 return Err(format!("`{}` runs in an image", stage.name));
             }
@@ -230,6 +230,11 @@ impl Proof {
                         size,
                     };
                     watched.insert(path, object);
+                }
+            }
+            if stage.foreach.is_some() {
+                for (path, vouched) in items_read(ctx, i)? {
+                    watch(&path, vouched, &mut watched)?;
                 }
             }
             let executor = stage
@@ -518,6 +523,49 @@ impl Proof {
             watched,
         })
     }
+}
+
+/// What the items of per-item stage `i` were planned from: its item list
+/// (unchanged since it was read, and not written within a tick before:
+/// a later write then shows in its stat) and every item's inputs, each
+/// vouched for with the digest its fingerprint hashed.
+fn items_read(ctx: &Context<'_>, i: usize) -> Result<Vec<(PathBuf, Vouched)>, String> {
+    let stage = &ctx.manifest.stages[i];
+    let foreach = stage.foreach.as_ref().expect("a per-item stage");
+    let root = &ctx.manifest.root;
+    if !super::item_outputs::ItemOutputs::of(stage, root).is_empty() {
+        return Err(format!("`{}` has item outputs", stage.name));
+    }
+    let (Some(Some((before, seen_ns))), Some(plan)) =
+        (ctx.item_lists.get(&i), ctx.item_plans.get(&i))
+    else {
+        return Err(format!("`{}`'s items were not planned as read", stage.name));
+    };
+    let list = foreach.items.resolve(root);
+    let now = std::fs::metadata(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+    let digest =
+        hash_file(&list, now.len(), true).map_err(|e| format!("{}: {e}", list.display()))?;
+    let entry = StatEntry::new(before, digest, *seen_ns);
+    if !entry.matches(&now) || entry.racy() {
+        return Err(format!("{} changed as it was read", list.display()));
+    }
+    let mut read = vec![(
+        list.clone(),
+        Vouched {
+            digest,
+            files: vec![(list, entry)],
+            dirs: Vec::new(),
+        },
+    )];
+    for planned in plan {
+        // (`\0image`, `\0sample`: no path; in the fingerprint, not on disk.)
+        for (path, digest) in planned.inputs.iter().filter(|(p, _)| !p.starts_with('\0')) {
+            let abs = root.join(path);
+            let vouched = vouch(ctx, &abs, digest)?;
+            read.push((abs, vouched));
+        }
+    }
+    Ok(read)
 }
 
 /// `path`'s digest as the stat cache vouches for it, which must be
