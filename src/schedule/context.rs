@@ -170,6 +170,9 @@ pub struct Context<'m> {
     /// Per-item stages: their item list as `stat` saw it just before it
     /// was read, and when (`None` if it changed while it was read).
     pub item_lists: HashMap<usize, Option<(std::fs::Metadata, i64)>>,
+    /// Per-item stages a run handed their plan to: what their items read,
+    /// as planned (a path and the digest its fingerprint hashed).
+    pub item_reads: HashMap<usize, Vec<(String, Digest)>>,
 }
 
 /// A stored directory listing, by path, for looking up what lies inside.
@@ -264,6 +267,7 @@ impl<'m> Context<'m> {
             input_digests: HashMap::new(),
             env_read: BTreeMap::new(),
             item_lists: HashMap::new(),
+            item_reads: HashMap::new(),
         })
     }
 

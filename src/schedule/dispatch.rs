@@ -533,6 +533,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let mut plan = None;
         if stage.foreach.is_some() {
             let mut items = self.ctx.item_plans.remove(&i).unwrap_or_default();
+            // (Kept for the fresh proof this run may make.)
+            let reads = items
+                .iter()
+                .flat_map(|planned| planned.inputs.iter().cloned())
+                .collect();
+            self.ctx.item_reads.insert(i, reads);
             if let Err(message) = self.forget_forced_items(i, &mut items) {
                 self.fail(i, &message, None);
                 return;

@@ -29,7 +29,7 @@
 //! was read) and every item's inputs; its items' outcomes are in the
 //! ledger. Stages whose freshness rests on anything else get no proof:
 //! per-item stages with `item_outputs` (checked against the store item by
-//! item) or whose plan this run did not keep (it ran them), stages in an
+//! item), stages in an
 //! image (a tag is pinned by asking a registry), built-ins with work beyond
 //! their outputs (`register`, `oci-mirror`), and remote caches.
 
@@ -536,10 +536,16 @@ fn items_read(ctx: &Context<'_>, i: usize) -> Result<Vec<(PathBuf, Vouched)>, St
     if !super::item_outputs::ItemOutputs::of(stage, root).is_empty() {
         return Err(format!("`{}` has item outputs", stage.name));
     }
-    let (Some(Some((before, seen_ns))), Some(plan)) =
-        (ctx.item_lists.get(&i), ctx.item_plans.get(&i))
-    else {
-        return Err(format!("`{}`'s items were not planned as read", stage.name));
+    let Some(Some((before, seen_ns))) = ctx.item_lists.get(&i) else {
+        return Err(format!(
+            "`{}`'s item list changed as it was read",
+            stage.name
+        ));
+    };
+    let reads: Vec<&(String, Digest)> = match (ctx.item_plans.get(&i), ctx.item_reads.get(&i)) {
+        (Some(plan), _) => plan.iter().flat_map(|p| &p.inputs).collect(),
+        (None, Some(reads)) => reads.iter().collect(),
+        (None, None) => return Err(format!("`{}`'s items were not planned", stage.name)),
     };
     let list = foreach.items.resolve(root);
     let now = std::fs::metadata(&list).map_err(|e| format!("{}: {e}", list.display()))?;
@@ -557,13 +563,11 @@ fn items_read(ctx: &Context<'_>, i: usize) -> Result<Vec<(PathBuf, Vouched)>, St
             dirs: Vec::new(),
         },
     )];
-    for planned in plan {
-        // (`\0image`, `\0sample`: no path; in the fingerprint, not on disk.)
-        for (path, digest) in planned.inputs.iter().filter(|(p, _)| !p.starts_with('\0')) {
-            let abs = root.join(path);
-            let vouched = vouch(ctx, &abs, digest)?;
-            read.push((abs, vouched));
-        }
+    // (`\0image`, `\0sample`: no path; in the fingerprint, not on disk.)
+    for (path, digest) in reads.into_iter().filter(|(p, _)| !p.starts_with('\0')) {
+        let abs = root.join(path);
+        let vouched = vouch(ctx, &abs, digest)?;
+        read.push((abs, vouched));
     }
     Ok(read)
 }
