@@ -339,3 +339,66 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
     assert!(decided.stages.is_empty());
     settle(&p);
 }
+
+const NESTED: &str = r#"
+[pipeline]
+name = "nested"
+
+[stages.gen]
+run = "echo gen >> log.txt; mkdir -p gen && echo x > gen/x.h"
+outputs = ["gen"]
+
+[stages.use]
+run = "echo use >> log.txt; cat gen/x.h > use.txt"
+inputs = ["gen/x.h"]
+outputs = ["use.txt"]
+
+[stages.all]
+run = "echo all >> log.txt; ls data > all.txt"
+inputs = ["data", "data/1.txt"]
+outputs = ["all.txt"]
+"#;
+
+#[test]
+fn a_directory_with_a_watched_path_inside_keeps_its_own_check() {
+    let p = Project::new();
+    p.file("cairn.toml", NESTED).file("data/1.txt", "one\n");
+    run(&p, &[]);
+    settle(&p);
+
+    // A stray file in an output directory another stage reads inside.
+    p.file("gen/stray", "stray\n");
+    let decided = run(&p, &[]);
+    assert!(!decided.by_proof, "{}", decided.stderr);
+    assert!(decided.stages.is_empty());
+    assert!(!p.exists("gen/stray"), "the output directory is restored");
+    settle(&p);
+
+    // A file added to an input directory a file of which is also an input.
+    p.file("data/2.txt", "two\n");
+    let decided = run(&p, &[]);
+    assert!(!decided.by_proof, "{}", decided.stderr);
+    assert_eq!(decided.stages, ["all"]);
+}
+
+#[test]
+fn a_pipeline_name_claimed_by_another_manifest_meanwhile_is_not_proven() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    // Another manifest of the same name takes it while this one is away.
+    std::fs::rename(p.path("cairn.toml"), p.path("away.txt")).unwrap();
+    std::fs::copy(p.path("away.txt"), p.path("ci.toml")).unwrap();
+    p.cairn(&["-f", "ci.toml", "gc", "--dry-run"]).success();
+    std::fs::rename(p.path("away.txt"), p.path("cairn.toml")).unwrap();
+    let output = p
+        .command(&["run"])
+        .env("RUST_LOG", "cairn=debug")
+        .env("GREETING", "hello")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("the fresh proof holds"), "{stderr}");
+    assert!(!output.status.success(), "the name is taken:\n{stderr}");
+}

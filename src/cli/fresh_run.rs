@@ -13,7 +13,9 @@ use crate::store::{Ledger, RunCounts, StageRun, WorkspaceLock, now_ms};
 /// Answers `cairn run` from the proof the last run kept, if it holds;
 /// `Ok(false)` sends the command the usual way.
 pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
-    let plain = args.targets.is_empty()
+    // (`-v` lists every fresh stage as it is decided.)
+    let plain = global.verbose == 0
+        && args.targets.is_empty()
         && args.force.is_empty()
         && !args.dry_run
         && !args.locked
@@ -71,14 +73,14 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
                     ""
                 }
             );
-            if renewed {
-                ledger.renew_fresh_proof(&key, &proof.encode())?;
+            if renewed && let Err(error) = ledger.renew_fresh_proof(&key, &proof.encode()) {
+                tracing::debug!("the fresh proof was not renewed: {error}");
             }
         }
     }
     // A run that died is for the usual way to close (and its processes
     // to be found).
-    if ledger.has_open_runs()? {
+    if !matches!(ledger.has_open_runs(), Ok(false)) {
         return Ok(false);
     }
     if std::env::var_os(CHECK_VAR).is_some() {

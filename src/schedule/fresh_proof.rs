@@ -23,7 +23,8 @@
 //! vouches for it from the files' stats now, must be the digest the run
 //! used or recorded, and the lock file must say what the run would write.
 //! A file written within a timestamp tick of being hashed (racy, see
-//! [`StatEntry::racy`]) is hashed again when the proof is checked.
+//! [`StatEntry::racy`]) when the proof was made is hashed again when it is
+//! checked.
 //!
 //! A per-item stage's proof also lists its item list (unchanged since it
 //! was read) and every item's inputs; its items' outcomes are in the
@@ -217,6 +218,19 @@ impl Proof {
                 let abs = root.join(&output.path);
                 let vouched = vouch(ctx, &abs, &output.digest)?;
                 watch(&abs, vouched, &mut watched)?;
+                if output.kind == OutputKind::Dir {
+                    // The listing is read and checked against its digest
+                    // when the stage is decided: watched as a file, so an
+                    // edit in place is seen too.
+                    let listing = ctx.store.tree_path(&output.digest);
+                    let seen_ns = now_ns();
+                    let meta = std::fs::metadata(&listing)
+                        .map_err(|e| format!("{}: {e}", listing.display()))?;
+                    let bytes = std::fs::read(&listing)
+                        .map_err(|e| format!("{}: {e}", listing.display()))?;
+                    let entry = StatEntry::new(&meta, Digest::of(&bytes), seen_ns);
+                    watched.insert(listing.clone(), Watched::File(listing, entry));
+                }
                 for (path, size) in stored_objects(ctx, output)? {
                     let meta =
                         std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -255,7 +269,11 @@ impl Proof {
         }
         let entry = StatEntry::new(&after, Digest::of(&text), seen_ns);
         watched.insert(lock_path.clone(), Watched::File(lock_path, entry));
-        watched.extend(places);
+        // A directory watched for its listing keeps that check (a Place
+        // checks only that it is the same directory).
+        for (path, place) in places {
+            watched.entry(path).or_insert(place);
+        }
         Ok(Proof {
             root: root.clone(),
             stages,
@@ -613,7 +631,8 @@ fn place(root: &Path, path: &Path, places: &mut BTreeMap<PathBuf, Watched>) -> R
 }
 
 /// The stored objects `output` needs, with their sizes (as the freshness
-/// check finds them: `ObjectStore::is_complete`).
+/// check finds them: `ObjectStore::is_complete`); a directory's listing is
+/// watched apart.
 fn stored_objects(ctx: &Context<'_>, output: &OutputRecord) -> Result<Vec<(PathBuf, u64)>, String> {
     let store = &ctx.store;
     Ok(match output.kind {
@@ -621,13 +640,10 @@ fn stored_objects(ctx: &Context<'_>, output: &OutputRecord) -> Result<Vec<(PathB
         OutputKind::File => vec![(store.object_path(&output.digest), output.size)],
         OutputKind::Dir => {
             let listing = store.tree_path(&output.digest);
-            let size = std::fs::metadata(&listing)
-                .map_err(|e| format!("{}: {e}", listing.display()))?
-                .len();
             let entries = store
                 .tree(&output.digest)
                 .map_err(|e| format!("{}: {e}", listing.display()))?;
-            let mut objects = vec![(listing, size)];
+            let mut objects = Vec::new();
             objects.extend(
                 entries
                     .iter()

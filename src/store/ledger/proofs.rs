@@ -35,7 +35,8 @@ impl Ledger {
         let found: Option<(String, String, Vec<u8>)> = conn
             .query_row(
                 "SELECT p.pipeline, m.manifest, p.body FROM fresh_proofs p
-                   JOIN pipelines m ON m.name = p.pipeline WHERE p.key = ?1",
+                   JOIN pipelines m ON m.name = p.pipeline AND m.manifest = p.manifest
+                  WHERE p.key = ?1",
                 [key],
                 |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
             )
@@ -62,8 +63,8 @@ impl Ledger {
         )
         .and_then(|_| {
             tx.execute(
-                "INSERT INTO fresh_proofs (key, pipeline, made_ms, body) VALUES (?1, ?2, ?3, ?4)",
-                params![key, self.pipeline.name, now_ms(), body],
+                "INSERT INTO fresh_proofs (key, pipeline, manifest, made_ms, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![key, self.pipeline.name, self.pipeline.manifest, now_ms(), body],
             )
         })
         .map_err(|e| self.db(e))?;

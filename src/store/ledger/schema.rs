@@ -185,6 +185,9 @@ CREATE TABLE IF NOT EXISTS pipelines (
 CREATE TABLE IF NOT EXISTS fresh_proofs (
     key BLOB PRIMARY KEY,
     pipeline TEXT NOT NULL,
+    -- The manifest the pipeline's name belonged to: a proof counts only
+    -- while `pipelines` still says so.
+    manifest TEXT NOT NULL,
     made_ms INTEGER NOT NULL,
     body BLOB NOT NULL
 );
