@@ -141,11 +141,17 @@ impl StatEntry {
     /// was last written within one timestamp tick of `seen_ns`, so a second
     /// write in the same tick would leave size, mtime and ctime unchanged.
     pub fn racy(&self) -> bool {
-        self.mtime_ns
-            .max(self.ctime_ns)
-            .saturating_add(timestamp_tick(self.mtime_ns))
-            >= self.seen_ns
+        written_within_a_tick(self.mtime_ns, self.ctime_ns, self.seen_ns)
     }
+}
+
+/// Whether something last written at `mtime_ns`/`ctime_ns` was written
+/// within one timestamp tick of `seen_ns` (or after it).
+fn written_within_a_tick(mtime_ns: i64, ctime_ns: i64, seen_ns: i64) -> bool {
+    mtime_ns
+        .max(ctime_ns)
+        .saturating_add(timestamp_tick(mtime_ns))
+        >= seen_ns
 }
 
 /// The longest a file system's clock can lag behind the system's: Linux
@@ -220,10 +226,7 @@ impl DirStat {
     /// Whether an entry added in the same timestamp tick as `seen_ns`
     /// could have left its times as they are (see [`StatEntry::racy`]).
     pub fn racy(&self) -> bool {
-        self.mtime_ns
-            .max(self.ctime_ns)
-            .saturating_add(timestamp_tick(self.mtime_ns))
-            >= self.seen_ns
+        written_within_a_tick(self.mtime_ns, self.ctime_ns, self.seen_ns)
     }
 }
 
