@@ -292,6 +292,13 @@ pub struct Stage {
 }
 
 impl Stage {
+    /// The `[executors]` entry its commands run on, else `local`.
+    pub fn executor_name(&self) -> String {
+        self.executor
+            .as_ref()
+            .map_or_else(|| "local".to_owned(), |e| e.name.clone())
+    }
+
     /// What the stage runs, as one line: its command, or for a built-in
     /// `uses NAME@VERSION with {SETTINGS}`.
     pub fn describe_run(&self) -> String {

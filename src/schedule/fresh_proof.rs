@@ -40,6 +40,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::Context;
 use crate::fingerprint::{Digest, DirStat, EntryKind, StatEntry, Vouched, hash_file, now_ns};
+use crate::manifest::Foreach;
 use crate::store::{OutputKind, OutputRecord};
 
 /// Set (to anything) to have every `run` that a proof answers also decide
@@ -246,16 +247,12 @@ impl Proof {
                     watched.insert(path, object);
                 }
             }
-            if stage.foreach.is_some() {
-                for (path, vouched) in items_read(ctx, i)? {
+            if let Some(foreach) = &stage.foreach {
+                for (path, vouched) in items_read(ctx, i, foreach)? {
                     watch(&path, vouched, &mut watched)?;
                 }
             }
-            let executor = stage
-                .executor
-                .as_ref()
-                .map_or_else(|| "local".to_owned(), |e| e.name.clone());
-            stages.push((stage.name.clone(), executor));
+            stages.push((stage.name.clone(), stage.executor_name()));
         }
         // The lock file says what this run would write.
         let lock_path = manifest.lock_path();
@@ -294,7 +291,16 @@ impl Proof {
             }
         }
         let mut renewed = false;
-        let listed = self.listed_children();
+        // What each directory holds, only when one must be listed again.
+        let racy_dir = self
+            .watched
+            .iter()
+            .any(|w| matches!(w, Watched::Dir(_, stat) if stat.racy()));
+        let listed = if racy_dir {
+            self.listed_children()
+        } else {
+            HashMap::new()
+        };
         for watched in &mut self.watched {
             let differs = |path: &Path| Checked::Fails(format!("{} changed", path.display()));
             match watched {
@@ -547,9 +553,12 @@ impl Proof {
 /// (unchanged since it was read, and not written within a tick before:
 /// a later write then shows in its stat) and every item's inputs, each
 /// vouched for with the digest its fingerprint hashed.
-fn items_read(ctx: &Context<'_>, i: usize) -> Result<Vec<(PathBuf, Vouched)>, String> {
+fn items_read(
+    ctx: &Context<'_>,
+    i: usize,
+    foreach: &Foreach,
+) -> Result<Vec<(PathBuf, Vouched)>, String> {
     let stage = &ctx.manifest.stages[i];
-    let foreach = stage.foreach.as_ref().expect("a per-item stage");
     let root = &ctx.manifest.root;
     if !super::item_outputs::ItemOutputs::of(stage, root).is_empty() {
         return Err(format!("`{}` has item outputs", stage.name));

@@ -79,10 +79,7 @@ impl Timeline {
                     started_ms: None,
                     hashed_ms: None,
                     finished_ms: None,
-                    executor: stage
-                        .executor
-                        .as_ref()
-                        .map_or_else(|| "local".to_owned(), |e| e.name.clone()),
+                    executor: stage.executor_name(),
                     host: host.clone(),
                 })
             })
