@@ -360,6 +360,12 @@ impl StatCache {
             .collect()
     }
 
+    /// The entry `path`'s digest rests on (as last hashed, or found
+    /// unchanged), without looking at the file.
+    pub fn entry(&self, path: &Path) -> Option<StatEntry> {
+        self.slots.get(path).and_then(Slot::newest)
+    }
+
     /// The digest of `path` as this cache can vouch for it without reading
     /// a byte, with what that rests on: the entry of every file (matching
     /// the file as it is now, racy or not) and the stat of every directory

@@ -173,6 +173,8 @@ pub struct Context<'m> {
     /// Per-item stages a run handed their plan to: what their items read,
     /// as planned (a path and the digest its fingerprint hashed).
     pub item_reads: HashMap<usize, Vec<(String, Digest)>>,
+    /// This checkout's own id, read (or made) by the first job named.
+    pub workspace_id: std::sync::OnceLock<String>,
 }
 
 /// A stored directory listing, by path, for looking up what lies inside.
@@ -268,6 +270,7 @@ impl<'m> Context<'m> {
             env_read: BTreeMap::new(),
             item_lists: HashMap::new(),
             item_reads: HashMap::new(),
+            workspace_id: std::sync::OnceLock::new(),
         })
     }
 

@@ -33,6 +33,7 @@ use super::timeline::{StageState, Timeline};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
+use crate::store::COMMAND_ITEM;
 use crate::store::remote::{Fetched, RemoteCache};
 use crate::store::reserve;
 use crate::store::{
@@ -195,6 +196,8 @@ struct Dispatcher<'a, 'm> {
     used: HashMap<usize, (Digest, Vec<OutputRecord>)>,
     /// Some stage used a result other than its newest one (or made one).
     lock_changed: bool,
+    /// The lock file's text as this run wrote it.
+    lock_written: Option<String>,
     stop: bool,
     summary: RunSummary,
     /// The connection item attempts are written through, on the blocking
@@ -346,6 +349,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             holds,
             used: HashMap::new(),
             lock_changed,
+            lock_written: None,
             stop: false,
             summary: RunSummary {
                 run_id,
@@ -422,6 +426,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     // A task reports its attempts and digests before it ends.
                     self.item_attempts(pending(&mut attempts_rx)).await?;
                     self.drain_hashed(&mut hashed_rx);
+                    // The stages its digests released start their commands
+                    // before its result is recorded (tasks run only when
+                    // this loop waits).
+                    tokio::task::yield_now().await;
                     self.finished(i, &key, result)?;
                     self.release_services().await;
                 }
@@ -804,15 +812,27 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         if attempts.is_empty() {
             return Ok(());
         }
-        let ledger = self.attempts_ledger.clone();
-        let attempts = tokio::task::spawn_blocking(move || {
-            let ledger = ledger
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            ledger.record_item_attempts(&attempts).map(|()| attempts)
-        })
-        .await
-        .map_err(|e| ScheduleError::Task(e.to_string()))??;
+        // A plain stage's attempts (a few rows) go through this thread's
+        // connection: another connection's write would make SQLite drop
+        // this one's page cache, which every decision reads through.
+        let commands_only = attempts.iter().all(|a| a.key == COMMAND_ITEM);
+        let attempts = match &self.ctx.ledger {
+            Some(ledger) if commands_only => {
+                ledger.record_item_attempts(&attempts)?;
+                attempts
+            }
+            _ => {
+                let ledger = self.attempts_ledger.clone();
+                tokio::task::spawn_blocking(move || {
+                    let ledger = ledger
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    ledger.record_item_attempts(&attempts).map(|()| attempts)
+                })
+                .await
+                .map_err(|e| ScheduleError::Task(e.to_string()))??
+            }
+        };
         // A plain stage's attempts that end here are those it retries (its
         // last is recorded with its result).
         for attempt in &attempts {
@@ -946,7 +966,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         ) else {
             return;
         };
-        let Some(proof) = super::fresh_proof::Proof::make(ctx, &self.used, ctx.dag.order()) else {
+        let lock = match &self.lock_written {
+            Some(text) => std::borrow::Cow::Borrowed(text.as_str()),
+            None => std::borrow::Cow::Owned(new_lock_file(ctx, &self.used).render()),
+        };
+        let Some(proof) = super::fresh_proof::Proof::make(ctx, &self.used, ctx.dag.order(), &lock)
+        else {
             return;
         };
         if let Err(error) = ledger.keep_fresh_proof(&key, &proof.encode()) {
@@ -1037,7 +1062,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     .map(|(name, _)| name.clone())
                     .collect();
             } else {
-                lock.write(&self.ctx.manifest.lock_path())?;
+                self.lock_written = Some(lock.write(&self.ctx.manifest.lock_path())?);
             }
         }
         Ok(())

@@ -276,7 +276,9 @@ pub struct StageTask {
 /// pipeline sharing a cluster never adopt each other's jobs, even at the
 /// same path on two machines.
 fn job_prefix(ctx: &Context<'_>, stage: &Stage) -> String {
-    let id = workspace_id(&ctx.manifest.cache_dir());
+    let id = ctx
+        .workspace_id
+        .get_or_init(|| workspace_id(&ctx.manifest.cache_dir()));
     let workspace = crate::fingerprint::Digest::of(
         format!(
             "{}\0{}\0{id}",

@@ -125,9 +125,17 @@ impl LockFile {
         Ok(lock)
     }
 
-    /// The checksum of the content as cairn renders it.
+    /// The checksum of the content as cairn renders it: of the text
+    /// without its checksum line.
     fn content_checksum(&self) -> Digest {
-        Digest::of(self.render_body(None).as_bytes())
+        self.checksum_of(&self.render_stages())
+    }
+
+    fn checksum_of(&self, stages: &str) -> Digest {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(self.render_head(None).as_bytes());
+        hasher.update(stages.as_bytes());
+        Digest::from_hash(hasher.finalize())
     }
 
     pub fn insert(&mut self, stage: &str, fingerprint: Digest, outputs: &[OutputRecord]) {
@@ -157,12 +165,16 @@ impl LockFile {
     /// the end of every `cairn run`, and for a thousand stages a generic
     /// serializer costs more than the whole no-op run should.
     pub fn render(&self) -> String {
-        self.render_body(Some(self.content_checksum()))
+        // The stages are rendered once: the checksum covers them too.
+        let stages = self.render_stages();
+        let mut out = self.render_head(Some(self.checksum_of(&stages)));
+        out.push_str(&stages);
+        out
     }
 
-    fn render_body(&self, checksum: Option<Digest>) -> String {
+    fn render_head(&self, checksum: Option<Digest>) -> String {
         use std::fmt::Write;
-        let mut out = String::with_capacity(128 + self.stages.len() * 320);
+        let mut out = String::with_capacity(256);
         out.push_str(
             "# Written by cairn: the validated fingerprint and output digests of each stage.\n",
         );
@@ -174,6 +186,12 @@ impl LockFile {
         if let Some(checksum) = checksum {
             let _ = writeln!(out, "checksum = \"{checksum}\"");
         }
+        out
+    }
+
+    fn render_stages(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::with_capacity(self.stages.len() * 320);
         for (name, stage) in &self.stages {
             let stage_key = key(name);
             let _ = write!(
@@ -287,14 +305,16 @@ impl LockFile {
     }
 
     /// Writes the lock file if its content changed (temp file + rename).
-    pub fn write(&self, path: &Path) -> Result<(), StoreError> {
+    /// Writes the file (unless it already says the same); returns its text.
+    pub fn write(&self, path: &Path) -> Result<String, StoreError> {
         let text = self.render();
         if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
-            return Ok(());
+            return Ok(text);
         }
         let temp = path.with_extension("lock.tmp");
         std::fs::write(&temp, text.as_bytes()).map_err(|e| StoreError::io(&temp, e))?;
-        std::fs::rename(&temp, path).map_err(|e| StoreError::io(path, e))
+        std::fs::rename(&temp, path).map_err(|e| StoreError::io(path, e))?;
+        Ok(text)
     }
 }
 
