@@ -402,3 +402,45 @@ fn a_pipeline_name_claimed_by_another_manifest_meanwhile_is_not_proven() {
     assert!(!stderr.contains("the fresh proof holds"), "{stderr}");
     assert!(!output.status.success(), "the name is taken:\n{stderr}");
 }
+
+/// A proof rests on the stat-cache entries the run's digests came from.
+/// An input a later stage of the same run rewrites (as no manifest should,
+/// but a command can) is no longer what its reader fingerprinted: the next
+/// run must see it and run that reader again, not answer from the proof.
+#[test]
+fn an_input_rewritten_later_in_the_same_run_is_seen_by_the_next_run() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "rewrite"
+
+[stages.a]
+run = "echo a >> log.txt; cat in.txt > a.txt"
+inputs = ["in.txt"]
+outputs = ["a.txt"]
+
+[stages.b]
+run = "echo b >> log.txt; cat a.txt > b.txt; if [ -f rewrite ]; then echo again >> in.txt; rm rewrite; fi"
+inputs = ["a.txt"]
+outputs = ["b.txt"]
+"#,
+    )
+    .file("in.txt", "input\n");
+    run(&p, &[]);
+    settle(&p);
+
+    // `b` rewrites `a`'s input once, after `a` hashed it in this run.
+    p.file("rewrite", "");
+    p.file("in.txt", "input, edited\n");
+    let rewriting = run(&p, &[]);
+    assert_eq!(rewriting.stages, ["a", "b"], "{}", rewriting.stderr);
+    assert_eq!(p.read("a.txt"), "input, edited\n");
+
+    let next = run(&p, &[]);
+    assert!(!next.by_proof, "the proof answered:\n{}", next.stderr);
+    assert_eq!(next.stages, ["a", "b"], "{}", next.stderr);
+    assert_eq!(p.read("a.txt"), "input, edited\nagain\n");
+    settle(&p);
+}

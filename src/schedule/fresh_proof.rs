@@ -34,7 +34,7 @@
 //! image (a tag is pinned by asking a registry), built-ins with work beyond
 //! their outputs (`register`, `oci-mirror`), and remote caches.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -183,9 +183,11 @@ impl Proof {
     ) -> Result<Proof, String> {
         let manifest = ctx.manifest;
         let root = &manifest.root;
-        let mut watched: BTreeMap<PathBuf, Watched> = BTreeMap::new();
-        let mut places: BTreeMap<PathBuf, Watched> = BTreeMap::new();
-        let mut watch = |path: &Path, vouched: Vouched, watched: &mut BTreeMap<_, _>| {
+        // (Hashed, not ordered, while it is built: thousands of paths
+        // compared component by component cost more than the rest.)
+        let mut watched: HashMap<PathBuf, Watched> = HashMap::new();
+        let mut places: HashMap<PathBuf, Watched> = HashMap::new();
+        let mut watch = |path: &Path, vouched: Vouched, watched: &mut HashMap<_, _>| {
             for (file, entry) in vouched.files {
                 watched.insert(file.clone(), Watched::File(file, entry));
             }
@@ -272,11 +274,14 @@ impl Proof {
         for (path, place) in places {
             watched.entry(path).or_insert(place);
         }
+        // In the order of their bytes, for a proof the same run to run.
+        let mut watched: Vec<(PathBuf, Watched)> = watched.into_iter().collect();
+        watched.sort_unstable_by(|(a, _), (b, _)| a.as_os_str().cmp(b.as_os_str()));
         Ok(Proof {
             root: root.clone(),
             stages,
             env: ctx.env_read.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            watched: watched.into_values().collect(),
+            watched: watched.into_iter().map(|(_, watched)| watched).collect(),
         })
     }
 
@@ -628,7 +633,11 @@ fn vouch(ctx: &Context<'_>, path: &Path, expected: &Digest) -> Result<Vouched, S
 }
 
 /// The directories `path` lies in below `root` (none for a path outside it).
-fn place(root: &Path, path: &Path, places: &mut BTreeMap<PathBuf, Watched>) -> Result<(), String> {
+fn place(root: &Path, path: &Path, places: &mut HashMap<PathBuf, Watched>) -> Result<(), String> {
+    // A directory is placed with the ones it lies in.
+    if path.parent().is_some_and(|dir| places.contains_key(dir)) {
+        return Ok(());
+    }
     let Ok(inside) = path.strip_prefix(root) else {
         return Ok(());
     };
