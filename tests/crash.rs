@@ -96,6 +96,41 @@ fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output()
     assert!(log.stdout().contains("killed"), "{}", log.stdout());
 }
 
+/// What ended and what started are on record while the run goes on (the
+/// ledger writer commits as stages go, not when the run closes): the first
+/// stage's result, and the slow stage's attempt, `running`, with its
+/// process. A cairn killed then leaves that attempt behind, and the next
+/// run closes it as abandoned.
+#[test]
+fn what_ended_and_what_started_are_on_record_while_the_run_goes_on() {
+    let p = half_writer();
+    let mut cairn = spawn(&p, &["run", "-j", "1"]);
+    wait_for("the slow stage to start", || p.exists("slow.pid"));
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let count = |sql: &str| -> i64 { db.query_row(sql, [], |row| row.get(0)).unwrap() };
+    wait_for("the first result and the slow start on record", || {
+        count("SELECT count(*) FROM results WHERE stage = 'first' AND status = 'ok'") == 1
+            && count(
+                "SELECT count(*) FROM item_attempts
+                 WHERE stage = 'slow' AND class = 'running' AND handle LIKE 'pid:%'",
+            ) == 1
+    });
+    cairn.kill().unwrap(); // SIGKILL
+    cairn.wait().unwrap();
+
+    p.file("release", "");
+    p.cairn(&["run"]).success();
+    assert_eq!(
+        count("SELECT count(*) FROM item_attempts WHERE stage = 'slow' AND class = 'abandoned'"),
+        1
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM item_attempts WHERE stage = 'slow' AND class = 'ok'"),
+        1
+    );
+    assert_eq!(p.read("state/3.txt"), "partial-rest");
+}
+
 #[test]
 fn ctrl_c_kills_running_commands_and_records_the_run_as_interrupted() {
     interrupt_with(libc::SIGINT);

@@ -33,9 +33,9 @@ use super::timeline::{StageState, Timeline};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
-use crate::store::COMMAND_ITEM;
 use crate::store::remote::{Fetched, RemoteCache};
 use crate::store::reserve;
+use crate::store::{COMMAND_ITEM, LedgerWriter, Record, Recorded, ResultRow};
 use crate::store::{
     ItemAttempt, Ledger, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
     ResultStatus, RunCounts, StoreError, now_ms,
@@ -114,6 +114,11 @@ type Joined = (usize, StageKey, Result<TaskResult, ScheduleError>);
 type LookedUp = (usize, StageKey, DirtyReason, Option<Fetched>);
 
 /// Every item attempt already sent and not yet recorded.
+/// Whether a task made its stage's outputs (its result is to be recorded).
+fn succeeded(result: &Result<TaskResult, ScheduleError>) -> bool {
+    matches!(result, Ok(task) if task.failure.is_none() && task.partial.is_none())
+}
+
 fn pending(attempts: &mut UnboundedReceiver<ItemAttempt>) -> Vec<ItemAttempt> {
     let mut batch = Vec::new();
     while let Ok(attempt) = attempts.try_recv() {
@@ -131,8 +136,8 @@ pub async fn run(
     options: &RunOptions,
     reporter: &mut dyn Reporter,
 ) -> Result<RunSummary, ScheduleError> {
-    let mut dispatcher = Dispatcher::begin(ctx, options, reporter)?;
-    let driven = dispatcher.drive().await;
+    let (mut dispatcher, mut answered) = Dispatcher::begin(ctx, options, reporter)?;
+    let driven = dispatcher.drive(&mut answered).await;
     dispatcher.services.stop_all().await;
     // Whatever a command or a service started that left its process group
     // (a daemon) and still carries this run's marker. A run that started
@@ -204,6 +209,12 @@ struct Dispatcher<'a, 'm> {
     /// pool: hundreds of items ending keep the event loop (remote waits,
     /// log streams, Ctrl-C) free while SQLite writes.
     attempts_ledger: Arc<std::sync::Mutex<Ledger>>,
+    /// The thread results and a plain stage's attempts are written on
+    /// (started by the first), answering on `answers`; how many of its
+    /// answers are still to come.
+    writer: Option<LedgerWriter>,
+    answers: UnboundedSender<Recorded>,
+    unanswered: usize,
     /// Stages whose image tags were resolved off the event loop in this
     /// run (each is resolved once; its fingerprint then reads the answers).
     tags_resolved: HashSet<usize>,
@@ -228,11 +239,12 @@ const CANCEL_WAIT: Duration = Duration::from_secs(30);
 
 impl<'a, 'm> Dispatcher<'a, 'm> {
     /// Reaps what a killed cairn left running, opens a run in the ledger.
+    /// The receiver is where the ledger writer's answers arrive.
     fn begin(
         ctx: &'a mut Context<'m>,
         options: &'a RunOptions,
         reporter: &'a mut dyn Reporter,
-    ) -> Result<Self, ScheduleError> {
+    ) -> Result<(Self, UnboundedReceiver<Recorded>), ScheduleError> {
         let ledger = ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
         for token in ledger.close_abandoned_runs()? {
             let killed = kill_marked_processes(&token);
@@ -257,6 +269,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         )?;
         reserve::keep(&ctx.manifest.cache_dir());
         let attempts_ledger = Arc::new(std::sync::Mutex::new(ledger.another_connection()?));
+        let (answers, answered) = unbounded_channel();
         let log_dir = ctx
             .manifest
             .cache_dir()
@@ -334,7 +347,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             &token,
             &ctx.manifest.services,
         ));
-        Ok(Self {
+        let dispatcher = Self {
             ctx,
             options,
             reporter,
@@ -356,6 +369,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 ..Default::default()
             },
             attempts_ledger,
+            writer: None,
+            answers,
+            unanswered: 0,
             tags_resolved: HashSet::new(),
             looked_up: HashSet::new(),
             launched: false,
@@ -363,12 +379,16 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             upload_worker,
             services,
             timeline,
-        })
+        };
+        Ok((dispatcher, answered))
     }
 
     /// The event loop: start what is ready, then wait for a task to report,
-    /// a task to end, or Ctrl-C.
-    async fn drive(&mut self) -> Result<(), ScheduleError> {
+    /// a task to end, the ledger writer to answer, or Ctrl-C.
+    async fn drive(
+        &mut self,
+        answered: &mut UnboundedReceiver<Recorded>,
+    ) -> Result<(), ScheduleError> {
         let executors = Executors::of(self.ctx.manifest);
         let mut running: JoinSet<Joined> = JoinSet::new();
         let (hashed_tx, mut hashed_rx) =
@@ -396,7 +416,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 &hashed_tx,
                 &attempts_tx,
             )?;
-            if running.is_empty() && ((resolving.is_empty() && lookups.is_empty()) || self.stop) {
+            if running.is_empty()
+                && self.unanswered == 0
+                && ((resolving.is_empty() && lookups.is_empty()) || self.stop)
+            {
                 return Ok(());
             }
             // In this order: releasing downstream stages first keeps the
@@ -430,6 +453,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     // before its result is recorded (tasks run only when
                     // this loop waits).
                     tokio::task::yield_now().await;
+                    // A failure is recorded here, after what the writer
+                    // has of the stage (its attempt's start).
+                    if !succeeded(&result) {
+                        self.all_answered(answered).await?;
+                    }
                     self.finished(i, &key, result)?;
                     self.release_services().await;
                 }
@@ -445,6 +473,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     if !self.stop {
                         self.start(i, key, reason, &executors, &mut running, &hashed_tx, &attempts_tx);
                     }
+                }
+                Some(answer) = answered.recv(), if self.unanswered > 0 => {
+                    self.answered(answer)?;
                 }
                 Some(resolved) = resolving.join_next(), if !resolving.is_empty() => {
                     // The task cannot panic: it only waits for its thread.
@@ -469,6 +500,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     }
                     // Items that finished before the interrupt are kept.
                     self.item_attempts(pending(&mut attempts_rx)).await?;
+                    self.all_answered(answered).await?;
                     // Those that did not are cancelled, or left running
                     // for the next run to adopt or cancel (`--detach`, or
                     // a cancellation not confirmed in time).
@@ -482,6 +514,90 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 }
             }
         }
+    }
+
+    /// Hands `record` to the ledger writer (started by the first).
+    fn send_record(&mut self, record: Record) -> Result<(), ScheduleError> {
+        if self.writer.is_none() {
+            let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+            let writer = LedgerWriter::start(ledger.another_connection()?, self.answers.clone())
+                .map_err(|e| {
+                    ScheduleError::Task(format!("could not start the ledger writer: {e}"))
+                })?;
+            self.writer = Some(writer);
+        }
+        let sent = self.writer.as_ref().map(|writer| writer.send(record));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));
+        }
+        self.unanswered += 1;
+        Ok(())
+    }
+
+    /// Waits for the ledger writer to answer everything it was sent.
+    async fn all_answered(
+        &mut self,
+        answered: &mut UnboundedReceiver<Recorded>,
+    ) -> Result<(), ScheduleError> {
+        while self.unanswered > 0 {
+            let Some(answer) = answered.recv().await else {
+                return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));
+            };
+            self.answered(answer)?;
+        }
+        Ok(())
+    }
+
+    /// The ledger writer's answer: a result on record is the one its stage
+    /// uses; one that could not be recorded fails its stage.
+    fn answered(&mut self, answer: Recorded) -> Result<(), ScheduleError> {
+        self.unanswered -= 1;
+        let (i, row, id) = match answer {
+            Recorded::Attempts(outcome) => return outcome.map_err(ScheduleError::from),
+            Recorded::Result { stage, row, id } => (stage, *row, id),
+        };
+        match id {
+            Ok(id) => {
+                self.result_recorded(i, id, row);
+                self.summary.counts.executed += 1;
+                self.timeline.ended(i, StageState::Ran, None);
+            }
+            // A full disk under the ledger, typically: the outputs are
+            // made and stored but their result is not recorded, so the
+            // stage failed (and runs again next time).
+            Err(error) => {
+                let message = format!(
+                    "its outputs were made but could not be recorded: {}",
+                    super::with_causes(&error)
+                );
+                let log = self
+                    .log_dir
+                    .join(format!("{}.log", self.ctx.manifest.stages[i].name));
+                // The attempt failed after all.
+                let attempt = row.attempt.map(|attempt| ItemAttempt {
+                    class: ItemClass::Error.name().to_owned(),
+                    rule: Some(message.clone()),
+                    ..attempt
+                });
+                if let Err(also) = self.record_failure(
+                    i,
+                    &row.key,
+                    Some(0),
+                    row.started_ms,
+                    &log,
+                    &message,
+                    attempt.as_ref(),
+                ) {
+                    tracing::warn!(
+                        "could not record that stage `{}` failed either: {}",
+                        self.ctx.manifest.stages[i].name,
+                        super::with_causes(&also)
+                    );
+                }
+                self.fail(i, &message, Some(log));
+            }
+        }
+        Ok(())
     }
 
     fn drain_hashed(
@@ -730,44 +846,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 self.fail(i, &message, Some(task.failure_log.unwrap_or(log)));
             }
             (None, Some(published)) => {
-                let attempt = task.last_attempt;
-                match self.commit(i, key, published, task.started_ms, &log, attempt.as_ref()) {
-                    Ok(()) => {
-                        self.summary.counts.executed += 1;
-                        self.timeline.ended(i, StageState::Ran, None);
-                    }
-                    // A full disk under the ledger, typically: the outputs
-                    // are made and stored but their result is not recorded,
-                    // so the stage failed (and runs again next time).
-                    Err(error) => {
-                        let message = format!(
-                            "its outputs were made but could not be recorded: {}",
-                            super::with_causes(&error)
-                        );
-                        // The attempt failed after all.
-                        let attempt = attempt.map(|attempt| ItemAttempt {
-                            class: ItemClass::Error.name().to_owned(),
-                            rule: Some(message.clone()),
-                            ..attempt
-                        });
-                        if let Err(also) = self.record_failure(
-                            i,
-                            key,
-                            Some(0),
-                            task.started_ms,
-                            &log,
-                            &message,
-                            attempt.as_ref(),
-                        ) {
-                            tracing::warn!(
-                                "could not record that stage `{}` failed either: {}",
-                                self.ctx.manifest.stages[i].name,
-                                super::with_causes(&also)
-                            );
-                        }
-                        self.fail(i, &message, Some(log));
-                    }
-                }
+                // Recorded by the ledger writer: its answer completes it.
+                self.commit(i, key, published, task.started_ms, &log, task.last_attempt)?;
             }
             (None, None) => {
                 return Err(ScheduleError::Task(
@@ -812,26 +892,21 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         if attempts.is_empty() {
             return Ok(());
         }
-        // A plain stage's attempts (a few rows) go through this thread's
-        // connection: another connection's write would make SQLite drop
-        // this one's page cache, which every decision reads through.
-        let commands_only = attempts.iter().all(|a| a.key == COMMAND_ITEM);
-        let attempts = match &self.ctx.ledger {
-            Some(ledger) if commands_only => {
-                ledger.record_item_attempts(&attempts)?;
-                attempts
-            }
-            _ => {
-                let ledger = self.attempts_ledger.clone();
-                tokio::task::spawn_blocking(move || {
-                    let ledger = ledger
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    ledger.record_item_attempts(&attempts).map(|()| attempts)
-                })
-                .await
-                .map_err(|e| ScheduleError::Task(e.to_string()))??
-            }
+        // A plain stage's attempts go to the ledger writer, before its
+        // result; items' are written before the loop goes on.
+        let attempts = if attempts.iter().all(|a| a.key == COMMAND_ITEM) {
+            self.send_record(Record::Attempts(attempts.clone()))?;
+            attempts
+        } else {
+            let ledger = self.attempts_ledger.clone();
+            tokio::task::spawn_blocking(move || {
+                let ledger = ledger
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                ledger.record_item_attempts(&attempts).map(|()| attempts)
+            })
+            .await
+            .map_err(|e| ScheduleError::Task(e.to_string()))??
         };
         // A plain stage's attempts that end here are those it retries (its
         // last is recorded with its result).

@@ -5,9 +5,10 @@
 //! `stage_runs`, `items`, `item_attempts`, `redraws`, inline `objects` and `stat_cache`; see
 //! [`schema`] for their history. A connection speaks for one pipeline (see
 //! [`pipelines`]): every read and write of runs, results, heads and items
-//! is that pipeline's. Each result is one transaction, written only after its
-//! outputs are in the object store; SQLite's journal makes a `kill -9`
-//! leave either the whole row or none of it.
+//! is that pipeline's. Each result is written in one transaction (with the
+//! others that end meanwhile, see [`writer`]), only after its outputs are
+//! in the object store; SQLite's journal makes a `kill -9` leave either
+//! the whole transaction or none of it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ mod runs;
 mod schema;
 mod stat_cache;
 mod timeline;
+mod writer;
 
 use damage::parse_outputs;
 pub use damage::{SET_ASIDE_REASON, UnreadableResult};
@@ -39,6 +41,7 @@ pub use redraws::{Draws, Redraw};
 pub use schema::LEDGER_SCHEMA_VERSION;
 use schema::{OLDEST_MIGRATED, SCHEMA};
 pub use timeline::StageRun;
+pub use writer::{LedgerWriter, Record, Recorded, ResultRow};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -24,8 +24,9 @@ pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
 pub use ledger::{
     COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger,
-    NewResult, PipelineId, RUNNING, Redraw, ResultRecord, ResultStatus, RunCounts, RunRecord,
-    SET_ASIDE_REASON, StageRun, UnreadableResult, now_ms,
+    LedgerWriter, NewResult, PipelineId, RUNNING, Record, Recorded, Redraw, ResultRecord,
+    ResultRow, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, StageRun, UnreadableResult,
+    now_ms,
 };
 pub use live::live_outputs;
 pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage};

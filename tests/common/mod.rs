@@ -201,10 +201,12 @@ pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
 }
 
 /// Turns a current ledger back into schema 10: a stat cache with hex
-/// digests and no time each entry was seen (its entries kept).
+/// digests and no time each entry was seen (its entries kept), attempts
+/// not indexed by fingerprint.
 pub fn downgrade_to_schema_10(db: &rusqlite::Connection) {
     db.execute_batch(
-        "CREATE TABLE stat_cache_v10 (path TEXT PRIMARY KEY, dev INTEGER NOT NULL,
+        "DROP INDEX item_attempts_by_fingerprint;
+         CREATE TABLE stat_cache_v10 (path TEXT PRIMARY KEY, dev INTEGER NOT NULL,
              ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
              ctime_ns INTEGER NOT NULL, digest TEXT NOT NULL);
          INSERT INTO stat_cache_v10 SELECT path, dev, ino, size, mtime_ns, ctime_ns,

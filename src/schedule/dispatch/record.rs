@@ -18,8 +18,8 @@ pub(super) struct Made<'a> {
 }
 
 impl Dispatcher<'_, '_> {
-    /// Records a successful result this run made, with its inline
-    /// objects, in one transaction; then queues its upload.
+    /// Hands a successful result this run made, with its inline objects,
+    /// to the ledger writer; [`Self::result_recorded`] takes it from there.
     pub(super) fn commit(
         &mut self,
         i: usize,
@@ -27,7 +27,7 @@ impl Dispatcher<'_, '_> {
         published: Published,
         started_ms: i64,
         log: &std::path::Path,
-        attempt: Option<&ItemAttempt>,
+        attempt: Option<ItemAttempt>,
     ) -> Result<(), ScheduleError> {
         let Published {
             records,
@@ -37,24 +37,61 @@ impl Dispatcher<'_, '_> {
         for (path, entry) in seen {
             self.ctx.stat.learn(path, entry);
         }
-        let record = self.record_ok(
-            i,
+        let stage = &self.ctx.manifest.stages[i];
+        let row = ResultRow {
+            run_id: self.run_id,
+            stage: stage.name.clone(),
+            key: key.clone(),
+            outputs: records,
+            command: stage.describe_run(),
+            started_ms,
+            finished_ms: now_ms(),
+            // A rule may have accepted another exit status.
+            exit_code: attempt.as_ref().map_or(Some(0), |a| a.exit_code),
+            // Quiet stages leave no log file; a path only if there is one.
+            log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
+            attempt,
+            inline,
+        };
+        self.send_record(Record::Result {
+            stage: i,
+            row: Box::new(row),
+        })
+    }
+
+    /// The ledger writer recorded stage `i`'s result as `id`: it is the one
+    /// this run uses; then its upload is queued.
+    pub(super) fn result_recorded(&mut self, i: usize, id: i64, row: ResultRow) {
+        let ResultRow {
+            run_id,
+            stage,
             key,
-            Made {
-                outputs: records,
-                inline: &inline,
-                started_ms,
-                finished_ms: now_ms(),
-                // A rule may have accepted another exit status.
-                exit_code: attempt.map_or(Some(0), |a| a.exit_code),
-                // Quiet stages leave no log file; a path only if there is one.
-                log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
-                attempt,
-                origin: None,
-            },
-        )?;
-        self.upload_result(i, key, &record, inline);
-        Ok(())
+            outputs,
+            command,
+            started_ms,
+            finished_ms,
+            exit_code,
+            log_path,
+            attempt: _,
+            inline,
+        } = row;
+        let record = ResultRecord {
+            id,
+            run_id,
+            stage,
+            fingerprint: key.fingerprint(),
+            status: ResultStatus::Ok,
+            outputs,
+            command,
+            started_ms,
+            finished_ms,
+            exit_code,
+            log_path,
+            error: None,
+            origin: None,
+        };
+        let record = self.use_result(i, record);
+        self.upload_result(i, &key, &record, inline);
     }
 
     /// Records a successful result of stage `i` and makes it the one this
@@ -101,15 +138,21 @@ impl Dispatcher<'_, '_> {
             error: None,
             origin: made.origin,
         };
-        let name = stage.name.clone();
-        tracing::info!(stage = %name, result = id, "recorded");
+        Ok(self.use_result(i, record))
+    }
+
+    /// Makes `record`, just recorded, the result stage `i` uses in this
+    /// run (downstream keys, the lock file).
+    fn use_result(&mut self, i: usize, record: ResultRecord) -> ResultRecord {
+        let name = record.stage.clone();
+        tracing::info!(stage = %name, result = record.id, "recorded");
         self.used
             .insert(i, (record.fingerprint, record.outputs.clone()));
         self.lock_changed = true;
         self.ctx.note_outputs(&record.outputs);
         self.ctx.latest_failure.remove(&name);
         self.ctx.latest_ok.insert(name, record.clone());
-        Ok(record)
+        record
     }
 
     /// Records a failed result (with the command's attempt that failed, if

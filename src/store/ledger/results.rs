@@ -11,9 +11,22 @@ impl Ledger {
         result: &NewResult<'_>,
         inline: &[(Digest, Vec<u8>)],
     ) -> Result<i64, StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        let id = self.insert_result(&tx, result, inline)?;
+        tx.commit().map_err(|e| self.db(e))?;
+        Ok(id)
+    }
+
+    /// Inserts a result, its inline objects and its attempt, and moves its
+    /// stage's head, within `tx`.
+    pub(super) fn insert_result(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        result: &NewResult<'_>,
+        inline: &[(Digest, Vec<u8>)],
+    ) -> Result<i64, StoreError> {
         let key_json = serde_json::to_string(result.key).expect("keys serialise");
         let outputs_json = serde_json::to_string(result.outputs).expect("outputs serialise");
-        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
         if !inline.is_empty() {
             let mut insert = tx
                 .prepare_cached("INSERT OR REPLACE INTO objects (digest, bytes) VALUES (?1, ?2)")
@@ -65,9 +78,8 @@ impl Ledger {
             .and_then(|mut s| s.execute(params![result.stage, id, self.pipeline.name]))
             .map_err(|e| self.db(e))?;
         if let Some(attempt) = result.attempt {
-            self.insert_attempts(&tx, std::slice::from_ref(attempt))?;
+            self.insert_attempts(tx, std::slice::from_ref(attempt))?;
         }
-        tx.commit().map_err(|e| self.db(e))?;
         Ok(id)
     }
 

@@ -17,6 +17,7 @@
 //! | 12 | inline objects in a table with rowids, their digests in an index of their own |
 //! | 13 | item attempts indexed by class |
 //! | 14 | `fresh_proofs`: what a run that left every stage valid saw, for the next no-op to check by `stat` alone; triggers on every table a stage's freshness is read from delete them |
+//! | 15 | item attempts indexed by fingerprint (a stage's attempts so far under one fingerprint, counted from the index alone) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -24,7 +25,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 14;
+pub const LEDGER_SCHEMA_VERSION: i64 = 15;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -147,6 +148,10 @@ CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(pipeline, stag
 CREATE INDEX IF NOT EXISTS item_attempts_by_class ON item_attempts(pipeline, stage, class);
 -- A run's attempts, for its report.
 CREATE INDEX IF NOT EXISTS item_attempts_by_run ON item_attempts(pipeline, run_id);
+-- Attempts under one fingerprint, counted from the index alone as each
+-- command starts (its attempt number counts every run's).
+CREATE INDEX IF NOT EXISTS item_attempts_by_fingerprint
+    ON item_attempts(pipeline, stage, key, fingerprint, run_id, class);
 -- File metadata → BLAKE3 (32 bytes), trusted unless the file was written
 -- within a timestamp tick of `seen_ns` (see fingerprint::StatEntry).
 CREATE TABLE IF NOT EXISTS stat_cache (
@@ -240,6 +245,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (12, objects_by_rowid),
     (13, attempts_by_class),
     (14, fresh_proofs),
+    (15, attempts_by_fingerprint),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -373,6 +379,11 @@ fn attempts_by_class(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result
 fn fresh_proofs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)?;
     tx.execute_batch(&voiding_triggers())
+}
+
+/// 15: item attempts indexed by fingerprint ([`SCHEMA`] creates the index).
+fn attempts_by_fingerprint(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
 }
 
 fn has_column(tx: &Transaction<'_>, table: &str, column: &str) -> rusqlite::Result<bool> {

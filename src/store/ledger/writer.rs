@@ -1,0 +1,144 @@
+//! The records a run makes as its stages end, written on a thread of its
+//! own: the loop that starts stages hands each one over and goes on to
+//! start the next stage. What arrives while one transaction commits goes
+//! into the next one (a group commit), so a busy run commits less often.
+//! Every write is answered, in the order it was sent.
+
+use std::sync::mpsc;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::*;
+
+/// A successful result a run made, as it is recorded.
+pub struct ResultRow {
+    pub run_id: i64,
+    pub stage: String,
+    pub key: StageKey,
+    pub outputs: Vec<OutputRecord>,
+    pub command: String,
+    pub started_ms: i64,
+    pub finished_ms: i64,
+    pub exit_code: Option<i32>,
+    pub log_path: Option<String>,
+    /// The attempt of the command that made it (a plain stage's last).
+    pub attempt: Option<ItemAttempt>,
+    /// The small objects its outputs keep inline.
+    pub inline: Vec<(Digest, Vec<u8>)>,
+}
+
+impl ResultRow {
+    fn as_new(&self) -> NewResult<'_> {
+        NewResult {
+            run_id: self.run_id,
+            stage: &self.stage,
+            key: &self.key,
+            status: ResultStatus::Ok,
+            outputs: &self.outputs,
+            command: &self.command,
+            started_ms: self.started_ms,
+            finished_ms: self.finished_ms,
+            exit_code: self.exit_code,
+            log_path: self.log_path.as_deref(),
+            error: None,
+            attempt: self.attempt.as_ref(),
+            origin: None,
+        }
+    }
+}
+
+/// What the writer is sent to record.
+pub enum Record {
+    /// The result of stage `stage` (an index the answer carries back).
+    Result { stage: usize, row: Box<ResultRow> },
+    /// Attempts to put on record.
+    Attempts(Vec<ItemAttempt>),
+}
+
+/// The answer to a [`Record`].
+pub enum Recorded {
+    /// The result's row back, with its id or why it was not recorded.
+    Result {
+        stage: usize,
+        row: Box<ResultRow>,
+        id: Result<i64, StoreError>,
+    },
+    Attempts(Result<(), StoreError>),
+}
+
+/// The handle to the writer's thread, which ends when this is dropped
+/// (after what it was sent).
+pub struct LedgerWriter {
+    writes: mpsc::Sender<Record>,
+}
+
+impl LedgerWriter {
+    /// Starts the thread, writing through `ledger` and answering on
+    /// `answers`.
+    pub fn start(ledger: Ledger, answers: UnboundedSender<Recorded>) -> std::io::Result<Self> {
+        let (writes, received) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("cairn-ledger".to_owned())
+            .spawn(move || serve(&ledger, &received, &answers))?;
+        Ok(Self { writes })
+    }
+
+    /// Hands `write` over; `Err` gives it back if the thread is gone.
+    pub fn send(&self, write: Record) -> Result<(), Record> {
+        self.writes.send(write).map_err(|failed| failed.0)
+    }
+}
+
+fn serve(ledger: &Ledger, writes: &mpsc::Receiver<Record>, answers: &UnboundedSender<Recorded>) {
+    while let Ok(first) = writes.recv() {
+        let group: Vec<Record> = std::iter::once(first).chain(writes.try_iter()).collect();
+        let outcomes: Vec<Result<Option<i64>, StoreError>> = match ledger.write_group(&group) {
+            Ok(ids) => ids.into_iter().map(Ok).collect(),
+            // Each alone: the answer says which write could not be made.
+            Err(_) => group.iter().map(|write| ledger.write_one(write)).collect(),
+        };
+        for (write, outcome) in group.into_iter().zip(outcomes) {
+            let written = match write {
+                Record::Result { stage, row } => Recorded::Result {
+                    stage,
+                    row,
+                    id: outcome.map(|id| id.unwrap_or_default()),
+                },
+                Record::Attempts(_) => Recorded::Attempts(outcome.map(|_| ())),
+            };
+            // (The run gone, nothing waits for the answer.)
+            let _ = answers.send(written);
+        }
+    }
+}
+
+impl Ledger {
+    /// Makes every write of `group` in one transaction: a result's id each.
+    fn write_group(&self, group: &[Record]) -> Result<Vec<Option<i64>>, StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        let ids = group
+            .iter()
+            .map(|write| self.write_in(&tx, write))
+            .collect::<Result<Vec<_>, _>>()?;
+        tx.commit().map_err(|e| self.db(e))?;
+        Ok(ids)
+    }
+
+    fn write_one(&self, write: &Record) -> Result<Option<i64>, StoreError> {
+        self.write_group(std::slice::from_ref(write))
+            .map(|ids| ids.into_iter().next().flatten())
+    }
+
+    fn write_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        write: &Record,
+    ) -> Result<Option<i64>, StoreError> {
+        match write {
+            Record::Result { row, .. } => {
+                self.insert_result(tx, &row.as_new(), &row.inline).map(Some)
+            }
+            Record::Attempts(attempts) => self.insert_attempts(tx, attempts).map(|()| None),
+        }
+    }
+}
