@@ -113,12 +113,12 @@ type Joined = (usize, StageKey, Result<TaskResult, ScheduleError>);
 /// remote has nothing, what the remote had.
 type LookedUp = (usize, StageKey, DirtyReason, Option<Fetched>);
 
-/// Every item attempt already sent and not yet recorded.
 /// Whether a task made its stage's outputs (its result is to be recorded).
 fn succeeded(result: &Result<TaskResult, ScheduleError>) -> bool {
     matches!(result, Ok(task) if task.failure.is_none() && task.partial.is_none())
 }
 
+/// Every item attempt already sent and not yet recorded.
 fn pending(attempts: &mut UnboundedReceiver<ItemAttempt>) -> Vec<ItemAttempt> {
     let mut batch = Vec::new();
     while let Ok(attempt) = attempts.try_recv() {
@@ -892,22 +892,26 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         if attempts.is_empty() {
             return Ok(());
         }
-        // A plain stage's attempts go to the ledger writer, before its
-        // result; items' are written before the loop goes on.
-        let attempts = if attempts.iter().all(|a| a.key == COMMAND_ITEM) {
+        // A plain stage's attempts go to the ledger writer, in order with
+        // its result; items' are written before the loop goes on.
+        let (mut attempts, items): (Vec<_>, Vec<_>) = attempts
+            .into_iter()
+            .partition(|attempt| attempt.key == COMMAND_ITEM);
+        if !attempts.is_empty() {
             self.send_record(Record::Attempts(attempts.clone()))?;
-            attempts
-        } else {
+        }
+        if !items.is_empty() {
             let ledger = self.attempts_ledger.clone();
-            tokio::task::spawn_blocking(move || {
+            let items = tokio::task::spawn_blocking(move || {
                 let ledger = ledger
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
-                ledger.record_item_attempts(&attempts).map(|()| attempts)
+                ledger.record_item_attempts(&items).map(|()| items)
             })
             .await
-            .map_err(|e| ScheduleError::Task(e.to_string()))??
-        };
+            .map_err(|e| ScheduleError::Task(e.to_string()))??;
+            attempts.extend(items);
+        }
         // A plain stage's attempts that end here are those it retries (its
         // last is recorded with its result).
         for attempt in &attempts {

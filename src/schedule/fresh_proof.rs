@@ -274,7 +274,7 @@ impl Proof {
         for (path, place) in places {
             watched.entry(path).or_insert(place);
         }
-        // In the order of their bytes, for a proof the same run to run.
+        // Sorted by their bytes: the same run makes the same proof.
         let mut watched: Vec<(PathBuf, Watched)> = watched.into_iter().collect();
         watched.sort_unstable_by(|(a, _), (b, _)| a.as_os_str().cmp(b.as_os_str()));
         Ok(Proof {

@@ -11,6 +11,24 @@ const ORPHANED_JOBS: &str = "SELECT a.key, a.fingerprint, a.handle FROM item_att
                        AND b.id > a.id AND b.handle = a.handle)
   ORDER BY a.id";
 
+/// How many attempts a stage's command made under one fingerprint, in
+/// every run (results from before attempts were recorded count as one).
+const COMMAND_ATTEMPTS: &str = "SELECT (SELECT COUNT(*) FROM item_attempts
+          WHERE pipeline = ?1 AND stage = ?2 AND key = ?3 AND fingerprint = ?4
+            AND class NOT IN ('running', 'abandoned'))
+      + (SELECT COUNT(*) FROM results r
+          WHERE r.pipeline = ?1 AND r.stage = ?2 AND r.fingerprint = ?4
+            AND NOT EXISTS (SELECT 1 FROM item_attempts a
+                             WHERE a.pipeline = r.pipeline AND a.stage = r.stage
+                               AND a.key = ?3 AND a.run_id = r.run_id
+                               AND a.fingerprint = r.fingerprint))";
+
+/// A run's attempts still running when it closes. (By run: the index by
+/// fingerprint covers this too, but only through every attempt of the
+/// pipeline, and SQLite would pick it.)
+const CLOSE_RUNNING: &str = "UPDATE item_attempts INDEXED BY item_attempts_by_run SET class = ?1
+  WHERE pipeline = ?2 AND run_id = ?3 AND class = 'running'";
+
 impl Ledger {
     /// The newest outcome of each item of `stage` that `wanted` asks for:
     /// given its (key, fingerprint), `wanted` answers with a number of the
@@ -315,17 +333,7 @@ impl Ledger {
     /// does not, so the next run adopts its job by name.
     pub fn command_attempts(&self, stage: &str, fingerprint: &Digest) -> Result<u32, StoreError> {
         self.conn
-            .prepare_cached(
-                "SELECT (SELECT COUNT(*) FROM item_attempts
-                          WHERE pipeline = ?1 AND stage = ?2 AND key = ?3 AND fingerprint = ?4
-                            AND class NOT IN ('running', 'abandoned'))
-                      + (SELECT COUNT(*) FROM results r
-                          WHERE r.pipeline = ?1 AND r.stage = ?2 AND r.fingerprint = ?4
-                            AND NOT EXISTS (SELECT 1 FROM item_attempts a
-                                             WHERE a.pipeline = r.pipeline AND a.stage = r.stage
-                                               AND a.key = ?3 AND a.run_id = r.run_id
-                                               AND a.fingerprint = r.fingerprint))",
-            )
+            .prepare_cached(COMMAND_ATTEMPTS)
             .and_then(|mut statement| {
                 statement.query_row(
                     params![
@@ -393,10 +401,7 @@ impl Ledger {
             "cancelled"
         };
         self.conn
-            .execute(
-                "UPDATE item_attempts SET class = ?1 WHERE pipeline = ?2 AND run_id = ?3 AND class = 'running'",
-                params![class, self.pipeline.name, run_id],
-            )
+            .execute(CLOSE_RUNNING, params![class, self.pipeline.name, run_id])
             .map(drop)
             .map_err(|e| self.db(e))
     }
@@ -493,5 +498,49 @@ mod tests {
             statement.get_status(rusqlite::StatementStatus::RePrepare),
             0
         );
+    }
+
+    /// What SQLite plans for `sql` (its parameters NULL), a step a line.
+    fn plan(ledger: &Ledger, sql: &str) -> String {
+        let mut statement = ledger
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap();
+        let nulls = vec![rusqlite::types::Null; statement.parameter_count()];
+        let steps = statement
+            .query_map(rusqlite::params_from_iter(nulls), |row| {
+                row.get::<_, String>(3)
+            })
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        steps.join("\n")
+    }
+
+    /// What a run asks as each command starts, and does as it closes,
+    /// goes through an index straight to the stage's (or the run's) rows,
+    /// not through every attempt of the pipeline's history: with several
+    /// indexes on `item_attempts`, SQLite (without statistics) can pick a
+    /// covering one that matches the pipeline alone.
+    #[test]
+    fn each_stages_attempts_are_found_by_an_index_to_their_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipeline = PipelineId {
+            name: "p".to_owned(),
+            manifest: "cairn.toml".to_owned(),
+        };
+        let ledger = Ledger::open(&dir.path().join("cache"), &pipeline).unwrap();
+        let closing = plan(&ledger, CLOSE_RUNNING);
+        assert!(
+            closing.contains("item_attempts_by_run (pipeline=? AND run_id=?)"),
+            "{closing}"
+        );
+        let counting = plan(&ledger, COMMAND_ATTEMPTS);
+        for step in [
+            "COVERING INDEX item_attempts_by_fingerprint (pipeline=? AND stage=? AND key=? AND fingerprint=?)",
+            "COVERING INDEX item_attempts_by_fingerprint (pipeline=? AND stage=? AND key=? AND fingerprint=? AND run_id=?)",
+        ] {
+            assert!(counting.contains(step), "{counting}");
+        }
     }
 }
