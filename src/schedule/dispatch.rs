@@ -583,7 +583,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     i,
                     &row.key,
                     Some(0),
-                    row.started_ms,
+                    row.record.started_ms,
                     &log,
                     &message,
                     attempt.as_ref(),

@@ -38,10 +38,13 @@ impl Dispatcher<'_, '_> {
             self.ctx.stat.learn(path, entry);
         }
         let stage = &self.ctx.manifest.stages[i];
-        let row = ResultRow {
+        let record = ResultRecord {
+            // (The ledger writer's answer.)
+            id: 0,
             run_id: self.run_id,
             stage: stage.name.clone(),
-            key: key.clone(),
+            fingerprint: key.fingerprint(),
+            status: ResultStatus::Ok,
             outputs: records,
             command: stage.describe_run(),
             started_ms,
@@ -50,6 +53,12 @@ impl Dispatcher<'_, '_> {
             exit_code: attempt.as_ref().map_or(Some(0), |a| a.exit_code),
             // Quiet stages leave no log file; a path only if there is one.
             log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
+            error: None,
+            origin: None,
+        };
+        let row = ResultRow {
+            record,
+            key: key.clone(),
             attempt,
             inline,
         };
@@ -63,33 +72,12 @@ impl Dispatcher<'_, '_> {
     /// this run uses; then its upload is queued.
     pub(super) fn result_recorded(&mut self, i: usize, id: i64, row: ResultRow) {
         let ResultRow {
-            run_id,
-            stage,
+            mut record,
             key,
-            outputs,
-            command,
-            started_ms,
-            finished_ms,
-            exit_code,
-            log_path,
             attempt: _,
             inline,
         } = row;
-        let record = ResultRecord {
-            id,
-            run_id,
-            stage,
-            fingerprint: key.fingerprint(),
-            status: ResultStatus::Ok,
-            outputs,
-            command,
-            started_ms,
-            finished_ms,
-            exit_code,
-            log_path,
-            error: None,
-            origin: None,
-        };
+        record.id = id;
         let record = self.use_result(i, record);
         self.upload_result(i, &key, &record, inline);
     }

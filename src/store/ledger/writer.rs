@@ -12,15 +12,9 @@ use super::*;
 
 /// A successful result a run made, as it is recorded.
 pub struct ResultRow {
-    pub run_id: i64,
-    pub stage: String,
+    /// The result as it reads once recorded (its id is the writer's answer).
+    pub record: ResultRecord,
     pub key: StageKey,
-    pub outputs: Vec<OutputRecord>,
-    pub command: String,
-    pub started_ms: i64,
-    pub finished_ms: i64,
-    pub exit_code: Option<i32>,
-    pub log_path: Option<String>,
     /// The attempt of the command that made it (a plain stage's last).
     pub attempt: Option<ItemAttempt>,
     /// The small objects its outputs keep inline.
@@ -29,20 +23,21 @@ pub struct ResultRow {
 
 impl ResultRow {
     fn as_new(&self) -> NewResult<'_> {
+        let record = &self.record;
         NewResult {
-            run_id: self.run_id,
-            stage: &self.stage,
+            run_id: record.run_id,
+            stage: &record.stage,
             key: &self.key,
-            status: ResultStatus::Ok,
-            outputs: &self.outputs,
-            command: &self.command,
-            started_ms: self.started_ms,
-            finished_ms: self.finished_ms,
-            exit_code: self.exit_code,
-            log_path: self.log_path.as_deref(),
-            error: None,
+            status: record.status,
+            outputs: &record.outputs,
+            command: &record.command,
+            started_ms: record.started_ms,
+            finished_ms: record.finished_ms,
+            exit_code: record.exit_code,
+            log_path: record.log_path.as_deref(),
+            error: record.error.as_deref(),
             attempt: self.attempt.as_ref(),
-            origin: None,
+            origin: record.origin.as_deref(),
         }
     }
 }
