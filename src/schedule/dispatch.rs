@@ -173,6 +173,12 @@ pub async fn run(
     match driven {
         Ok(()) => dispatcher.end(),
         Err(error) => {
+            // What the ledger writer was sent is written before the run is
+            // closed (a command's start after its run's close would stay
+            // `running` for good); its answers no longer matter.
+            while dispatcher.unanswered > 0 && answered.recv().await.is_some() {
+                dispatcher.unanswered -= 1;
+            }
             dispatcher.close_as_failed();
             Err(error)
         }
@@ -213,7 +219,9 @@ struct Dispatcher<'a, 'm> {
     /// (started by the first), answering on `answers`; how many of its
     /// answers are still to come.
     writer: Option<LedgerWriter>,
-    answers: UnboundedSender<Recorded>,
+    /// The sender the writer takes when it starts: its thread then holds
+    /// the only one, so its answers end when it does.
+    answers: Option<UnboundedSender<Recorded>>,
     unanswered: usize,
     /// Stages whose image tags were resolved off the event loop in this
     /// run (each is resolved once; its fingerprint then reads the answers).
@@ -370,7 +378,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             },
             attempts_ledger,
             writer: None,
-            answers,
+            answers: Some(answers),
             unanswered: 0,
             tags_resolved: HashSet::new(),
             looked_up: HashSet::new(),
@@ -474,7 +482,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         self.start(i, key, reason, &executors, &mut running, &hashed_tx, &attempts_tx);
                     }
                 }
-                Some(answer) = answered.recv(), if self.unanswered > 0 => {
+                answer = answered.recv(), if self.unanswered > 0 => {
+                    let Some(answer) = answer else {
+                        return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));
+                    };
                     self.answered(answer)?;
                 }
                 Some(resolved) = resolving.join_next(), if !resolving.is_empty() => {
@@ -518,10 +529,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
 
     /// Hands `record` to the ledger writer (started by the first).
     fn send_record(&mut self, record: Record) -> Result<(), ScheduleError> {
-        if self.writer.is_none() {
+        if let Some(answers) = self.answers.take() {
             let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-            let writer = LedgerWriter::start(ledger.another_connection()?, self.answers.clone())
-                .map_err(|e| {
+            let writer =
+                LedgerWriter::start(ledger.another_connection()?, answers).map_err(|e| {
                     ScheduleError::Task(format!("could not start the ledger writer: {e}"))
                 })?;
             self.writer = Some(writer);

@@ -137,3 +137,41 @@ impl Ledger {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writer answers what it was sent, in order, and its answers end
+    /// with its thread: a run waiting for them is never left waiting for a
+    /// writer that is gone.
+    #[test]
+    fn answers_come_in_order_and_end_with_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipeline = PipelineId {
+            name: "p".to_owned(),
+            manifest: "cairn.toml".to_owned(),
+        };
+        let ledger = Ledger::open(&dir.path().join("cache"), &pipeline).unwrap();
+        let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+        let writer = LedgerWriter::start(ledger.another_connection().unwrap(), answers).unwrap();
+        let attempt = |stage: &str| ItemAttempt::started(1, stage, "", Digest::of(b"f"), 1, 0);
+        for stage in ["a", "b", "c"] {
+            assert!(writer.send(Record::Attempts(vec![attempt(stage)])).is_ok());
+        }
+        drop(writer);
+        let mut answers = 0;
+        while let Some(answer) = answered.blocking_recv() {
+            assert!(matches!(answer, Recorded::Attempts(Ok(()))));
+            answers += 1;
+        }
+        assert_eq!(answers, 3);
+        let stages: Vec<String> = ledger
+            .run_attempts(1)
+            .unwrap()
+            .into_iter()
+            .map(|attempt| attempt.stage)
+            .collect();
+        assert_eq!(stages, ["a", "b", "c"]);
+    }
+}
