@@ -250,6 +250,16 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 const RESULT_COLUMNS: &str = "id, run_id, stage, fingerprint, status, NULL, outputs_json, command, started_ms, finished_ms, exit_code, log_path, error, origin";
 
 impl Ledger {
+    /// A new ledger in `dir/cache`, for pipeline `p`.
+    #[cfg(test)]
+    pub(crate) fn new_for_tests(dir: &Path) -> Self {
+        let pipeline = PipelineId {
+            name: "p".to_owned(),
+            manifest: "cairn.toml".to_owned(),
+        };
+        Self::open(&dir.join("cache"), &pipeline).unwrap()
+    }
+
     /// Opens (creating if needed) the ledger in `cache` for `pipeline`,
     /// recording which manifest the pipeline's name belongs to.
     pub fn open(cache: &Path, pipeline: &PipelineId) -> Result<Self, StoreError> {

@@ -4,15 +4,15 @@
 use super::*;
 
 /// A successful result about to be recorded.
-pub(super) struct Made<'a> {
+pub(super) struct Made {
     pub(super) outputs: Vec<OutputRecord>,
-    pub(super) inline: &'a [(Digest, Vec<u8>)],
+    pub(super) inline: Vec<(Digest, Vec<u8>)>,
     pub(super) started_ms: i64,
     pub(super) finished_ms: i64,
     pub(super) exit_code: Option<i32>,
     pub(super) log_path: Option<String>,
     /// The attempt of the command that made it (a plain stage's last).
-    pub(super) attempt: Option<&'a ItemAttempt>,
+    pub(super) attempt: Option<ItemAttempt>,
     /// `remote:URL` when a remote cache supplied it.
     pub(super) origin: Option<String>,
 }
@@ -37,31 +37,19 @@ impl Dispatcher<'_, '_> {
         for (path, entry) in seen {
             self.ctx.stat.learn(path, entry);
         }
-        let stage = &self.ctx.manifest.stages[i];
-        let record = ResultRecord {
-            // (The ledger writer's answer.)
-            id: 0,
-            run_id: self.run_id,
-            stage: stage.name.clone(),
-            fingerprint: key.fingerprint(),
-            status: ResultStatus::Ok,
+        let made = Made {
             outputs: records,
-            command: stage.describe_run(),
+            inline,
             started_ms,
             finished_ms: now_ms(),
             // A rule may have accepted another exit status.
             exit_code: attempt.as_ref().map_or(Some(0), |a| a.exit_code),
             // Quiet stages leave no log file; a path only if there is one.
             log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
-            error: None,
+            attempt,
             origin: None,
         };
-        let row = ResultRow {
-            record,
-            key: key.clone(),
-            attempt,
-            inline,
-        };
+        let row = self.result_row(i, key, made);
         self.send_record(Record::Result {
             stage: i,
             row: Box::new(row),
@@ -82,43 +70,33 @@ impl Dispatcher<'_, '_> {
         self.upload_result(i, &key, &record, inline);
     }
 
-    /// Records a successful result of stage `i` and makes it the one this
-    /// run uses (downstream keys, the lock file).
+    /// Records a successful result of stage `i` here and now, and makes it
+    /// the one this run uses (downstream keys, the lock file).
     pub(super) fn record_ok(
         &mut self,
         i: usize,
         key: &StageKey,
-        made: Made<'_>,
+        made: Made,
     ) -> Result<ResultRecord, ScheduleError> {
-        let stage = &self.ctx.manifest.stages[i];
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        let command = stage.describe_run();
-        let id = ledger.record(
-            &NewResult {
-                run_id: self.run_id,
-                stage: &stage.name,
-                key,
-                status: ResultStatus::Ok,
-                outputs: &made.outputs,
-                command: &command,
-                started_ms: made.started_ms,
-                finished_ms: made.finished_ms,
-                exit_code: made.exit_code,
-                log_path: made.log_path.as_deref(),
-                error: None,
-                attempt: made.attempt,
-                origin: made.origin.as_deref(),
-            },
-            made.inline,
-        )?;
+        let row = self.result_row(i, key, made);
+        let id = ledger.record_row(&row)?;
+        let ResultRow { mut record, .. } = row;
+        record.id = id;
+        Ok(self.use_result(i, record))
+    }
+
+    /// Stage `i`'s result as it is recorded (its id the ledger's answer).
+    fn result_row(&self, i: usize, key: &StageKey, made: Made) -> ResultRow {
+        let stage = &self.ctx.manifest.stages[i];
         let record = ResultRecord {
-            id,
+            id: 0,
             run_id: self.run_id,
             stage: stage.name.clone(),
             fingerprint: key.fingerprint(),
             status: ResultStatus::Ok,
             outputs: made.outputs,
-            command,
+            command: stage.describe_run(),
             started_ms: made.started_ms,
             finished_ms: made.finished_ms,
             exit_code: made.exit_code,
@@ -126,7 +104,12 @@ impl Dispatcher<'_, '_> {
             error: None,
             origin: made.origin,
         };
-        Ok(self.use_result(i, record))
+        ResultRow {
+            record,
+            key: key.clone(),
+            attempt: made.attempt,
+            inline: made.inline,
+        }
     }
 
     /// Makes `record`, just recorded, the result stage `i` uses in this

@@ -74,7 +74,7 @@ impl Dispatcher<'_, '_> {
             key,
             super::record::Made {
                 outputs: entry.outputs,
-                inline: &inline,
+                inline,
                 started_ms: entry.producer.started_ms,
                 finished_ms: entry.producer.finished_ms,
                 exit_code: entry.producer.exit_code,

@@ -480,21 +480,12 @@ impl Ledger {
 mod tests {
     use super::*;
 
-    /// A new ledger in `dir`, for pipeline `p`.
-    fn new_ledger(dir: &Path) -> Ledger {
-        let pipeline = PipelineId {
-            name: "p".to_owned(),
-            manifest: "cairn.toml".to_owned(),
-        };
-        Ledger::open(&dir.join("cache"), &pipeline).unwrap()
-    }
-
     /// Every run asks this of every stage it starts: binding the next
     /// stage's name must not make SQLite plan the query again.
     #[test]
     fn a_cached_query_is_not_planned_again_for_each_stage() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = new_ledger(dir.path());
+        let ledger = Ledger::new_for_tests(dir.path());
         for stage in ["a", "b", "c"] {
             assert!(ledger.orphaned_jobs(stage).unwrap().is_empty());
         }
@@ -530,7 +521,7 @@ mod tests {
     #[test]
     fn each_stages_attempts_are_found_by_an_index_to_their_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = new_ledger(dir.path());
+        let ledger = Ledger::new_for_tests(dir.path());
         let closing = plan(&ledger, CLOSE_RUNNING);
         assert!(
             closing.contains("item_attempts_by_run (pipeline=? AND run_id=?)"),

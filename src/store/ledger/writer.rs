@@ -119,6 +119,11 @@ impl Ledger {
         Ok(ids)
     }
 
+    /// Records `row` in a transaction of its own.
+    pub fn record_row(&self, row: &ResultRow) -> Result<i64, StoreError> {
+        self.record(&row.as_new(), &row.inline)
+    }
+
     fn write_one(&self, write: &Record) -> Result<Option<i64>, StoreError> {
         self.write_group(std::slice::from_ref(write))
             .map(|ids| ids.into_iter().next().flatten())
@@ -148,11 +153,7 @@ mod tests {
     #[test]
     fn answers_come_in_order_and_end_with_the_writer() {
         let dir = tempfile::tempdir().unwrap();
-        let pipeline = PipelineId {
-            name: "p".to_owned(),
-            manifest: "cairn.toml".to_owned(),
-        };
-        let ledger = Ledger::open(&dir.path().join("cache"), &pipeline).unwrap();
+        let ledger = Ledger::new_for_tests(dir.path());
         let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
         let writer = LedgerWriter::start(ledger.another_connection().unwrap(), answers).unwrap();
         let attempt = |stage: &str| ItemAttempt::started(1, stage, "", Digest::of(b"f"), 1, 0);
