@@ -55,9 +55,19 @@ outputs = { o = "state/3.txt" }
 fn kill_9_mid_run_keeps_validated_work_and_never_accepts_a_half_written_output() {
     let p = half_writer();
     let mut cairn = spawn(&p, &["run", "-j", "1"]);
+    wait_for("the slow stage to start", || p.exists("slow.pid"));
+    // (A result is validated once it is on record: the ledger writer
+    // commits within a few milliseconds of a stage's end.)
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
     wait_for("the slow stage to write half its output", || {
-        p.exists("slow.pid")
-            && std::fs::read_to_string(p.path("state/2.txt")).is_ok_and(|s| s == "partial")
+        std::fs::read_to_string(p.path("state/2.txt")).is_ok_and(|s| s == "partial")
+            && db
+                .query_row(
+                    "SELECT count(*) FROM results WHERE stage = 'first' AND status = 'ok'",
+                    [],
+                    |row| row.get::<_, i64>(0),
+                )
+                .is_ok_and(|n| n == 1)
     });
     cairn.kill().unwrap(); // SIGKILL
     cairn.wait().unwrap();

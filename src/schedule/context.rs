@@ -11,8 +11,8 @@ use super::item_fields::FieldCheck;
 use super::items::{Fields, Item, PlannedItem, fill, fill_fields, for_each_item, load_items};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::fingerprint::{
-    Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
-    stage_key, tree_digest,
+    Change, Component, Digest, DigestMap, EntryKind, StageKey, StatCache, TreeEntry,
+    item_fingerprint, stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
@@ -580,14 +580,13 @@ impl<'m> Context<'m> {
         if let Some(ledger) = &self.ledger {
             // Outcomes are read for the fingerprints planned, nothing else
             // (and with none recorded, no index of them is built).
-            let by_fingerprint: std::cell::OnceCell<HashMap<Digest, usize>> =
-                std::cell::OnceCell::new();
+            let by_fingerprint: std::cell::OnceCell<DigestMap<usize>> = std::cell::OnceCell::new();
             let index = || {
                 planned
                     .iter()
                     .enumerate()
                     .map(|(n, p)| (p.fingerprint, n))
-                    .collect::<HashMap<_, _>>()
+                    .collect::<DigestMap<_>>()
             };
             let outcomes = ledger.item_outcomes(&stage.name, template, |key, fingerprint| {
                 by_fingerprint

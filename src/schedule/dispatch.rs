@@ -176,6 +176,7 @@ pub async fn run(
             // What the ledger writer was sent is written before the run is
             // closed (a command's start after its run's close would stay
             // `running` for good); its answers no longer matter.
+            dispatcher.hurry_writer();
             while dispatcher.unanswered > 0 && answered.recv().await.is_some() {
                 dispatcher.unanswered -= 1;
             }
@@ -430,6 +431,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             {
                 return Ok(());
             }
+            if running.is_empty() {
+                // Nothing ends meanwhile to share the writer's commit.
+                self.hurry_writer();
+            }
             // In this order: releasing downstream stages first keeps the
             // critical path moving; recording results can wait a moment.
             tokio::select! {
@@ -537,12 +542,25 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 })?;
             self.writer = Some(writer);
         }
-        let sent = self.writer.as_ref().map(|writer| writer.send(record));
-        if !matches!(sent, Some(Ok(()))) {
+        let sent = self
+            .writer
+            .as_ref()
+            .is_some_and(|writer| writer.send(record));
+        if !sent {
             return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));
         }
         self.unanswered += 1;
         Ok(())
+    }
+
+    /// Has the ledger writer commit what it holds without waiting for
+    /// more: the run waits for its answers.
+    fn hurry_writer(&self) {
+        if self.unanswered > 0
+            && let Some(writer) = &self.writer
+        {
+            writer.hurry();
+        }
     }
 
     /// Waits for the ledger writer to answer everything it was sent.
@@ -550,6 +568,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         &mut self,
         answered: &mut UnboundedReceiver<Recorded>,
     ) -> Result<(), ScheduleError> {
+        self.hurry_writer();
         while self.unanswered > 0 {
             let Some(answer) = answered.recv().await else {
                 return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));

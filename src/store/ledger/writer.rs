@@ -1,10 +1,13 @@
 //! The records a run makes as its stages end, written on a thread of its
 //! own: the loop that starts stages hands each one over and goes on to
-//! start the next stage. What arrives while one transaction commits goes
-//! into the next one (a group commit), so a busy run commits less often.
-//! Every write is answered, in the order it was sent.
+//! start the next stage. A write waits up to [`GROUP_WINDOW`] for others
+//! to share its transaction (a group commit: each commit writes a dozen
+//! pages, whether it holds one record or fifty), unless the run waits for
+//! it ([`LedgerWriter::hurry`]). Every write is answered, in the order it
+//! was sent.
 
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -61,10 +64,22 @@ pub enum Recorded {
     Attempts(Result<(), StoreError>),
 }
 
+/// How long a write waits for others to join its transaction. A busy run
+/// ends a stage every millisecond or so; a killed cairn loses at most
+/// this much of what ended (those stages run again).
+const GROUP_WINDOW: Duration = Duration::from_millis(4);
+
+/// What the writer's thread is sent.
+enum Sent {
+    Write(Record),
+    /// The run waits for the answers: commit what is pending now.
+    Hurry,
+}
+
 /// The handle to the writer's thread, which ends when this is dropped
 /// (after what it was sent).
 pub struct LedgerWriter {
-    writes: mpsc::Sender<Record>,
+    writes: mpsc::Sender<Sent>,
 }
 
 impl LedgerWriter {
@@ -78,15 +93,30 @@ impl LedgerWriter {
         Ok(Self { writes })
     }
 
-    /// Hands `write` over; `Err` gives it back if the thread is gone.
-    pub fn send(&self, write: Record) -> Result<(), Record> {
-        self.writes.send(write).map_err(|failed| failed.0)
+    /// Hands `write` over; `false` if the thread is gone.
+    pub fn send(&self, write: Record) -> bool {
+        self.writes.send(Sent::Write(write)).is_ok()
+    }
+
+    /// Has what is pending committed without waiting for more.
+    pub fn hurry(&self) {
+        // (A writer gone answers nothing more: the run finds out.)
+        let _ = self.writes.send(Sent::Hurry);
     }
 }
 
-fn serve(ledger: &Ledger, writes: &mpsc::Receiver<Record>, answers: &UnboundedSender<Recorded>) {
+fn serve(ledger: &Ledger, writes: &mpsc::Receiver<Sent>, answers: &UnboundedSender<Recorded>) {
     while let Ok(first) = writes.recv() {
-        let group: Vec<Record> = std::iter::once(first).chain(writes.try_iter()).collect();
+        let Sent::Write(first) = first else {
+            continue;
+        };
+        let mut group = vec![first];
+        let until = Instant::now() + GROUP_WINDOW;
+        while let Ok(Sent::Write(write)) =
+            writes.recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            group.push(write);
+        }
         let outcomes: Vec<Result<Option<i64>, StoreError>> = match ledger.write_group(&group) {
             Ok(ids) => ids.into_iter().map(Ok).collect(),
             // Each alone: the answer says which write could not be made.
@@ -158,7 +188,7 @@ mod tests {
         let writer = LedgerWriter::start(ledger.another_connection().unwrap(), answers).unwrap();
         let attempt = |stage: &str| ItemAttempt::started(1, stage, "", Digest::of(b"f"), 1, 0);
         for stage in ["a", "b", "c"] {
-            assert!(writer.send(Record::Attempts(vec![attempt(stage)])).is_ok());
+            assert!(writer.send(Record::Attempts(vec![attempt(stage)])));
         }
         drop(writer);
         let mut answers = 0;
