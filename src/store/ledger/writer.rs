@@ -6,7 +6,8 @@
 //! it ([`LedgerWriter::hurry`]). Every write is answered, in the order it
 //! was sent.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -69,17 +70,13 @@ pub enum Recorded {
 /// this much of what ended (those stages run again).
 const GROUP_WINDOW: Duration = Duration::from_millis(4);
 
-/// What the writer's thread is sent.
-enum Sent {
-    Write(Record),
-    /// The run waits for the answers: commit what is pending now.
-    Hurry,
-}
-
 /// The handle to the writer's thread, which ends when this is dropped
 /// (after what it was sent).
 pub struct LedgerWriter {
-    writes: mpsc::Sender<Sent>,
+    writes: mpsc::Sender<Record>,
+    /// Set (and the thread woken) when the run waits for the answers.
+    hurried: Arc<AtomicBool>,
+    thread: std::thread::Thread,
 }
 
 impl LedgerWriter {
@@ -87,36 +84,42 @@ impl LedgerWriter {
     /// `answers`.
     pub fn start(ledger: Ledger, answers: UnboundedSender<Recorded>) -> std::io::Result<Self> {
         let (writes, received) = mpsc::channel();
-        std::thread::Builder::new()
+        let hurried = Arc::new(AtomicBool::new(false));
+        let hurry = Arc::clone(&hurried);
+        let thread = std::thread::Builder::new()
             .name("cairn-ledger".to_owned())
-            .spawn(move || serve(&ledger, &received, &answers))?;
-        Ok(Self { writes })
+            .spawn(move || serve(&ledger, &received, &hurry, &answers))?
+            .thread()
+            .clone();
+        Ok(Self {
+            writes,
+            hurried,
+            thread,
+        })
     }
 
-    /// Hands `write` over; `false` if the thread is gone.
+    /// Hands `write` over; `false` if the thread is gone. (The thread,
+    /// waiting out a window, is not woken: it takes what came at its end.)
     pub fn send(&self, write: Record) -> bool {
-        self.writes.send(Sent::Write(write)).is_ok()
+        self.writes.send(write).is_ok()
     }
 
     /// Has what is pending committed without waiting for more.
     pub fn hurry(&self) {
-        // (A writer gone answers nothing more: the run finds out.)
-        let _ = self.writes.send(Sent::Hurry);
+        self.hurried.store(true, Ordering::Release);
+        self.thread.unpark();
     }
 }
 
-fn serve(ledger: &Ledger, writes: &mpsc::Receiver<Sent>, answers: &UnboundedSender<Recorded>) {
+fn serve(
+    ledger: &Ledger,
+    writes: &mpsc::Receiver<Record>,
+    hurried: &AtomicBool,
+    answers: &UnboundedSender<Recorded>,
+) {
     while let Ok(first) = writes.recv() {
-        let Sent::Write(first) = first else {
-            continue;
-        };
-        let mut group = vec![first];
-        let until = Instant::now() + GROUP_WINDOW;
-        while let Ok(Sent::Write(write)) =
-            writes.recv_timeout(until.saturating_duration_since(Instant::now()))
-        {
-            group.push(write);
-        }
+        wait_for_company(hurried);
+        let group: Vec<Record> = std::iter::once(first).chain(writes.try_iter()).collect();
         let outcomes: Vec<Result<Option<i64>, StoreError>> = match ledger.write_group(&group) {
             Ok(ids) => ids.into_iter().map(Ok).collect(),
             // Each alone: the answer says which write could not be made.
@@ -134,6 +137,23 @@ fn serve(ledger: &Ledger, writes: &mpsc::Receiver<Sent>, answers: &UnboundedSend
             // (The run gone, nothing waits for the answer.)
             let _ = answers.send(written);
         }
+    }
+}
+
+/// Waits out [`GROUP_WINDOW`] for more writes, unless hurried.
+fn wait_for_company(hurried: &AtomicBool) {
+    let until = Instant::now() + GROUP_WINDOW;
+    loop {
+        // (A hurry left over from a group already written ends one window
+        // early: no harm.)
+        if hurried.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::park_timeout(left);
     }
 }
 
