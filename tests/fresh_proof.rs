@@ -185,6 +185,7 @@ fn every_change_a_run_would_see_makes_it_decide_again() {
             &["b", "c"],
         ),
     ];
+    let mut handed_on = 0;
     for (what, change, must_run) in changes {
         change(&p);
         let decided = run(&p, &[]);
@@ -194,8 +195,22 @@ fn every_change_a_run_would_see_makes_it_decide_again() {
             decided.stderr
         );
         assert_eq!(decided.stages, *must_run, "{what}\n{}", decided.stderr);
+        // A proof read and found wrong hands its workspace on: the history
+        // is read beside the manifest, and decides as well.
+        if decided.stderr.contains("the fresh proof does not hold") {
+            handed_on += 1;
+            assert!(
+                decided
+                    .stderr
+                    .contains("the history was read while the manifest was parsed"),
+                "{what}\n{}",
+                decided.stderr
+            );
+        }
         settle(&p);
     }
+    // (Every change but the manifest's leaves the proof to be read.)
+    assert_eq!(handed_on, changes.len() - 1);
     // The restores put the outputs back.
     assert_eq!(p.read("c.txt"), "hello");
     assert!(p.exists("tree/b.txt"));

@@ -3,16 +3,38 @@
 //! path the last run read and wrote is `stat`ed (see
 //! [`crate::schedule::fresh_proof`]). Anything else goes the usual way.
 
+use std::path::PathBuf;
+
 use super::args::{Global, RunArgs};
 use super::error::CliError;
 use super::workspace;
 use crate::fingerprint::Digest;
+use crate::manifest::lock_path_of;
 use crate::schedule::fresh_proof::{self, CHECK_VAR, Checked, Proof};
 use crate::store::{Ledger, RunCounts, StageRun, WorkspaceLock, now_ms};
 
-/// Answers `cairn run` from the proof the last run kept, if it holds;
-/// `Ok(false)` sends the command the usual way.
-pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
+/// What became of a `cairn run` the proof was asked about.
+pub enum Asked {
+    /// The proof held: the run is recorded, every stage fresh.
+    Answered,
+    /// The stages are to be decided the usual way. When the proof was
+    /// read and failed, the workspace's lock and the ledger it was read
+    /// from are handed on (the ledger speaking for the proof's pipeline).
+    Decide(Option<Box<Held>>),
+}
+
+/// The workspace's lock and ledger, taken to check a proof that failed.
+pub struct Held {
+    pub lock: WorkspaceLock,
+    pub ledger: Ledger,
+    /// The project root the proof was made for.
+    pub root: PathBuf,
+    /// The manifest's lock file, as the proof's manifest path names it.
+    pub lock_path: PathBuf,
+}
+
+/// Answers `cairn run` from the proof the last run kept, if it holds.
+pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     // (`-v` lists every fresh stage as it is decided.)
     let plain = global.verbose == 0
         && args.targets.is_empty()
@@ -26,42 +48,50 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
         && args.remote.remote_cache.is_none()
         && args.jobs != Some(0);
     if !plain {
-        return Ok(false);
+        return Ok(Asked::Decide(None));
     }
     let path = workspace::manifest_path(global)?;
     let Ok(source) = std::fs::read(&path) else {
-        return Ok(false);
+        return Ok(Asked::Decide(None));
     };
     let profile = global.profile.as_deref();
     let (Some(key), Ok(text)) = (
         fresh_proof::key(&path, &source, profile),
         std::str::from_utf8(&source),
     ) else {
-        return Ok(false);
+        return Ok(Asked::Decide(None));
     };
     let Some(root) = fresh_proof::root_hint(&path, text) else {
-        return Ok(false);
+        return Ok(Asked::Decide(None));
     };
     let cache = root.join("cache");
     // (Taking the lock makes the cache directory: only where a ledger is.)
     if !cache.join("ledger.db").is_file() {
-        return Ok(false);
+        return Ok(Asked::Decide(None));
     }
     // Another cairn at work: the usual way waits for it.
-    let Some(_lock) = WorkspaceLock::try_acquire(&cache) else {
-        return Ok(false);
+    let Some(lock) = WorkspaceLock::try_acquire(&cache) else {
+        return Ok(Asked::Decide(None));
     };
     // A ledger that cannot be read is the usual way's to report.
     let Ok(Some((ledger, body))) = Ledger::open_for_proof(&cache, &key) else {
-        return Ok(false);
+        return Ok(Asked::Decide(None));
     };
     let Some(mut proof) = Proof::decode(&body).filter(|proof| proof.root == root) else {
-        return Ok(false);
+        return Ok(Asked::Decide(None));
+    };
+    let held = |lock, ledger| {
+        Box::new(Held {
+            lock,
+            ledger,
+            root: root.clone(),
+            lock_path: lock_path_of(&path),
+        })
     };
     match proof.check() {
         Checked::Fails(why) => {
             tracing::debug!("the fresh proof does not hold: {why}");
-            return Ok(false);
+            return Ok(Asked::Decide(Some(held(lock, ledger))));
         }
         Checked::Holds { renewed } => {
             tracing::debug!(
@@ -81,7 +111,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
     // A run that died is for the usual way to close (and its processes
     // to be found).
     if !matches!(ledger.has_open_runs(), Ok(false)) {
-        return Ok(false);
+        return Ok(Asked::Decide(Some(held(lock, ledger))));
     }
     if std::env::var_os(CHECK_VAR).is_some() {
         check_the_slow_way(global)?;
@@ -90,7 +120,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<bool, CliError> {
     if !global.quiet {
         errln!("0 ran, {} fresh (run {run_id})", proof.stages.len());
     }
-    Ok(true)
+    Ok(Asked::Answered)
 }
 
 /// Records the run as a no-op run is recorded: every stage fresh.

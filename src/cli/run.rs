@@ -1,18 +1,25 @@
 //! `cairn run`.
 
+use std::path::PathBuf;
+
 use super::args::{Global, RunArgs};
 use super::error::{CliError, exit};
+use super::fresh_run::{self, Asked, Held};
 use super::locked;
 use super::progress::HumanReporter;
 use super::run_events::JsonReporter;
 use super::workspace;
-use crate::schedule::{self, Context, RunOptions, State};
+use crate::manifest::Manifest;
+use crate::schedule::{self, Context, History, RunOptions, ScheduleError, State};
 use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
-    if super::fresh_run::run(global, args)? {
-        return Ok(());
-    }
+    // With the workspace held for a proof that failed, its history is read
+    // while the manifest is parsed.
+    let early = match fresh_run::run(global, args)? {
+        Asked::Answered => return Ok(()),
+        Asked::Decide(held) => held.map(|held| EarlyHistory::start(*held)),
+    };
     let loaded = workspace::load(global)?;
     let selected = loaded.selection(&args.targets)?;
     let forced = loaded.forced(&args.force)?;
@@ -53,33 +60,32 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         return Ok(());
     }
 
-    let cache = loaded.manifest.cache_dir();
-    let when_locked = if args.no_wait {
-        WhenLocked::Fail
-    } else {
-        WhenLocked::Wait
-    };
-    let _lock = WorkspaceLock::acquire(&cache, when_locked, |holder| {
-        let who = holder
-            .map(|pid| format!(" (pid {pid})"))
-            .unwrap_or_default();
-        errln!(
-            "waiting for another cairn process{who} to release the workspace `{}`…",
-            cache.display()
-        );
-    })?;
-    let ledger = Ledger::open(&cache, &PipelineId::of(&loaded.manifest))?;
-    if args.locked {
-        // Checked before anything runs: a stage whose fingerprint differs
-        // from the lock file would certainly change it.
-        let mut check = loaded.read_context()?;
-        let statuses = schedule::evaluate(&mut check, &selected, &forced.stages)?;
-        let differences = locked::differences(&check, &statuses);
-        if !differences.is_empty() {
-            return Err(locked::refuse(&check, &differences, "`run --locked`"));
+    let manifest = &loaded.manifest;
+    let (_lock, history) = match early.map(|early| early.finish(manifest)) {
+        Some((lock, Some(history))) => {
+            tracing::debug!("the history was read while the manifest was parsed");
+            (lock, history?)
         }
-    }
-    let mut ctx = Context::new(&loaded.manifest, &loaded.dag, Some(ledger))?;
+        // Read for another pipeline than the manifest's: the usual way.
+        Some((lock, None)) => {
+            drop(lock);
+            hold_and_read(
+                manifest,
+                args,
+                || loaded.read_context(),
+                &selected,
+                &forced.stages,
+            )?
+        }
+        None => hold_and_read(
+            manifest,
+            args,
+            || loaded.read_context(),
+            &selected,
+            &forced.stages,
+        )?,
+    };
+    let mut ctx = Context::with_history(manifest, &loaded.dag, history);
     ctx.explain = !global.quiet;
     // (`--locked` reported it already, reading it for the check.)
     if let Some(problem) = ctx
@@ -185,5 +191,96 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         }
         return Err(CliError::Exit(exit::STAGE_FAILED));
     }
+    // What the run holds (every stage's key, record and plan) is left for
+    // the process's exit to free: freed piece by piece it took a
+    // millisecond or two. The ledger's connection is closed as usual.
+    drop(ctx.ledger.take());
+    std::mem::forget(ctx);
+    std::mem::forget(loaded);
     Ok(())
+}
+
+/// Takes the workspace (waiting for another cairn unless `--no-wait`),
+/// opens its ledger and reads the pipeline's history; with `--locked`,
+/// first refuses a run that would change the lock file.
+fn hold_and_read<'l>(
+    manifest: &Manifest,
+    args: &RunArgs,
+    read_context: impl FnOnce() -> Result<Context<'l>, CliError>,
+    selected: &[bool],
+    forced: &std::collections::HashSet<usize>,
+) -> Result<(WorkspaceLock, History), CliError> {
+    let cache = manifest.cache_dir();
+    let when_locked = if args.no_wait {
+        WhenLocked::Fail
+    } else {
+        WhenLocked::Wait
+    };
+    let lock = WorkspaceLock::acquire(&cache, when_locked, |holder| {
+        let who = holder
+            .map(|pid| format!(" (pid {pid})"))
+            .unwrap_or_default();
+        errln!(
+            "waiting for another cairn process{who} to release the workspace `{}`…",
+            cache.display()
+        );
+    })?;
+    let ledger = Ledger::open(&cache, &PipelineId::of(manifest))?;
+    if args.locked {
+        // Checked before anything runs: a stage whose fingerprint differs
+        // from the lock file would certainly change it.
+        let mut check = read_context()?;
+        let statuses = schedule::evaluate(&mut check, selected, forced)?;
+        let differences = locked::differences(&check, &statuses);
+        if !differences.is_empty() {
+            return Err(locked::refuse(&check, &differences, "`run --locked`"));
+        }
+    }
+    let history = History::read(&manifest.lock_path(), &manifest.name, Some(ledger))?;
+    Ok((lock, history))
+}
+
+/// A workspace's history read on a thread of its own (see [`History`]),
+/// for the pipeline and lock file of a proof that failed.
+struct EarlyHistory {
+    held_for: (PathBuf, PipelineId, PathBuf),
+    lock: WorkspaceLock,
+    reading: std::thread::JoinHandle<Result<History, ScheduleError>>,
+}
+
+impl EarlyHistory {
+    fn start(held: Held) -> Self {
+        let Held {
+            lock,
+            ledger,
+            root,
+            lock_path,
+        } = held;
+        let pipeline = ledger.pipeline().clone();
+        let held_for = (root, pipeline.clone(), lock_path.clone());
+        let reading =
+            std::thread::spawn(move || History::read(&lock_path, &pipeline.name, Some(ledger)));
+        Self {
+            held_for,
+            lock,
+            reading,
+        }
+    }
+
+    /// The lock, and the history if it was read for `manifest`'s root,
+    /// pipeline and lock file.
+    fn finish(
+        self,
+        manifest: &Manifest,
+    ) -> (WorkspaceLock, Option<Result<History, ScheduleError>>) {
+        let read = self
+            .reading
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let (root, pipeline, lock_path) = &self.held_for;
+        let fits = *root == manifest.root
+            && *pipeline == PipelineId::of(manifest)
+            && *lock_path == manifest.lock_path();
+        (self.lock, fits.then_some(read))
+    }
 }

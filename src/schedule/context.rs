@@ -19,7 +19,7 @@ use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex, is_per_item};
 use crate::store::{
     COMMAND_ITEM, Draws, Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus,
-    StoreError, current_ok, read_lock,
+    StoreError, current_ok,
 };
 
 /// Why a stage must run (or why `status` calls it stale).
@@ -177,6 +177,64 @@ pub struct Context<'m> {
     pub workspace_id: std::sync::OnceLock<String>,
 }
 
+/// What a run reads of its past before it decides anything: the lock
+/// file, the stat cache and each stage's current results. It needs no
+/// parsed manifest (only where its lock file is and the pipeline's name),
+/// so it can be read while the manifest is parsed.
+pub struct History {
+    ledger: Option<Ledger>,
+    stat: StatCache,
+    latest_ok: HashMap<String, ResultRecord>,
+    inline_held: std::collections::HashSet<Digest>,
+    latest_failure: HashMap<String, ResultRecord>,
+    lock: Option<LockFile>,
+    lock_problem: Option<StoreError>,
+}
+
+impl History {
+    /// Reads the lock file at `lock_path` (of pipeline `pipeline`) and,
+    /// through `ledger`, what the pipeline recorded.
+    pub fn read(
+        lock_path: &Path,
+        pipeline: &str,
+        ledger: Option<Ledger>,
+    ) -> Result<Self, ScheduleError> {
+        let (lock, lock_problem) = match LockFile::read(lock_path, pipeline) {
+            Ok(lock) => (lock, None),
+            Err(problem) => (None, Some(problem)),
+        };
+        let (stat, latest_ok, latest_failure) = match &ledger {
+            Some(ledger) => (
+                StatCache::from_entries(ledger.load_stat_cache()?),
+                current_ok(ledger, lock.as_ref())?,
+                ledger.latest_failures()?,
+            ),
+            None => Default::default(),
+        };
+        let inline_held = match &ledger {
+            Some(ledger) => {
+                let wanted: Vec<Digest> = latest_ok
+                    .values()
+                    .flat_map(|record: &ResultRecord| &record.outputs)
+                    .filter(|output| output.inline)
+                    .map(|output| output.digest)
+                    .collect();
+                ledger.inline_objects_held(&wanted)?
+            }
+            None => Default::default(),
+        };
+        Ok(Self {
+            ledger,
+            stat,
+            latest_ok,
+            inline_held,
+            latest_failure,
+            lock,
+            lock_problem,
+        })
+    }
+}
+
 /// A stored directory listing, by path, for looking up what lies inside.
 struct TreeListing {
     entries: BTreeMap<String, TreeEntry>,
@@ -222,31 +280,23 @@ impl<'m> Context<'m> {
         dag: &'m Dag,
         ledger: Option<Ledger>,
     ) -> Result<Self, ScheduleError> {
-        let (lock, lock_problem) = match read_lock(manifest) {
-            Ok(lock) => (lock, None),
-            Err(problem) => (None, Some(problem)),
-        };
-        let (stat, latest_ok, latest_failure) = match &ledger {
-            Some(ledger) => (
-                StatCache::from_entries(ledger.load_stat_cache()?),
-                current_ok(ledger, lock.as_ref())?,
-                ledger.latest_failures()?,
-            ),
-            None => Default::default(),
-        };
-        let inline_held = match &ledger {
-            Some(ledger) => {
-                let wanted: Vec<Digest> = latest_ok
-                    .values()
-                    .flat_map(|record: &ResultRecord| &record.outputs)
-                    .filter(|output| output.inline)
-                    .map(|output| output.digest)
-                    .collect();
-                ledger.inline_objects_held(&wanted)?
-            }
-            None => Default::default(),
-        };
-        Ok(Self {
+        let history = History::read(&manifest.lock_path(), &manifest.name, ledger)?;
+        Ok(Self::with_history(manifest, dag, history))
+    }
+
+    /// The context of `manifest` with its `history` read already (see
+    /// [`History`]): read for the same manifest's lock file and pipeline.
+    pub fn with_history(manifest: &'m Manifest, dag: &'m Dag, history: History) -> Self {
+        let History {
+            ledger,
+            stat,
+            latest_ok,
+            inline_held,
+            latest_failure,
+            lock,
+            lock_problem,
+        } = history;
+        Self {
             manifest,
             dag,
             outputs: OutputIndex::new(&manifest.stages),
@@ -271,7 +321,7 @@ impl<'m> Context<'m> {
             item_lists: HashMap::new(),
             item_reads: HashMap::new(),
             workspace_id: std::sync::OnceLock::new(),
-        })
+        }
     }
 
     pub fn abs(&self, path: &str) -> PathBuf {

@@ -22,7 +22,7 @@ mod task;
 mod timeline;
 mod transfer;
 
-pub use context::{Context, DirtyReason, Freshness};
+pub use context::{Context, DirtyReason, Freshness, History};
 pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
 pub use item_fields::check_item_lists;

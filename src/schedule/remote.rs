@@ -51,9 +51,14 @@ pub fn producer(
 }
 
 pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default()
+    // Read once a process: every stage a run starts names it.
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default()
+    })
+    .clone()
 }
 
 /// Whether `outputs` are exactly `stage`'s declared outputs, by name and
