@@ -193,7 +193,14 @@ impl HumanReporter {
         if self.ended.insert(stage.to_owned()) {
             self.footer.inc(1);
         }
-        self.footer.set_message(self.totals.line());
+        self.show_totals();
+    }
+
+    /// The footer's totals, where there is a footer to show them.
+    fn show_totals(&self) {
+        if self.view.is_some() {
+            self.footer.set_message(self.totals.line());
+        }
     }
 
     fn item_finished(&mut self, stage: &str, key: &str, class: &str) {
@@ -222,7 +229,7 @@ impl HumanReporter {
             *running.classes.entry(class.to_owned()).or_default() += 1;
             running.bar.set_message(class_counts(&running.classes));
         }
-        self.footer.set_message(self.totals.line());
+        self.show_totals();
     }
 
     fn line(&self, text: String) {
