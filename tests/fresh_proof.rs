@@ -221,6 +221,44 @@ fn every_change_a_run_would_see_makes_it_decide_again() {
     assert_eq!(p.read("c.txt"), "bonjour");
 }
 
+/// A proof that holds while a run that died is still open on record is
+/// not enough: the run is decided the usual way, from the workspace and
+/// ledger the proof's check held, and closes the dead run.
+#[test]
+fn a_run_left_open_by_a_dead_cairn_is_closed_by_a_run_the_proof_would_answer() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    db.execute(
+        "INSERT INTO runs (started_ms, status, command, token, pipeline)
+         VALUES (1, 'running', 'cairn run', 'dead-1', 'proof')",
+        [],
+    )
+    .unwrap();
+    assert_eq!(proofs(&p), 1, "a run row voids no proof");
+
+    // (The proof holds, and says so; the run is decided all the same.)
+    let decided = run(&p, &[]);
+    assert!(decided.stages.is_empty(), "{}", decided.stderr);
+    assert!(
+        decided
+            .stderr
+            .contains("the history was read while the manifest was parsed"),
+        "{}",
+        decided.stderr
+    );
+    let status: String = db
+        .query_row(
+            "SELECT status FROM runs WHERE token = 'dead-1'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(status, "killed");
+    assert!(run(&p, &[]).by_proof, "the next no-op is answered again");
+}
+
 #[test]
 fn a_write_to_the_results_voids_the_proof_in_its_own_transaction() {
     let p = project();

@@ -18,7 +18,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // while the manifest is parsed.
     let early = match fresh_run::run(global, args)? {
         Asked::Answered => return Ok(()),
-        Asked::Decide(held) => held.map(|held| EarlyHistory::start(*held)),
+        Asked::Decide(held) => held.and_then(|held| EarlyHistory::start(*held)),
     };
     let loaded = workspace::load(global)?;
     let selected = loaded.selection(&args.targets)?;
@@ -61,29 +61,21 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     }
 
     let manifest = &loaded.manifest;
-    let (_lock, history) = match early.map(|early| early.finish(manifest)) {
+    let early = early.map(|early| early.finish(manifest));
+    let (_lock, history) = match early {
         Some((lock, Some(history))) => {
             tracing::debug!("the history was read while the manifest was parsed");
             (lock, history?)
         }
-        // Read for another pipeline than the manifest's: the usual way.
-        Some((lock, None)) => {
-            drop(lock);
-            hold_and_read(
-                manifest,
-                args,
-                || loaded.read_context(),
-                &selected,
-                &forced.stages,
-            )?
+        // Read for another pipeline than the manifest's (its lock let go
+        // first), or not read early: the usual way.
+        early => {
+            drop(early);
+            let read_context = || loaded.read_context();
+            let (lock, history) =
+                hold_and_read(manifest, args, read_context, &selected, &forced.stages)?;
+            (Some(lock), history)
         }
-        None => hold_and_read(
-            manifest,
-            args,
-            || loaded.read_context(),
-            &selected,
-            &forced.stages,
-        )?,
     };
     let mut ctx = Context::with_history(manifest, &loaded.dag, history);
     ctx.explain = !global.quiet;
@@ -241,15 +233,18 @@ fn hold_and_read<'l>(
 }
 
 /// A workspace's history read on a thread of its own (see [`History`]),
-/// for the pipeline and lock file of a proof that failed.
+/// for the pipeline and lock file of a proof that failed. The thread reads
+/// under the workspace's lock: the lock is let go only after it is done.
 struct EarlyHistory {
     held_for: (PathBuf, PipelineId, PathBuf),
-    lock: WorkspaceLock,
-    reading: std::thread::JoinHandle<Result<History, ScheduleError>>,
+    reading: Option<std::thread::JoinHandle<Result<History, ScheduleError>>>,
+    lock: Option<WorkspaceLock>,
 }
 
 impl EarlyHistory {
-    fn start(held: Held) -> Self {
+    /// `None` (the workspace let go, for the usual way to take) if no
+    /// thread can be started.
+    fn start(held: Held) -> Option<Self> {
         let Held {
             lock,
             ledger,
@@ -258,29 +253,45 @@ impl EarlyHistory {
         } = held;
         let pipeline = ledger.pipeline().clone();
         let held_for = (root, pipeline.clone(), lock_path.clone());
-        let reading =
-            std::thread::spawn(move || History::read(&lock_path, &pipeline.name, Some(ledger)));
-        Self {
+        let reading = std::thread::Builder::new()
+            .name("cairn-history".to_owned())
+            .spawn(move || History::read(&lock_path, &pipeline.name, Some(ledger)))
+            .ok()?;
+        Some(Self {
             held_for,
-            lock,
-            reading,
-        }
+            reading: Some(reading),
+            lock: Some(lock),
+        })
     }
 
     /// The lock, and the history if it was read for `manifest`'s root,
     /// pipeline and lock file.
     fn finish(
-        self,
+        mut self,
         manifest: &Manifest,
-    ) -> (WorkspaceLock, Option<Result<History, ScheduleError>>) {
-        let read = self
-            .reading
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    ) -> (
+        Option<WorkspaceLock>,
+        Option<Result<History, ScheduleError>>,
+    ) {
+        let read = self.reading.take().map(|reading| {
+            reading
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
         let (root, pipeline, lock_path) = &self.held_for;
         let fits = *root == manifest.root
             && *pipeline == PipelineId::of(manifest)
             && *lock_path == manifest.lock_path();
-        (self.lock, fits.then_some(read))
+        (self.lock.take(), read.filter(|_| fits))
+    }
+}
+
+impl Drop for EarlyHistory {
+    /// A run that stops before it decides (a bad manifest) waits for the
+    /// thread before the lock is let go.
+    fn drop(&mut self) {
+        if let Some(reading) = self.reading.take() {
+            let _ = reading.join();
+        }
     }
 }

@@ -106,7 +106,9 @@ const HEX_VALUE: [u8; 256] = {
 };
 
 /// Hashes a [`Digest`] as its first eight bytes: they are BLAKE3 output
-/// already, so a map keyed by digests need not hash them again.
+/// already, so a map keyed by digests need not hash them again. (Only for
+/// digests of content: bytes someone chose, as [`Digest::from_bytes`]
+/// takes, could all collide.)
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DigestHashed;
 

@@ -928,7 +928,21 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             .into_iter()
             .partition(|attempt| attempt.key == COMMAND_ITEM);
         if !attempts.is_empty() {
+            // A job a remote engine now runs is on record at once: a cairn
+            // killed meanwhile would leave the next run a job it cannot
+            // adopt or cancel. (A local process carries cairn's mark and is
+            // found without its record.)
+            let remote_job = attempts.iter().any(|attempt| {
+                attempt.class == RUNNING
+                    && attempt
+                        .handle
+                        .as_deref()
+                        .is_some_and(|handle| !handle.starts_with("pid:"))
+            });
             self.send_record(Record::Attempts(attempts.clone()))?;
+            if remote_job {
+                self.hurry_writer();
+            }
         }
         if !items.is_empty() {
             let ledger = self.attempts_ledger.clone();
