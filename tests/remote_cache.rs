@@ -649,6 +649,16 @@ fn force_runs_a_per_item_stages_items_here_even_when_the_remote_has_them() {
 /// A server that answers every request with a 200 and then sends its body
 /// one byte every half second, forever: what a stuck proxy looks like.
 fn trickling_server() -> (common::Reaped, u16) {
+    scripted_server(
+        r#"c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+        while True:
+            c.sendall(b"x"); time.sleep(0.5)"#,
+    )
+}
+
+/// A server on a free port that reads each request, then runs `answer`
+/// (Python, with the connection as `c`, indented as a `try` body).
+fn scripted_server(answer: &str) -> (common::Reaped, u16) {
     common::require_tool("python3");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -663,9 +673,7 @@ s.bind(("127.0.0.1", {port})); s.listen(64)
 def serve(c):
     try:
         c.recv(65536)
-        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
-        while True:
-            c.sendall(b"x"); time.sleep(0.5)
+        {answer}
     except OSError:
         pass
 while True:
@@ -682,6 +690,34 @@ while True:
         std::thread::sleep(Duration::from_millis(20));
     }
     (common::Reaped(child), port)
+}
+
+/// A server that answers, but with errors, is not "unreachable": the run
+/// says what it answered and goes on without it.
+#[test]
+fn a_server_answering_errors_is_named_by_its_answer_not_called_unreachable() {
+    let (_server, port) = scripted_server(
+        r#"c.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"); c.close()"#,
+    );
+    let side = tempfile::tempdir().unwrap();
+    let ran = side.path().join("ran");
+    let machine = Machine::new();
+    let p = workspace(&format!("http://127.0.0.1:{port}/cairn"), &ran, 2, &[]);
+    let mut command = p.command(&["run"]);
+    command
+        .env("CAIRN_SIGNING_KEY_FILE", machine.key_file())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = common::output_within(command.spawn().unwrap(), Duration::from_secs(60), "the run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(read_lines(&ran).len(), 3, "everything ran here");
+    let summary = stderr
+        .lines()
+        .find(|line| line.starts_with("remote cache "))
+        .unwrap_or_else(|| panic!("no summary of the remote:\n{stderr}"));
+    assert!(summary.contains("500"), "{summary}");
+    assert!(!summary.contains("unreachable"), "{summary}");
 }
 
 #[test]

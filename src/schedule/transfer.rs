@@ -331,8 +331,9 @@ pub fn remote_summary(remote: &RemoteCache) -> String {
             "{failures} result(s) not uploaded (`cairn push` sends them later)"
         ));
     }
+    // (Down is not unreachable: a server that answers 500 is down too.)
     if let Some(why) = remote.down_because() {
-        parts.push(format!("unreachable: {why}"));
+        parts.push(format!("not used after an error: {why}"));
     }
     format!("remote cache {}: {}", remote.url(), parts.join(", "))
 }
