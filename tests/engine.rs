@@ -199,10 +199,23 @@ fn edited_output_is_restored_from_the_store_without_rerunning() {
     p.file("state/left.txt", "tampered\n");
     std::fs::remove_file(p.path("state/other.txt")).unwrap();
     let status = p.cairn(&["status"]);
+    status.code_is(1);
     assert!(
         status.stdout().contains("will be restored"),
         "{}",
         status.stdout()
+    );
+    // The last line says what a run would do, not "all fresh".
+    let last = status
+        .stdout()
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        last.contains("2 of 4 stage(s) would have outputs restored"),
+        "{last}"
     );
     let run = p.cairn(&["run"]);
     run.success();

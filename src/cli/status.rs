@@ -65,13 +65,20 @@ pub fn status(global: &Global, args: &StatusArgs) -> Result<(), CliError> {
     }
     out!("{}", render::table(&rows));
     let pending = statuses.iter().filter(|s| s.reason.is_some()).count();
-    if pending == 0 {
-        outln!("\nall {} stage(s) fresh", statuses.len());
-    } else {
-        outln!(
-            "\n{pending} of {} stage(s) would run; `cairn why STAGE` explains one",
-            statuses.len()
-        );
+    let to_restore = statuses
+        .iter()
+        .filter(|s| s.reason.is_none() && !s.outputs_to_restore.is_empty())
+        .count();
+    let all = statuses.len();
+    match (pending, to_restore) {
+        (0, 0) => outln!("\nall {all} stage(s) fresh"),
+        (0, _) => outln!(
+            "\n{to_restore} of {all} stage(s) would have outputs restored from the store; none would run"
+        ),
+        (_, 0) => outln!("\n{pending} of {all} stage(s) would run; `cairn why STAGE` explains one"),
+        (_, _) => outln!(
+            "\n{pending} of {all} stage(s) would run and {to_restore} would have outputs restored; `cairn why STAGE` explains one"
+        ),
     }
     verdict
 }
