@@ -692,6 +692,20 @@ while True:
     (common::Reaped(child), port)
 }
 
+/// `cairn run` in `p`, signing with `machine`'s key: it must succeed
+/// within a minute; its stderr.
+fn run_signed(p: &Project, machine: &Machine) -> String {
+    let mut command = p.command(&["run"]);
+    command
+        .env("CAIRN_SIGNING_KEY_FILE", machine.key_file())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = common::output_within(command.spawn().unwrap(), Duration::from_secs(60), "the run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    stderr
+}
+
 /// A server that answers, but with errors, is not "unreachable": the run
 /// says what it answered and goes on without it.
 #[test]
@@ -703,14 +717,7 @@ fn a_server_answering_errors_is_named_by_its_answer_not_called_unreachable() {
     let ran = side.path().join("ran");
     let machine = Machine::new();
     let p = workspace(&format!("http://127.0.0.1:{port}/cairn"), &ran, 2, &[]);
-    let mut command = p.command(&["run"]);
-    command
-        .env("CAIRN_SIGNING_KEY_FILE", machine.key_file())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let out = common::output_within(command.spawn().unwrap(), Duration::from_secs(60), "the run");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stderr = run_signed(&p, &machine);
     assert_eq!(read_lines(&ran).len(), 3, "everything ran here");
     let summary = stderr
         .lines()
@@ -732,14 +739,7 @@ fn a_server_that_trickles_its_answers_is_cut_off_at_the_timeout() {
         .replace("trust = []", "trust = []\ntimeout = \"2s\"");
     p.file("cairn.toml", &text);
     let started = Instant::now();
-    let mut command = p.command(&["run"]);
-    command
-        .env("CAIRN_SIGNING_KEY_FILE", machine.key_file())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let out = common::output_within(command.spawn().unwrap(), Duration::from_secs(60), "the run");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stderr = run_signed(&p, &machine);
     assert_eq!(read_lines(&ran).len(), 3, "everything ran here");
     assert_eq!(stderr.matches("cannot be used").count(), 1, "{stderr}");
     assert!(
