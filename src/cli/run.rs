@@ -71,9 +71,19 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         // first), or not read early: the usual way.
         early => {
             drop(early);
-            let read_context = || loaded.read_context();
-            let (lock, history) =
-                hold_and_read(manifest, args, read_context, &selected, &forced.stages)?;
+            let lock = hold(manifest, args.no_wait)?;
+            let ledger = Ledger::open(&manifest.cache_dir(), &PipelineId::of(manifest))?;
+            if args.locked {
+                // Checked before anything runs: a stage whose fingerprint
+                // differs from the lock file would certainly change it.
+                let mut check = loaded.read_context()?;
+                let statuses = schedule::evaluate(&mut check, &selected, &forced.stages)?;
+                let differences = locked::differences(&check, &statuses);
+                if !differences.is_empty() {
+                    return Err(locked::refuse(&check, &differences, "`run --locked`"));
+                }
+            }
+            let history = History::read(&manifest.lock_path(), &manifest.name, Some(ledger))?;
             (Some(lock), history)
         }
     };
@@ -192,23 +202,15 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Takes the workspace (waiting for another cairn unless `--no-wait`),
-/// opens its ledger and reads the pipeline's history; with `--locked`,
-/// first refuses a run that would change the lock file.
-fn hold_and_read<'l>(
-    manifest: &Manifest,
-    args: &RunArgs,
-    read_context: impl FnOnce() -> Result<Context<'l>, CliError>,
-    selected: &[bool],
-    forced: &std::collections::HashSet<usize>,
-) -> Result<(WorkspaceLock, History), CliError> {
+/// Takes the workspace, waiting for another cairn unless `no_wait`.
+fn hold(manifest: &Manifest, no_wait: bool) -> Result<WorkspaceLock, CliError> {
     let cache = manifest.cache_dir();
-    let when_locked = if args.no_wait {
+    let when_locked = if no_wait {
         WhenLocked::Fail
     } else {
         WhenLocked::Wait
     };
-    let lock = WorkspaceLock::acquire(&cache, when_locked, |holder| {
+    Ok(WorkspaceLock::acquire(&cache, when_locked, |holder| {
         let who = holder
             .map(|pid| format!(" (pid {pid})"))
             .unwrap_or_default();
@@ -216,27 +218,17 @@ fn hold_and_read<'l>(
             "waiting for another cairn process{who} to release the workspace `{}`…",
             cache.display()
         );
-    })?;
-    let ledger = Ledger::open(&cache, &PipelineId::of(manifest))?;
-    if args.locked {
-        // Checked before anything runs: a stage whose fingerprint differs
-        // from the lock file would certainly change it.
-        let mut check = read_context()?;
-        let statuses = schedule::evaluate(&mut check, selected, forced)?;
-        let differences = locked::differences(&check, &statuses);
-        if !differences.is_empty() {
-            return Err(locked::refuse(&check, &differences, "`run --locked`"));
-        }
-    }
-    let history = History::read(&manifest.lock_path(), &manifest.name, Some(ledger))?;
-    Ok((lock, history))
+    })?)
 }
 
 /// A workspace's history read on a thread of its own (see [`History`]),
 /// for the pipeline and lock file of a proof that failed. The thread reads
 /// under the workspace's lock: the lock is let go only after it is done.
 struct EarlyHistory {
-    held_for: (PathBuf, PipelineId, PathBuf),
+    /// What it was read for: a project root, a pipeline, a lock file.
+    root: PathBuf,
+    pipeline: PipelineId,
+    lock_path: PathBuf,
     reading: Option<std::thread::JoinHandle<Result<History, ScheduleError>>>,
     lock: Option<WorkspaceLock>,
 }
@@ -252,13 +244,15 @@ impl EarlyHistory {
             lock_path,
         } = held;
         let pipeline = ledger.pipeline().clone();
-        let held_for = (root, pipeline.clone(), lock_path.clone());
+        let (name, path) = (pipeline.name.clone(), lock_path.clone());
         let reading = std::thread::Builder::new()
             .name("cairn-history".to_owned())
-            .spawn(move || History::read(&lock_path, &pipeline.name, Some(ledger)))
+            .spawn(move || History::read(&path, &name, Some(ledger)))
             .ok()?;
         Some(Self {
-            held_for,
+            root,
+            pipeline,
+            lock_path,
             reading: Some(reading),
             lock: Some(lock),
         })
@@ -278,10 +272,9 @@ impl EarlyHistory {
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         });
-        let (root, pipeline, lock_path) = &self.held_for;
-        let fits = *root == manifest.root
-            && *pipeline == PipelineId::of(manifest)
-            && *lock_path == manifest.lock_path();
+        let fits = self.root == manifest.root
+            && self.pipeline == PipelineId::of(manifest)
+            && self.lock_path == manifest.lock_path();
         (self.lock.take(), read.filter(|_| fits))
     }
 }

@@ -131,7 +131,7 @@ impl Executor for LocalExecutor {
     /// A dead run's processes (`pid:N`) were killed when this run began
     /// (`kill_marked_processes`): nothing is left to cancel.
     fn cancel_handle<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<bool, ExecError>> {
-        Box::pin(async move { Ok(handle.starts_with("pid:")) })
+        Box::pin(async move { Ok(is_local_handle(handle)) })
     }
 
     fn submit<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Box<dyn Running>, ExecError>> {
@@ -148,6 +148,15 @@ impl Executor for LocalExecutor {
     }
 }
 
+/// Whether a job handle names a process on this machine (`pid:N`), which
+/// carries cairn's mark and is found by it, not by its record.
+pub fn is_local_handle(handle: &str) -> bool {
+    handle.starts_with(LOCAL_HANDLE)
+}
+
+/// What a local job's handle starts with; its process id follows.
+const LOCAL_HANDLE: &str = "pid:";
+
 /// A process started by [`LocalExecutor`]: dropping it kills its group.
 struct LocalRunning {
     child: tokio::process::Child,
@@ -158,7 +167,7 @@ struct LocalRunning {
 
 impl Running for LocalRunning {
     fn handle(&self) -> String {
-        format!("pid:{}", self.guard.0.unwrap_or_default())
+        format!("{LOCAL_HANDLE}{}", self.guard.0.unwrap_or_default())
     }
 
     fn wait(self: Box<Self>) -> BoxFuture<'static, Result<Outcome, ExecError>> {

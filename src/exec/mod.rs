@@ -10,7 +10,7 @@ mod slurm;
 pub use batch::{ATTEMPT_MARKER, ITEM_MARKER, SAMPLE_MARKER, SEED_MARKER};
 pub use image::{ImageRef, ImageResolver, PinnedImage};
 pub use kubernetes::{KubernetesExecutor, job_spec, kubernetes_name, label_value, qps_limit};
-pub use local::LocalExecutor;
+pub use local::{LocalExecutor, is_local_handle};
 pub use slurm::{JobState, SlurmExecutor, SlurmJob};
 
 use std::future::Future;

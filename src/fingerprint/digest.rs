@@ -129,11 +129,10 @@ impl std::hash::Hasher for FirstBytes {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8).take(1) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
-        }
+        let mut word = [0u8; 8];
+        let first = &bytes[..bytes.len().min(8)];
+        word[..first.len()].copy_from_slice(first);
+        self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
     }
 }
 

@@ -937,7 +937,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     && attempt
                         .handle
                         .as_deref()
-                        .is_some_and(|handle| !handle.starts_with("pid:"))
+                        .is_some_and(|handle| !crate::exec::is_local_handle(handle))
             });
             self.send_record(Record::Attempts(attempts.clone()))?;
             if remote_job {

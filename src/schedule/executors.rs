@@ -57,9 +57,10 @@ impl Executors {
     /// machine): what can cancel a job an earlier run left.
     pub fn for_handle(&self, handle: &str) -> Option<Arc<dyn Executor>> {
         // A local job's handle is its process id.
-        let kind = match handle.split(':').next()? {
-            "pid" => "local",
-            kind => kind,
+        let kind = if crate::exec::is_local_handle(handle) {
+            "local"
+        } else {
+            handle.split(':').next()?
         };
         self.by_stage
             .iter()
