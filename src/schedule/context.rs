@@ -463,13 +463,112 @@ impl<'m> Context<'m> {
     }
 
     /// The items of a per-item stage, each with its fingerprint and the
-    /// outcome the ledger holds for it. The list is read as a stream: each
-    /// item is checked, its inputs hashed and its placeholders filled while
-    /// its parsed value is at hand, and only its canonical text is kept.
+    /// outcome the ledger holds for it. The outcomes recorded under the
+    /// stage's code are read on a thread of their own while the list is.
     fn plan_items(
         &mut self,
         i: usize,
         template: &Digest,
+    ) -> Result<Vec<PlannedItem>, ScheduleError> {
+        let stage = &self.manifest.stages[i];
+        let foreach = stage.foreach.as_ref().expect("a per-item stage");
+        let (cancelled, draws) = match &self.ledger {
+            Some(ledger) => (
+                ledger.cancelled_attempts(&stage.name)?,
+                match &foreach.samples {
+                    Some(_) => ledger.draws(&stage.name)?,
+                    None => Draws::default(),
+                },
+            ),
+            None => (HashMap::new(), Draws::default()),
+        };
+        let read_outcomes = |ledger: &Ledger| ledger.item_outcomes(&stage.name, template);
+        // (Held where either thread can take it: this one reads the
+        // outcomes itself if no thread can be started.)
+        let ledger = std::sync::Mutex::new(self.ledger.take());
+        let (listed, outcomes) = std::thread::scope(|scope| {
+            let reading = std::thread::Builder::new()
+                .name("cairn-outcomes".to_owned())
+                .spawn_scoped(scope, || {
+                    let ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
+                    ledger.as_ref().map(read_outcomes)
+                });
+            let listed = self.list_items(i, template, &cancelled, &draws);
+            let outcomes = match reading {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => ledger
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .map(read_outcomes),
+            };
+            (listed, outcomes)
+        });
+        self.ledger = ledger.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut planned = listed?;
+        let outcomes = outcomes.transpose()?.unwrap_or_default();
+        if !outcomes.is_empty() {
+            // Matched by fingerprint (with none recorded, no index of the
+            // plan is built).
+            let by_fingerprint: DigestMap<usize> = planned
+                .iter()
+                .enumerate()
+                .map(|(n, p)| (p.fingerprint, n))
+                .collect();
+            for (key, fingerprint, outcome) in outcomes {
+                let Some(n) = by_fingerprint
+                    .get(&fingerprint)
+                    .copied()
+                    .filter(|&n| planned[n].item.key == key)
+                else {
+                    continue;
+                };
+                let p = &mut planned[n];
+                p.outcome = Some((ItemClass::parse(&outcome.class), outcome.attempts));
+                p.attempts_before += outcome.attempts;
+                p.result = outcome
+                    .result
+                    .and_then(|text| serde_json::from_str(&text).ok());
+                p.outputs = outcome
+                    .outputs
+                    .and_then(|text| serde_json::from_str(&text).ok());
+            }
+        }
+        if let Some(ledger) = &self.ledger {
+            // A job is still wanted while its item is planned under the same
+            // fingerprint and has no final outcome: the run adopts it.
+            let wanted: std::collections::HashSet<(&str, Digest)> = planned
+                .iter()
+                .filter(|p| {
+                    !p.outcome
+                        .as_ref()
+                        .is_some_and(|(class, _)| class.is_final())
+                })
+                .map(|p| (p.item.key.as_str(), p.fingerprint))
+                .collect();
+            let orphans = ledger
+                .orphaned_jobs(&stage.name)?
+                .into_iter()
+                .filter(|(key, fingerprint, _)| !wanted.contains(&(key.as_str(), *fingerprint)))
+                .map(|(_, _, handle)| handle)
+                .collect();
+            self.orphans.insert(i, orphans);
+        }
+        Ok(planned)
+    }
+
+    /// The items of per-item stage `i`, each with its fingerprint. The list
+    /// is read as a stream: each item is checked and its placeholders
+    /// filled while its parsed value is at hand, and only its canonical
+    /// text is kept; what the items read is read a block at a time.
+    fn list_items(
+        &mut self,
+        i: usize,
+        template: &Digest,
+        cancelled: &HashMap<(String, Digest), u32>,
+        draws: &Draws,
     ) -> Result<Vec<PlannedItem>, ScheduleError> {
         let manifest = self.manifest;
         let stage = &manifest.stages[i];
@@ -483,14 +582,6 @@ impl<'m> Context<'m> {
         let image = manifest
             .image_of(stage)
             .filter(|(image, _)| is_per_item(image));
-        let cancelled = match &self.ledger {
-            Some(ledger) => ledger.cancelled_attempts(&stage.name)?,
-            None => HashMap::new(),
-        };
-        let draws = match (&self.ledger, &foreach.samples) {
-            (Some(ledger), Some(_)) => ledger.draws(&stage.name)?,
-            _ => Draws::default(),
-        };
         // An item's units (its samples, in a sampled stage), planned once
         // everything it reads is known.
         let plan = |planned: &mut Vec<PlannedItem>,
@@ -542,6 +633,15 @@ impl<'m> Context<'m> {
             tag: String,
         }
         let mut tagged: Vec<Tagged> = Vec::new();
+        let mut place = |item: Item, inputs: Vec<(String, Digest)>, tag: Option<String>| match tag
+        {
+            Some(tag) => tagged.push(Tagged { item, inputs, tag }),
+            None => plan(&mut planned, item, inputs, None),
+        };
+        // Items are listed a block at a time, then what the block reads is
+        // read (its files `stat`ed side by side).
+        const BLOCK: usize = 16_384;
+        let mut block: Vec<ListedItem> = Vec::new();
         let mut failed = None;
         let seen_ns = crate::fingerprint::now_ns();
         let before = std::fs::metadata(&list).ok();
@@ -559,36 +659,26 @@ impl<'m> Context<'m> {
                 value,
                 sample: None,
             };
-            let mut inputs = Vec::with_capacity(foreach.item_inputs.len());
-            for template_path in &foreach.item_inputs {
-                let path = fill_fields(template_path, item_fields)
-                    .map_err(|message| format!("item `{}`: {message}", item.key))?;
-                let digest = match self.upstream_digest(&path) {
-                    Some(digest) => digest,
-                    None => {
-                        let abs = self.manifest.root.join(&path);
-                        match self.stat.content(&abs) {
-                            Ok(content) => content.digest(),
-                            Err(source) => {
-                                failed = Some(ScheduleError::Input {
-                                    stage: format!("{} (item `{}`)", stage.name, item.key),
-                                    path: abs,
-                                    source,
-                                });
-                                return Err(String::new());
-                            }
-                        }
+            let fill = |template: &str| {
+                fill_fields(template, item_fields)
+                    .map_err(|message| format!("item `{}`: {message}", item.key))
+            };
+            let paths = foreach
+                .item_inputs
+                .iter()
+                .map(|template| fill(template))
+                .collect::<Result<_, _>>()?;
+            let tag = image.map(|(template, _)| fill(template)).transpose()?;
+            block.push(ListedItem { item, paths, tag });
+            if block.len() == BLOCK {
+                let read = self.read_item_inputs(&stage.name, std::mem::take(&mut block));
+                match read {
+                    Ok(read) => read.into_iter().for_each(|(item, inputs, tag)| place(item, inputs, tag)),
+                    Err(error) => {
+                        failed = Some(error);
+                        return Err(String::new());
                     }
-                };
-                inputs.push((path, digest));
-            }
-            match image {
-                Some((template, _)) => {
-                    let tag = fill_fields(template, item_fields)
-                        .map_err(|message| format!("item `{}`: {message}", item.key))?;
-                    tagged.push(Tagged { item, inputs, tag });
                 }
-                None => plan(&mut planned, item, inputs, None),
             }
             Ok(())
         });
@@ -596,6 +686,9 @@ impl<'m> Context<'m> {
             return Err(error);
         }
         listed.map_err(bad)?;
+        for (item, inputs, tag) in self.read_item_inputs(&stage.name, block)? {
+            place(item, inputs, tag);
+        }
         let after = std::fs::metadata(&list).ok();
         let read_as_seen = before.filter(|before| {
             after
@@ -626,54 +719,6 @@ impl<'m> Context<'m> {
                 ));
                 plan(&mut planned, item, inputs, Some(pinned.reference));
             }
-        }
-        if let Some(ledger) = &self.ledger {
-            // Outcomes are read for the fingerprints planned, nothing else
-            // (and with none recorded, no index of them is built).
-            let by_fingerprint: std::cell::OnceCell<DigestMap<usize>> = std::cell::OnceCell::new();
-            let index = || {
-                planned
-                    .iter()
-                    .enumerate()
-                    .map(|(n, p)| (p.fingerprint, n))
-                    .collect::<DigestMap<_>>()
-            };
-            let outcomes = ledger.item_outcomes(&stage.name, template, |key, fingerprint| {
-                by_fingerprint
-                    .get_or_init(index)
-                    .get(fingerprint)
-                    .copied()
-                    .filter(|&n| planned[n].item.key == key)
-            })?;
-            for (n, outcome) in outcomes {
-                let p = &mut planned[n];
-                p.outcome = Some((ItemClass::parse(&outcome.class), outcome.attempts));
-                p.attempts_before += outcome.attempts;
-                p.result = outcome
-                    .result
-                    .and_then(|text| serde_json::from_str(&text).ok());
-                p.outputs = outcome.outputs;
-            }
-        }
-        if let Some(ledger) = &self.ledger {
-            // A job is still wanted while its item is planned under the same
-            // fingerprint and has no final outcome: the run adopts it.
-            let wanted: std::collections::HashSet<(&str, Digest)> = planned
-                .iter()
-                .filter(|p| {
-                    !p.outcome
-                        .as_ref()
-                        .is_some_and(|(class, _)| class.is_final())
-                })
-                .map(|p| (p.item.key.as_str(), p.fingerprint))
-                .collect();
-            let orphans = ledger
-                .orphaned_jobs(&stage.name)?
-                .into_iter()
-                .filter(|(key, fingerprint, _)| !wanted.contains(&(key.as_str(), *fingerprint)))
-                .map(|(_, _, handle)| handle)
-                .collect();
-            self.orphans.insert(i, orphans);
         }
         Ok(planned)
     }
@@ -816,6 +861,61 @@ impl<'m> Context<'m> {
     /// restore is judged by the restored bytes, not the workspace copy the
     /// restore replaces. `None`: no known output holds it (read the
     /// workspace).
+    /// What each listed item of `stage` reads, by digest: a path an
+    /// upstream stage wrote by the digest it recorded, any other as the
+    /// stat cache vouches for it, all of those `stat`ed first, side by side.
+    fn read_item_inputs(
+        &mut self,
+        stage: &str,
+        listed: Vec<ListedItem>,
+    ) -> Result<Vec<(Item, Vec<(String, Digest)>, Option<String>)>, ScheduleError> {
+        enum Read {
+            Upstream(Digest),
+            /// Its place among the paths stat'ed.
+            Stat(usize),
+        }
+        let mut reads = Vec::new();
+        let mut to_stat = Vec::new();
+        for path in listed.iter().flat_map(|listed| &listed.paths) {
+            reads.push(match self.upstream_digest(path) {
+                Some(digest) => Read::Upstream(digest),
+                None => {
+                    to_stat.push(self.manifest.root.join(path));
+                    Read::Stat(to_stat.len() - 1)
+                }
+            });
+        }
+        let seen_ns = crate::fingerprint::now_ns();
+        let mut stats: Vec<_> = crate::fingerprint::stat_side_by_side(&to_stat)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut reads = reads.into_iter();
+        let mut out = Vec::with_capacity(listed.len());
+        for ListedItem { item, paths, tag } in listed {
+            let mut inputs = Vec::with_capacity(paths.len());
+            for (path, read) in paths.into_iter().zip(&mut reads) {
+                let digest = match read {
+                    Read::Upstream(digest) => digest,
+                    Read::Stat(n) => {
+                        let abs = &to_stat[n];
+                        let stat = stats[n].take().unwrap_or_else(|| Err(std::io::ErrorKind::NotFound.into()));
+                        stat.and_then(|meta| self.stat.content_as_stated(abs, &meta, seen_ns))
+                            .map_err(|source| ScheduleError::Input {
+                                stage: format!("{stage} (item `{}`)", item.key),
+                                path: abs.clone(),
+                                source,
+                            })?
+                            .digest()
+                    }
+                };
+                inputs.push((path, digest));
+            }
+            out.push((item, inputs, tag));
+        }
+        Ok(out)
+    }
+
     fn upstream_digest(&mut self, path: &str) -> Option<Digest> {
         if let Some(digest) = self.produced.get(path) {
             return Some(*digest);
@@ -867,4 +967,12 @@ impl<'m> Context<'m> {
         }
         Ok(())
     }
+}
+
+/// An item of a per-item stage as listed: the paths it reads, and the tag
+/// of the image it names (with a per-item image).
+struct ListedItem {
+    item: Item,
+    paths: Vec<String>,
+    tag: Option<String>,
 }

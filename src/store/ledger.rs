@@ -106,8 +106,9 @@ pub struct ItemOutcome {
     pub attempts: u32,
     /// Its JSON result (`item_result`), as recorded.
     pub result: Option<String>,
-    /// What it wrote (`item_outputs`).
-    pub outputs: Option<Vec<OutputRecord>>,
+    /// What it wrote (`item_outputs`): a JSON array of output records,
+    /// as recorded.
+    pub outputs: Option<String>,
 }
 
 /// One attempt of one item of a per-item stage.

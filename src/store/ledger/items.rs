@@ -30,18 +30,16 @@ const CLOSE_RUNNING: &str = "UPDATE item_attempts INDEXED BY item_attempts_by_ru
   WHERE pipeline = ?2 AND run_id = ?3 AND class = 'running'";
 
 impl Ledger {
-    /// The newest outcome of each item of `stage` that `wanted` asks for:
-    /// given its (key, fingerprint), `wanted` answers with a number of the
-    /// caller's (an index into its plan), given back with the outcome. Only
-    /// outcomes of stage code `code` (or recorded before outcomes named
-    /// their code) are read, and only wanted ones are kept or parsed, so
-    /// neither old templates nor old item contents cost a thing here.
+    /// The outcome of every item of `stage` under stage code `code` (or
+    /// recorded before outcomes named their code), with the item's key and
+    /// fingerprint: neither old templates nor other stages cost a thing
+    /// here. Outputs are left as recorded, for the caller to parse for the
+    /// outcomes it keeps.
     pub fn item_outcomes(
         &self,
         stage: &str,
         code: &Digest,
-        wanted: impl Fn(&str, &Digest) -> Option<usize>,
-    ) -> Result<Vec<(usize, ItemOutcome)>, StoreError> {
+    ) -> Result<Vec<(String, Digest, ItemOutcome)>, StoreError> {
         let mut statement = self
             .conn
             .prepare_cached(
@@ -55,25 +53,18 @@ impl Ledger {
         let mut outcomes = Vec::new();
         while let Some(row) = rows.next().map_err(|e| self.db(e))? {
             let text = |i: usize| row.get_ref(i).and_then(|v| Ok(v.as_str()?));
-            let (key, fingerprint) = (text(0), text(1));
-            let (Ok(key), Ok(Ok(fingerprint))) = (key, fingerprint.map(str::parse::<Digest>))
+            let (Ok(key), Ok(Ok(fingerprint))) = (text(0), text(1).map(str::parse::<Digest>))
             else {
                 continue;
             };
-            let Some(n) = wanted(key, &fingerprint) else {
-                continue;
-            };
-            let outputs = row
-                .get::<_, Option<String>>(5)
-                .map_err(|e| self.db(e))?
-                .and_then(|text| serde_json::from_str(&text).ok());
             outcomes.push((
-                n,
+                key.to_owned(),
+                fingerprint,
                 ItemOutcome {
                     class: row.get(2).map_err(|e| self.db(e))?,
                     attempts: row.get(3).map_err(|e| self.db(e))?,
                     result: row.get(4).map_err(|e| self.db(e))?,
-                    outputs,
+                    outputs: row.get(5).map_err(|e| self.db(e))?,
                 },
             ));
         }
