@@ -356,11 +356,15 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
     assert_eq!(run(&p, &[]).stages.len(), 2);
     settle(&p);
 
-    // One item's input edited: that item alone runs.
+    // One item's input edited: that item alone runs, planned from the
+    // plan the proof kept (the list is not read again; under the check
+    // the test suite runs with, it is, and must agree).
+    let kept = "items planned from the plan the last proof kept";
     p.file("in/2.txt", "two\n");
     let decided = run(&p, &[]);
     assert!(!decided.by_proof);
     assert_eq!(decided.stages, ["two"]);
+    assert!(decided.stderr.contains(kept), "{}", decided.stderr);
     settle(&p);
 
     // An item added to the list, its size and mtime kept by the edit.
@@ -377,6 +381,7 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
     let decided = run(&p, &[]);
     assert!(!decided.by_proof, "{}", decided.stderr);
     assert_eq!(decided.stages, ["owt"]);
+    assert!(!decided.stderr.contains(kept), "{}", decided.stderr);
     settle(&p);
     assert_eq!(proofs(&p), 1);
 
@@ -391,6 +396,46 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
     assert!(!decided.by_proof, "{}", decided.stderr);
     assert!(decided.stages.is_empty());
     settle(&p);
+}
+
+#[test]
+fn an_item_plan_the_list_disagrees_with_is_an_internal_error_under_the_check() {
+    let p = Project::new();
+    p.file("cairn.toml", ITEMS)
+        .file(
+            "items.jsonl",
+            "{\"id\": \"one\", \"src\": \"in/1.txt\"}\n{\"id\": \"two\", \"src\": \"in/2.txt\"}\n",
+        )
+        .file("in/1.txt", "1\n")
+        .file("in/2.txt", "2\n");
+    run(&p, &[]);
+    settle(&p);
+    // The kept plan rewritten (as no cairn does) to say that item `two`
+    // reads `in/1.txt`: planned from it, an edit of `in/1.txt` would run
+    // `two` too. The check must catch it.
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let body: Vec<u8> = db
+        .query_row("SELECT body FROM kept_plans", [], |row| row.get(0))
+        .unwrap();
+    let at = body.windows(8).position(|w| w == b"in/2.txt").unwrap();
+    let mut wrong = body.clone();
+    wrong[at..at + 8].copy_from_slice(b"in/1.txt");
+    db.execute("UPDATE kept_plans SET body = ?1", [&wrong])
+        .unwrap();
+    drop(db);
+    p.file("in/1.txt", "one\n");
+    let output = p
+        .command(&["run"])
+        .env("CAIRN_CHECK_FRESH_PROOF", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("the item plan the proof kept differs from the list at item `two`"),
+        "{stderr}"
+    );
 }
 
 const NESTED: &str = r#"

@@ -242,12 +242,16 @@ impl EarlyHistory {
             ledger,
             root,
             lock_path,
+            plans,
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());
         let reading = std::thread::Builder::new()
             .name("cairn-history".to_owned())
-            .spawn(move || History::read(&path, &name, Some(ledger)))
+            .spawn(move || {
+                History::read(&path, &name, Some(ledger))
+                    .map(|history| history.with_kept_plans(&plans))
+            })
             .ok()?;
         Some(Self {
             root,

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::ScheduleError;
 use super::item_fields::FieldCheck;
 use super::items::{Fields, Item, PlannedItem, fill, fill_fields, for_each_item, load_items};
+use super::kept_plans::{KeptItem, KeptPlan};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::fingerprint::{
     Change, Component, Digest, DigestMap, EntryKind, StageKey, StatCache, TreeEntry,
@@ -170,9 +171,15 @@ pub struct Context<'m> {
     /// Per-item stages: their item list as `stat` saw it just before it
     /// was read, and when (`None` if it changed while it was read).
     pub item_lists: HashMap<usize, Option<(std::fs::Metadata, i64)>>,
-    /// Per-item stages a run handed their plan to: what their items read,
-    /// as planned (a path and the digest its fingerprint hashed).
-    pub item_reads: HashMap<usize, Vec<(String, Digest)>>,
+    /// Per-item stages a run handed their plan to: each item as a proof
+    /// keeps it, with the digest its fingerprint hashed of each path.
+    pub item_reads: HashMap<usize, Vec<(KeptItem, Vec<Digest>)>>,
+    /// The item plans the last proof kept, by stage, when it failed: what
+    /// a stage whose list is unchanged is planned from (see
+    /// [`super::kept_plans`]).
+    kept_plans: HashMap<String, KeptPlan>,
+    /// Per-item stages planned from a kept plan.
+    pub planned_from_kept: std::collections::HashSet<usize>,
     /// This checkout's own id, read (or made) by the first job named.
     pub workspace_id: std::sync::OnceLock<String>,
 }
@@ -189,6 +196,7 @@ pub struct History {
     latest_failure: HashMap<String, ResultRecord>,
     lock: Option<LockFile>,
     lock_problem: Option<StoreError>,
+    kept_plans: Vec<KeptPlan>,
 }
 
 impl History {
@@ -231,7 +239,16 @@ impl History {
             latest_failure,
             lock,
             lock_problem,
+            kept_plans: Vec::new(),
         })
+    }
+
+    /// With the item plans a failed proof kept (encoded).
+    pub fn with_kept_plans(self, encoded: &[u8]) -> Self {
+        Self {
+            kept_plans: { super::kept_plans::decode(encoded).unwrap_or_default() },
+            ..self
+        }
     }
 }
 
@@ -295,6 +312,7 @@ impl<'m> Context<'m> {
             latest_failure,
             lock,
             lock_problem,
+            kept_plans,
         } = history;
         Self {
             manifest,
@@ -320,6 +338,11 @@ impl<'m> Context<'m> {
             env_read: BTreeMap::new(),
             item_lists: HashMap::new(),
             item_reads: HashMap::new(),
+            kept_plans: kept_plans
+                .into_iter()
+                .map(|plan| (plan.stage.clone(), plan))
+                .collect(),
+            planned_from_kept: Default::default(),
             workspace_id: std::sync::OnceLock::new(),
         }
     }
@@ -493,7 +516,7 @@ impl<'m> Context<'m> {
                     let ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
                     ledger.as_ref().map(read_outcomes)
                 });
-            let listed = self.list_items(i, template, &cancelled, &draws);
+            let listed = self.fingerprint_items(i, template, &cancelled, &draws);
             let outcomes = match reading {
                 Ok(thread) => thread
                     .join()
@@ -559,6 +582,75 @@ impl<'m> Context<'m> {
         Ok(planned)
     }
 
+    /// The items of per-item stage `i`, each with its fingerprint: from the
+    /// plan the last proof kept when it still holds, else from the list.
+    fn fingerprint_items(
+        &mut self,
+        i: usize,
+        template: &Digest,
+        cancelled: &HashMap<(String, Digest), u32>,
+        draws: &Draws,
+    ) -> Result<Vec<PlannedItem>, ScheduleError> {
+        let Some(kept) = self.plan_from_kept(i, template, cancelled) else {
+            return self.list_items(i, template, cancelled, draws);
+        };
+        if std::env::var_os(super::fresh_proof::CHECK_VAR).is_some()
+            && let Ok(kept) = &kept
+        {
+            let usual = self.list_items(i, template, cancelled, draws)?;
+            if let Some(difference) = super::kept_plans::difference(kept, &usual) {
+                return Err(ScheduleError::Items {
+                    stage: self.manifest.stages[i].name.clone(),
+                    message: format!(
+                        "internal error: the item plan the proof kept differs from the list at {difference}; please report this as a cairn bug"
+                    ),
+                });
+            }
+        }
+        kept
+    }
+
+    /// Stage `i`'s items planned from the plan the last proof kept, if it
+    /// still holds (see [`super::kept_plans`]): what each item reads is
+    /// read as usual, the list is not read again.
+    fn plan_from_kept(
+        &mut self,
+        i: usize,
+        template: &Digest,
+        cancelled: &HashMap<(String, Digest), u32>,
+    ) -> Option<Result<Vec<PlannedItem>, ScheduleError>> {
+        let stage = &self.manifest.stages[i];
+        let foreach = stage.foreach.as_ref()?;
+        let kept = self.kept_plans.remove(&stage.name)?;
+        if foreach.samples.is_some() || self.manifest.image_of(stage).is_some() {
+            return None;
+        }
+        let list = foreach.items.resolve(&self.manifest.root);
+        let seen_ns = crate::fingerprint::now_ns();
+        let meta = kept.still_holds(template, &list)?;
+        tracing::debug!(stage = %stage.name, "items planned from the plan the last proof kept");
+        let listed = kept
+            .items
+            .into_iter()
+            .map(|kept| ListedItem {
+                item: kept.item(),
+                paths: kept.paths,
+                tag: None,
+            })
+            .collect();
+        let read = match self.read_item_inputs(&stage.name, listed) {
+            Ok(read) => read,
+            Err(error) => return Some(Err(error)),
+        };
+        self.item_lists.insert(i, Some((meta, seen_ns)));
+        self.planned_from_kept.insert(i);
+        let planned = read
+            .into_iter()
+            .map(|(item, inputs, _)| planned_item(template, item, inputs, None, cancelled))
+            .collect();
+        Some(Ok(planned))
+    }
+
     /// The items of per-item stage `i`, each with its fingerprint. The list
     /// is read as a stream: each item is checked and its placeholders
     /// filled while its parsed value is at hand, and only its canonical
@@ -602,26 +694,13 @@ impl<'m> Context<'m> {
                     .collect(),
             };
             for (item, inputs) in units {
-                let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
-                let attempts_before = if cancelled.is_empty() {
-                    0
-                } else {
-                    cancelled
-                        .get(&(item.key.clone(), fingerprint))
-                        .copied()
-                        .unwrap_or(0)
-                };
-                planned.push(PlannedItem {
+                planned.push(planned_item(
+                    template,
                     item,
-                    fingerprint,
-                    attempts_before,
-                    image: image.clone(),
-                    code: *template,
-                    outputs: None,
-                    outcome: None,
-                    result: None,
                     inputs,
-                });
+                    image.clone(),
+                    cancelled,
+                ));
             }
         };
         let mut planned = Vec::new();
@@ -633,8 +712,7 @@ impl<'m> Context<'m> {
             tag: String,
         }
         let mut tagged: Vec<Tagged> = Vec::new();
-        let mut place = |item: Item, inputs: Vec<(String, Digest)>, tag: Option<String>| match tag
-        {
+        let mut place = |item: Item, inputs: Vec<(String, Digest)>, tag: Option<String>| match tag {
             Some(tag) => tagged.push(Tagged { item, inputs, tag }),
             None => plan(&mut planned, item, inputs, None),
         };
@@ -673,7 +751,9 @@ impl<'m> Context<'m> {
             if block.len() == BLOCK {
                 let read = self.read_item_inputs(&stage.name, std::mem::take(&mut block));
                 match read {
-                    Ok(read) => read.into_iter().for_each(|(item, inputs, tag)| place(item, inputs, tag)),
+                    Ok(read) => read
+                        .into_iter()
+                        .for_each(|(item, inputs, tag)| place(item, inputs, tag)),
                     Err(error) => {
                         failed = Some(error);
                         return Err(String::new());
@@ -899,7 +979,9 @@ impl<'m> Context<'m> {
                     Read::Upstream(digest) => digest,
                     Read::Stat(n) => {
                         let abs = &to_stat[n];
-                        let stat = stats[n].take().unwrap_or_else(|| Err(std::io::ErrorKind::NotFound.into()));
+                        let stat = stats[n]
+                            .take()
+                            .unwrap_or_else(|| Err(std::io::ErrorKind::NotFound.into()));
                         stat.and_then(|meta| self.stat.content_as_stated(abs, &meta, seen_ns))
                             .map_err(|source| ScheduleError::Input {
                                 stage: format!("{stage} (item `{}`)", item.key),
@@ -975,4 +1057,35 @@ struct ListedItem {
     item: Item,
     paths: Vec<String>,
     tag: Option<String>,
+}
+
+/// An item (or sample) reading `inputs` as stage code `template` plans it,
+/// before its outcome is known.
+fn planned_item(
+    template: &Digest,
+    item: Item,
+    inputs: Vec<(String, Digest)>,
+    image: Option<String>,
+    cancelled: &HashMap<(String, Digest), u32>,
+) -> PlannedItem {
+    let fingerprint = item_fingerprint(template, &item.canonical, &inputs);
+    let attempts_before = if cancelled.is_empty() {
+        0
+    } else {
+        cancelled
+            .get(&(item.key.clone(), fingerprint))
+            .copied()
+            .unwrap_or(0)
+    };
+    PlannedItem {
+        item,
+        fingerprint,
+        attempts_before,
+        image,
+        code: *template,
+        outputs: None,
+        outcome: None,
+        result: None,
+        inputs,
+    }
 }

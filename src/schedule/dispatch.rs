@@ -25,6 +25,7 @@ use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
 use super::executors::Executors;
 use super::items::PlannedItem;
+use super::kept_plans::KeptItem;
 use super::limits::Limits;
 use super::remote::{UploadWorker, Uploads};
 use super::services::Services;
@@ -690,7 +691,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // (Kept for the fresh proof this run may make.)
             let reads = items
                 .iter()
-                .flat_map(|planned| planned.inputs.iter().cloned())
+                .map(|planned| {
+                    let digests = planned.inputs.iter().map(|(_, digest)| *digest).collect();
+                    (KeptItem::of(planned), digests)
+                })
                 .collect();
             self.ctx.item_reads.insert(i, reads);
             if let Err(message) = self.forget_forced_items(i, &mut items) {
@@ -1093,11 +1097,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             Some(text) => std::borrow::Cow::Borrowed(text.as_str()),
             None => std::borrow::Cow::Owned(new_lock_file(ctx, &self.used).render()),
         };
-        let Some(proof) = super::fresh_proof::Proof::make(ctx, &self.used, ctx.dag.order(), &lock)
+        let Some((proof, plans)) =
+            super::fresh_proof::Proof::make(ctx, &self.used, ctx.dag.order(), &lock)
         else {
             return;
         };
-        if let Err(error) = ledger.keep_fresh_proof(&key, &proof.encode()) {
+        let plans = plans.map(|plans| super::kept_plans::encode(&plans));
+        if let Err(error) = ledger.keep_fresh_proof(&key, &proof.encode(), plans.as_deref()) {
             tracing::debug!("the fresh proof was not kept: {error}");
         }
     }

@@ -39,6 +39,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use super::Context;
+use super::kept_plans::{KeptItem, KeptPlan};
 use crate::fingerprint::{Digest, DirStat, EntryKind, StatEntry, Vouched, hash_file, now_ns};
 use crate::manifest::Foreach;
 use crate::store::{OutputKind, OutputRecord};
@@ -157,15 +158,16 @@ pub enum Checked {
 
 impl Proof {
     /// The proof of a run that used `used` (each stage's fingerprint and
-    /// outputs) for every stage of `ctx`'s manifest, in `order`; `None` if
-    /// the pipeline cannot have one or the workspace is no longer what the
-    /// run decided from (both logged at debug level).
+    /// outputs) for every stage of `ctx`'s manifest, in `order`, with the
+    /// item plans to keep beside it (`None`: those kept still hold);
+    /// `None` if the pipeline cannot have one or the workspace is no longer
+    /// what the run decided from (both logged at debug level).
     pub fn make(
         ctx: &Context<'_>,
         used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
         order: &[usize],
         lock: &str,
-    ) -> Option<Proof> {
+    ) -> Option<(Proof, Option<Vec<KeptPlan>>)> {
         match Self::try_make(ctx, used, order, lock) {
             Ok(proof) => Some(proof),
             Err(why) => {
@@ -180,7 +182,7 @@ impl Proof {
         used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
         order: &[usize],
         lock: &str,
-    ) -> Result<Proof, String> {
+    ) -> Result<(Proof, Option<Vec<KeptPlan>>), String> {
         let manifest = ctx.manifest;
         let root = &manifest.root;
         // (Hashed, not ordered, while it is built: thousands of paths
@@ -197,6 +199,13 @@ impl Proof {
             place(root, path, &mut places)
         };
         let mut stages = Vec::with_capacity(order.len());
+        // The item plans are kept anew unless every stage that can have one
+        // was planned from the one kept.
+        let mut plans = Vec::new();
+        let keep_plans = ctx.manifest.stages.iter().enumerate().any(|(i, stage)| {
+            stage.foreach.as_ref().is_some_and(|f| f.samples.is_none())
+                && !ctx.planned_from_kept.contains(&i)
+        });
         for &i in order {
             let stage = &manifest.stages[i];
             if manifest.image_of(stage).is_some() {
@@ -252,9 +261,11 @@ impl Proof {
                 }
             }
             if let Some(foreach) = &stage.foreach {
-                for (path, vouched) in items_read(ctx, i, foreach)? {
+                let (read, kept) = items_read(ctx, i, foreach, keep_plans)?;
+                for (path, vouched) in read {
                     watch(&path, vouched, &mut watched)?;
                 }
+                plans.extend(kept);
             }
             stages.push((stage.name.clone(), stage.executor_name()));
         }
@@ -277,12 +288,13 @@ impl Proof {
         // Sorted by their bytes: the same run makes the same proof.
         let mut watched: Vec<(PathBuf, Watched)> = watched.into_iter().collect();
         watched.sort_unstable_by(|(a, _), (b, _)| a.as_os_str().cmp(b.as_os_str()));
-        Ok(Proof {
+        let proof = Proof {
             root: root.clone(),
             stages,
             env: ctx.env_read.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             watched: watched.into_iter().map(|(_, watched)| watched).collect(),
-        })
+        };
+        Ok((proof, keep_plans.then_some(plans)))
     }
 
     /// Checks every variable and path against what the proof saw: any
@@ -437,16 +449,10 @@ impl Proof {
         out.u64(self.watched.len() as u64);
         for watched in &self.watched {
             match watched {
-                Watched::File(path, e) => {
+                Watched::File(path, entry) => {
                     out.0.push(0);
                     out.path(path);
-                    for n in [e.dev, e.ino, e.size] {
-                        out.u64(n);
-                    }
-                    for n in [e.mtime_ns, e.ctime_ns, e.seen_ns] {
-                        out.u64(n as u64);
-                    }
-                    out.0.extend_from_slice(e.digest.as_bytes());
+                    out.stat_entry(entry);
                 }
                 Watched::Dir(path, d) => {
                     out.0.push(1);
@@ -502,22 +508,7 @@ impl Proof {
         let watched = (0..d.count()?)
             .map(|_| {
                 Some(match d.byte()? {
-                    0 => {
-                        let path = d.path()?;
-                        let (dev, ino, size) = (d.u64()?, d.u64()?, d.u64()?);
-                        let (mtime_ns, ctime_ns, seen_ns) = (d.i64()?, d.i64()?, d.i64()?);
-                        let digest = d.digest()?;
-                        let entry = StatEntry {
-                            dev,
-                            ino,
-                            size,
-                            mtime_ns,
-                            ctime_ns,
-                            digest,
-                            seen_ns,
-                        };
-                        Watched::File(path, entry)
-                    }
+                    0 => Watched::File(d.path()?, d.stat_entry()?),
                     1 => {
                         let path = d.path()?;
                         let (dev, ino) = (d.u64()?, d.u64()?);
@@ -563,7 +554,8 @@ fn items_read(
     ctx: &Context<'_>,
     i: usize,
     foreach: &Foreach,
-) -> Result<Vec<(PathBuf, Vouched)>, String> {
+    keep_plan: bool,
+) -> Result<(Vec<(PathBuf, Vouched)>, Option<KeptPlan>), String> {
     let stage = &ctx.manifest.stages[i];
     let root = &ctx.manifest.root;
     if !super::item_outputs::ItemOutputs::of(stage, root).is_empty() {
@@ -575,10 +567,9 @@ fn items_read(
             stage.name
         ));
     };
-    let reads: Vec<&(String, Digest)> = match (ctx.item_plans.get(&i), ctx.item_reads.get(&i)) {
-        (Some(plan), _) => plan.iter().flat_map(|p| &p.inputs).collect(),
-        (None, Some(reads)) => reads.iter().collect(),
+    let (plan, reads) = match (ctx.item_plans.get(&i), ctx.item_reads.get(&i)) {
         (None, None) => return Err(format!("`{}`'s items were not planned", stage.name)),
+        found => found,
     };
     let list = foreach.items.resolve(root);
     let now = std::fs::metadata(&list).map_err(|e| format!("{}: {e}", list.display()))?;
@@ -592,17 +583,61 @@ fn items_read(
         list.clone(),
         Vouched {
             digest,
-            files: vec![(list, entry)],
+            files: vec![(list.clone(), entry)],
             dirs: Vec::new(),
         },
     )];
     // (`\0image`, `\0sample`: no path; in the fingerprint, not on disk.)
-    for (path, digest) in reads.into_iter().filter(|(p, _)| !p.starts_with('\0')) {
-        let abs = root.join(path);
-        let vouched = vouch(ctx, &abs, digest)?;
-        read.push((abs, vouched));
-    }
-    Ok(read)
+    let mut vouch_all = |paths_read: &mut dyn Iterator<Item = (&String, &Digest)>| {
+        for (path, digest) in paths_read.filter(|(path, _)| !path.starts_with('\0')) {
+            let abs = root.join(path);
+            let vouched = vouch(ctx, &abs, digest)?;
+            read.push((abs, vouched));
+        }
+        Ok::<_, String>(())
+    };
+    let items: Vec<KeptItem> = match (plan, reads) {
+        (Some(plan), _) => {
+            vouch_all(
+                &mut plan
+                    .iter()
+                    .flat_map(|p| p.inputs.iter().map(|(path, d)| (path, d))),
+            )?;
+            if keep_plan {
+                plan.iter().map(KeptItem::of).collect()
+            } else {
+                Vec::new()
+            }
+        }
+        (None, Some(reads)) => {
+            vouch_all(
+                &mut reads
+                    .iter()
+                    .flat_map(|(item, digests)| item.paths.iter().zip(digests)),
+            )?;
+            if keep_plan {
+                reads.iter().map(|(item, _)| item.clone()).collect()
+            } else {
+                Vec::new()
+            }
+        }
+        (None, None) => Vec::new(),
+    };
+    // A sampled stage's units are not kept: they are drawn as planned.
+    let kept = match (
+        keep_plan && foreach.samples.is_none(),
+        ctx.item_codes.get(&i),
+    ) {
+        (true, Some(code)) => Some(KeptPlan {
+            stage: stage.name.clone(),
+            code: *code,
+            list,
+            list_entry: entry,
+            items,
+        }),
+        _ => None,
+    };
+    Ok((read, kept))
 }
 
 /// `path`'s digest as the stat cache vouches for it, which must be
@@ -688,18 +723,18 @@ fn stored_objects(ctx: &Context<'_>, output: &OutputRecord) -> Result<Vec<(PathB
     })
 }
 
-struct Encoder(Vec<u8>);
+pub(super) struct Encoder(pub(super) Vec<u8>);
 
 impl Encoder {
-    fn u64(&mut self, n: u64) {
+    pub(super) fn u64(&mut self, n: u64) {
         self.0.extend_from_slice(&n.to_le_bytes());
     }
 
-    fn text(&mut self, text: &str) {
+    pub(super) fn text(&mut self, text: &str) {
         self.bytes(text.as_bytes());
     }
 
-    fn path(&mut self, path: &Path) {
+    pub(super) fn path(&mut self, path: &Path) {
         self.bytes(path.as_os_str().as_encoded_bytes());
     }
 
@@ -707,9 +742,19 @@ impl Encoder {
         self.u64(bytes.len() as u64);
         self.0.extend_from_slice(bytes);
     }
+
+    pub(super) fn stat_entry(&mut self, entry: &StatEntry) {
+        for n in [entry.dev, entry.ino, entry.size] {
+            self.u64(n);
+        }
+        for n in [entry.mtime_ns, entry.ctime_ns, entry.seen_ns] {
+            self.u64(n as u64);
+        }
+        self.0.extend_from_slice(entry.digest.as_bytes());
+    }
 }
 
-struct Decoder<'b>(&'b [u8]);
+pub(super) struct Decoder<'b>(pub(super) &'b [u8]);
 
 impl Decoder<'_> {
     fn take(&mut self, n: usize) -> Option<&[u8]> {
@@ -734,7 +779,7 @@ impl Decoder<'_> {
     }
 
     /// A count of things each at least a byte long: no more than are left.
-    fn count(&mut self) -> Option<usize> {
+    pub(super) fn count(&mut self) -> Option<usize> {
         let n = usize::try_from(self.u64()?).ok()?;
         (n <= self.0.len()).then_some(n)
     }
@@ -744,18 +789,32 @@ impl Decoder<'_> {
         self.take(n)
     }
 
-    fn text(&mut self) -> Option<String> {
+    pub(super) fn text(&mut self) -> Option<String> {
         String::from_utf8(self.bytes()?.to_vec()).ok()
     }
 
-    fn path(&mut self) -> Option<PathBuf> {
+    pub(super) fn path(&mut self) -> Option<PathBuf> {
         use std::os::unix::ffi::OsStrExt;
         Some(PathBuf::from(std::ffi::OsStr::from_bytes(self.bytes()?)))
     }
 
-    fn digest(&mut self) -> Option<Digest> {
+    pub(super) fn digest(&mut self) -> Option<Digest> {
         let bytes: [u8; 32] = self.take(32)?.try_into().ok()?;
         Some(Digest::from_hash(blake3::Hash::from_bytes(bytes)))
+    }
+
+    pub(super) fn stat_entry(&mut self) -> Option<StatEntry> {
+        let (dev, ino, size) = (self.u64()?, self.u64()?, self.u64()?);
+        let (mtime_ns, ctime_ns, seen_ns) = (self.i64()?, self.i64()?, self.i64()?);
+        Some(StatEntry {
+            dev,
+            ino,
+            size,
+            mtime_ns,
+            ctime_ns,
+            digest: self.digest()?,
+            seen_ns,
+        })
     }
 }
 

@@ -13,6 +13,7 @@ mod item_fields;
 mod item_lineage;
 mod item_outputs;
 mod items;
+mod kept_plans;
 mod limits;
 mod remote;
 mod samples;

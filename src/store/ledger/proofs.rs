@@ -53,9 +53,15 @@ impl Ledger {
     }
 
     /// Keeps `body` as this pipeline's proof under `key`, in place of any
-    /// it had. Written after everything else the run wrote: a write to a
-    /// voiding table after it would delete it.
-    pub fn keep_fresh_proof(&self, key: &[u8], body: &[u8]) -> Result<(), StoreError> {
+    /// it had, and `plans` (when given) as its item plans. Written after
+    /// everything else the run wrote: a write to a voiding table after it
+    /// would delete the proof.
+    pub fn keep_fresh_proof(
+        &self,
+        key: &[u8],
+        body: &[u8],
+        plans: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
         tx.execute(
             "DELETE FROM fresh_proofs WHERE pipeline = ?1",
@@ -67,8 +73,28 @@ impl Ledger {
                 params![key, self.pipeline.name, self.pipeline.manifest, now_ms(), body],
             )
         })
+        .and_then(|_| match plans {
+            Some(plans) => tx.execute(
+                "INSERT OR REPLACE INTO kept_plans (pipeline, key, body) VALUES (?1, ?2, ?3)",
+                params![self.pipeline.name, key, plans],
+            ),
+            None => Ok(0),
+        })
         .map_err(|e| self.db(e))?;
         tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// The item plans kept beside this pipeline's last proof, if it was
+    /// made under `key` (see `schedule::kept_plans`).
+    pub fn kept_plans(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT body FROM kept_plans WHERE pipeline = ?1 AND key = ?2",
+                params![self.pipeline.name, key],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| self.db(e))
     }
 
     /// Replaces the body of the proof under `key`, if it is still kept.

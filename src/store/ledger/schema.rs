@@ -18,6 +18,7 @@
 //! | 13 | item attempts indexed by class |
 //! | 14 | `fresh_proofs`: what a run that left every stage valid saw, for the next no-op to check by `stat` alone; triggers on every table a stage's freshness is read from delete them |
 //! | 15 | item attempts indexed by fingerprint (a stage's attempts so far under one fingerprint, counted from the index alone) |
+//! | 16 | `kept_plans`: each pipeline's item plans, kept beside its last fresh proof for the run after it (see `schedule::kept_plans`) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -25,7 +26,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 15;
+pub const LEDGER_SCHEMA_VERSION: i64 = 16;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -196,6 +197,14 @@ CREATE TABLE IF NOT EXISTS fresh_proofs (
     made_ms INTEGER NOT NULL,
     body BLOB NOT NULL
 );
+-- Each pipeline's item plans (see schedule::kept_plans), kept beside its
+-- last proof under that proof's key. Not voided: a plan holds no verdict,
+-- and is used only for the same key, stage code and unchanged item list.
+CREATE TABLE IF NOT EXISTS kept_plans (
+    pipeline TEXT PRIMARY KEY,
+    key BLOB NOT NULL,
+    body BLOB NOT NULL
+);
 ";
 
 /// The tables a stage's freshness is read from: a write to any of them
@@ -246,6 +255,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (13, attempts_by_class),
     (14, fresh_proofs),
     (15, attempts_by_fingerprint),
+    (16, kept_plans),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -383,6 +393,11 @@ fn fresh_proofs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> 
 
 /// 15: item attempts indexed by fingerprint ([`SCHEMA`] creates the index).
 fn attempts_by_fingerprint(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
+}
+
+/// 16: `kept_plans` ([`SCHEMA`] creates it).
+fn kept_plans(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
 }
 

@@ -1,0 +1,196 @@
+//! The item plans a fresh proof keeps, for the run after it when the proof
+//! fails.
+//!
+//! A per-item stage is planned by reading its whole item list: each item
+//! parsed, its fields checked, its placeholders filled and its canonical
+//! text written, before its inputs are `stat`ed. When one item's input is
+//! edited, all of that is the same as in the run that made the proof: the
+//! manifest is byte for byte the one the proof was kept under (its key),
+//! and the list is unchanged if its `stat` is. So the proof keeps, for each
+//! such stage, the stage's code, the list's stat entry and each item's key,
+//! canonical text and the paths it read. A run whose proof failed plans the
+//! stage from them: every input is `stat`ed and every fingerprint hashed as
+//! usual; only the list is not read again.
+//!
+//! With `CAIRN_CHECK_FRESH_PROOF` set (as the test suite does) a stage
+//! planned from a kept plan is also planned the usual way, and a
+//! difference is an error.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::fresh_proof::{Decoder, Encoder};
+use super::items::{Item, PlannedItem};
+use crate::fingerprint::{Digest, StatEntry};
+
+/// One per-item stage's plan as a proof keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptPlan {
+    pub stage: String,
+    /// The fingerprint of the stage's code (its template) it was planned by.
+    pub code: Digest,
+    /// The item list, and the entry its digest was vouched for by.
+    pub list: PathBuf,
+    pub list_entry: StatEntry,
+    pub items: Vec<KeptItem>,
+}
+
+/// One item of a kept plan: what its fingerprint hashes but its inputs'
+/// digests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptItem {
+    pub key: String,
+    pub canonical: Arc<str>,
+    /// The paths it reads (relative to the root), in order.
+    pub paths: Vec<String>,
+}
+
+impl KeptItem {
+    pub fn of(planned: &PlannedItem) -> Self {
+        Self {
+            key: planned.item.key.clone(),
+            canonical: planned.item.canonical.clone(),
+            paths: planned
+                .inputs
+                .iter()
+                .map(|(path, _)| path.clone())
+                .collect(),
+        }
+    }
+
+    pub fn item(&self) -> Item {
+        Item {
+            key: self.key.clone(),
+            canonical: self.canonical.clone(),
+            sample: None,
+        }
+    }
+}
+
+impl KeptPlan {
+    /// Whether this plan can stand for reading the list at `list` again
+    /// for a stage whose code is `code`: the same code, the same list,
+    /// unchanged since (and not written within a tick of being vouched
+    /// for). With the list's stat now, for the proof the run may make.
+    pub fn still_holds(&self, code: &Digest, list: &Path) -> Option<std::fs::Metadata> {
+        if self.code != *code || self.list != list || self.list_entry.racy() {
+            return None;
+        }
+        let now = std::fs::metadata(list).ok()?;
+        self.list_entry.matches(&now).then_some(now)
+    }
+}
+
+/// Kept plans as a proof's body holds them.
+pub fn encode(plans: &[KeptPlan]) -> Vec<u8> {
+    let mut out = Encoder(Vec::new());
+    out.u64(plans.len() as u64);
+    for plan in plans {
+        out.text(&plan.stage);
+        out.0.extend_from_slice(plan.code.as_bytes());
+        out.path(&plan.list);
+        out.stat_entry(&plan.list_entry);
+        out.u64(plan.items.len() as u64);
+        for item in &plan.items {
+            out.text(&item.key);
+            out.text(&item.canonical);
+            out.u64(item.paths.len() as u64);
+            for path in &item.paths {
+                out.text(path);
+            }
+        }
+    }
+    out.0
+}
+
+/// The plans `bytes` encode; `None` for anything else.
+pub fn decode(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
+    let mut d = Decoder(bytes);
+    let plans = (0..d.count()?)
+        .map(|_| {
+            let stage = d.text()?;
+            let code = d.digest()?;
+            let list = d.path()?;
+            let list_entry = d.stat_entry()?;
+            let items = (0..d.count()?)
+                .map(|_| {
+                    let key = d.text()?;
+                    let canonical = Arc::from(d.text()?);
+                    let paths = (0..d.count()?)
+                        .map(|_| d.text())
+                        .collect::<Option<Vec<_>>>()?;
+                    Some(KeptItem {
+                        key,
+                        canonical,
+                        paths,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some(KeptPlan {
+                stage,
+                code,
+                list,
+                list_entry,
+                items,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    d.0.is_empty().then_some(plans)
+}
+
+/// Where a stage planned from a kept plan differs from the same stage
+/// planned the usual way, if it does (for `CAIRN_CHECK_FRESH_PROOF`).
+pub fn difference(kept: &[PlannedItem], usual: &[PlannedItem]) -> Option<String> {
+    if kept.len() != usual.len() {
+        return Some(format!("{} items kept, {} listed", kept.len(), usual.len()));
+    }
+    kept.iter().zip(usual).find_map(|(a, b)| {
+        let same = a.item.key == b.item.key
+            && a.item.canonical == b.item.canonical
+            && a.inputs == b.inputs
+            && a.fingerprint == b.fingerprint
+            && a.attempts_before == b.attempts_before;
+        (!same).then(|| format!("item `{}` (listed: `{}`)", a.item.key, b.item.key))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_plans_read_back_as_they_were_written_and_a_cut_body_as_nothing() {
+        let plans = vec![KeptPlan {
+            stage: "oracle".to_owned(),
+            code: Digest::of(b"code"),
+            list: PathBuf::from("/w/items.jsonl"),
+            list_entry: StatEntry {
+                dev: 1,
+                ino: 2,
+                size: 3,
+                mtime_ns: 4,
+                ctime_ns: 5,
+                digest: Digest::of(b"list"),
+                seen_ns: 6,
+            },
+            items: vec![
+                KeptItem {
+                    key: "a".to_owned(),
+                    canonical: Arc::from(r#"{"id":"a","src":"in/a"}"#),
+                    paths: vec!["in/a".to_owned(), "shared.json".to_owned()],
+                },
+                KeptItem {
+                    key: "b".to_owned(),
+                    canonical: Arc::from(r#"{"id":"b"}"#),
+                    paths: Vec::new(),
+                },
+            ],
+        }];
+        let bytes = encode(&plans);
+        assert_eq!(decode(&bytes), Some(plans));
+        for cut in [1, bytes.len() / 2, bytes.len() - 1] {
+            assert_eq!(decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(decode(&encode(&[])), Some(Vec::new()));
+    }
+}
