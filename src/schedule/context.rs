@@ -646,7 +646,7 @@ impl<'m> Context<'m> {
         self.planned_from_kept.insert(i);
         let planned = read
             .into_iter()
-            .map(|(item, inputs, _)| planned_item(template, item, inputs, None, cancelled))
+            .map(|read| planned_item(template, read.item, read.inputs, None, cancelled))
             .collect();
         Some(Ok(planned))
     }
@@ -753,7 +753,7 @@ impl<'m> Context<'m> {
                 match read {
                     Ok(read) => read
                         .into_iter()
-                        .for_each(|(item, inputs, tag)| place(item, inputs, tag)),
+                        .for_each(|read| place(read.item, read.inputs, read.tag)),
                     Err(error) => {
                         failed = Some(error);
                         return Err(String::new());
@@ -766,8 +766,8 @@ impl<'m> Context<'m> {
             return Err(error);
         }
         listed.map_err(bad)?;
-        for (item, inputs, tag) in self.read_item_inputs(&stage.name, block)? {
-            place(item, inputs, tag);
+        for read in self.read_item_inputs(&stage.name, block)? {
+            place(read.item, read.inputs, read.tag);
         }
         let after = std::fs::metadata(&list).ok();
         let read_as_seen = before.filter(|before| {
@@ -948,7 +948,7 @@ impl<'m> Context<'m> {
         &mut self,
         stage: &str,
         listed: Vec<ListedItem>,
-    ) -> Result<Vec<(Item, Vec<(String, Digest)>, Option<String>)>, ScheduleError> {
+    ) -> Result<Vec<ItemRead>, ScheduleError> {
         enum Read {
             Upstream(Digest),
             /// Its place among the paths stat'ed.
@@ -993,7 +993,7 @@ impl<'m> Context<'m> {
                 };
                 inputs.push((path, digest));
             }
-            out.push((item, inputs, tag));
+            out.push(ItemRead { item, inputs, tag });
         }
         Ok(out)
     }
@@ -1056,6 +1056,13 @@ impl<'m> Context<'m> {
 struct ListedItem {
     item: Item,
     paths: Vec<String>,
+    tag: Option<String>,
+}
+
+/// A listed item with what it reads read: each path with its digest.
+struct ItemRead {
+    item: Item,
+    inputs: Vec<(String, Digest)>,
     tag: Option<String>,
 }
 

@@ -261,7 +261,7 @@ impl Proof {
                 }
             }
             if let Some(foreach) = &stage.foreach {
-                let (read, kept) = items_read(ctx, i, foreach, keep_plans)?;
+                let ItemsRead { read, kept } = items_read(ctx, i, foreach, keep_plans)?;
                 for (path, vouched) in read {
                     watch(&path, vouched, &mut watched)?;
                 }
@@ -555,7 +555,7 @@ fn items_read(
     i: usize,
     foreach: &Foreach,
     keep_plan: bool,
-) -> Result<(Vec<(PathBuf, Vouched)>, Option<KeptPlan>), String> {
+) -> Result<ItemsRead, String> {
     let stage = &ctx.manifest.stages[i];
     let root = &ctx.manifest.root;
     if !super::item_outputs::ItemOutputs::of(stage, root).is_empty() {
@@ -637,7 +637,14 @@ fn items_read(
         }),
         _ => None,
     };
-    Ok((read, kept))
+    Ok(ItemsRead { read, kept })
+}
+
+/// What a per-item stage's proof rests on, and its plan to keep.
+struct ItemsRead {
+    /// Each path read, vouched for.
+    read: Vec<(PathBuf, Vouched)>,
+    kept: Option<KeptPlan>,
 }
 
 /// `path`'s digest as the stat cache vouches for it, which must be
