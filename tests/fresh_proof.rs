@@ -365,6 +365,8 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
     assert!(!decided.by_proof);
     assert_eq!(decided.stages, ["two"]);
     assert!(decided.stderr.contains(kept), "{}", decided.stderr);
+    let unchecked = "the item list is as a kept plan saw it: not checked again";
+    assert!(decided.stderr.contains(unchecked), "{}", decided.stderr);
     settle(&p);
 
     // An item added to the list, its size and mtime kept by the edit.
@@ -382,6 +384,7 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
     assert!(!decided.by_proof, "{}", decided.stderr);
     assert_eq!(decided.stages, ["owt"]);
     assert!(!decided.stderr.contains(kept), "{}", decided.stderr);
+    assert!(!decided.stderr.contains(unchecked), "{}", decided.stderr);
     settle(&p);
     assert_eq!(proofs(&p), 1);
 

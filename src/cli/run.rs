@@ -10,6 +10,7 @@ use super::progress::HumanReporter;
 use super::run_events::JsonReporter;
 use super::workspace;
 use crate::manifest::Manifest;
+use crate::schedule::kept_plans::{self, KeptPlan};
 use crate::schedule::{self, Context, History, RunOptions, ScheduleError, State};
 use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
@@ -26,7 +27,10 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     if args.jobs == Some(0) {
         return Err(CliError::usage("`-j 0` would run nothing; give at least 1"));
     }
-    schedule::check_item_lists(&loaded.manifest, &selected)?;
+    let kept_lists = early
+        .as_ref()
+        .map_or(&[][..], |early| &early.kept_lists[..]);
+    schedule::check_item_lists(&loaded.manifest, &selected, kept_lists)?;
 
     if args.dry_run {
         let mut ctx = loaded.read_context()?;
@@ -231,6 +235,9 @@ struct EarlyHistory {
     lock_path: PathBuf,
     reading: Option<std::thread::JoinHandle<Result<History, ScheduleError>>>,
     lock: Option<WorkspaceLock>,
+    /// The item lists the kept plans saw (their items being read on the
+    /// thread).
+    kept_lists: Vec<KeptPlan>,
 }
 
 impl EarlyHistory {
@@ -246,6 +253,7 @@ impl EarlyHistory {
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());
+        let kept_lists = kept_plans::lists(&plans).unwrap_or_default();
         let reading = std::thread::Builder::new()
             .name("cairn-history".to_owned())
             .spawn(move || {
@@ -259,6 +267,7 @@ impl EarlyHistory {
             lock_path,
             reading: Some(reading),
             lock: Some(lock),
+            kept_lists,
         })
     }
 

@@ -30,7 +30,7 @@ mod digest;
 mod key;
 
 pub use content::{
-    Content, DirStat, EntryKind, StatCache, StatEntry, TreeEntry, Vouched, hash_file,
+    Content, DirStat, EntryKind, PathMap, StatCache, StatEntry, TreeEntry, Vouched, hash_file,
     is_executable, now_ns, open_regular, read_regular, refuse_special, stat_side_by_side,
     tree_digest, unchanged,
 };

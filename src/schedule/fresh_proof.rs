@@ -40,7 +40,9 @@ use std::path::{Component, Path, PathBuf};
 
 use super::Context;
 use super::kept_plans::{KeptItem, KeptPlan};
-use crate::fingerprint::{Digest, DirStat, EntryKind, StatEntry, Vouched, hash_file, now_ns};
+use crate::fingerprint::{
+    Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns,
+};
 use crate::manifest::Foreach;
 use crate::store::{OutputKind, OutputRecord};
 
@@ -187,9 +189,9 @@ impl Proof {
         let root = &manifest.root;
         // (Hashed, not ordered, while it is built: thousands of paths
         // compared component by component cost more than the rest.)
-        let mut watched: HashMap<PathBuf, Watched> = HashMap::new();
-        let mut places: HashMap<PathBuf, Watched> = HashMap::new();
-        let mut watch = |path: &Path, vouched: Vouched, watched: &mut HashMap<_, _>| {
+        let mut watched: PathMap<Watched> = PathMap::default();
+        let mut places: PathMap<Watched> = PathMap::default();
+        let mut watch = |path: &Path, vouched: Vouched, watched: &mut PathMap<_>| {
             for (file, entry) in vouched.files {
                 watched.insert(file.clone(), Watched::File(file, entry));
             }
@@ -675,7 +677,7 @@ fn vouch(ctx: &Context<'_>, path: &Path, expected: &Digest) -> Result<Vouched, S
 }
 
 /// The directories `path` lies in below `root` (none for a path outside it).
-fn place(root: &Path, path: &Path, places: &mut HashMap<PathBuf, Watched>) -> Result<(), String> {
+fn place(root: &Path, path: &Path, places: &mut PathMap<Watched>) -> Result<(), String> {
     // A directory is placed with the ones it lies in.
     if path.parent().is_some_and(|dir| places.contains_key(dir)) {
         return Ok(());
@@ -745,7 +747,7 @@ impl Encoder {
         self.bytes(path.as_os_str().as_encoded_bytes());
     }
 
-    fn bytes(&mut self, bytes: &[u8]) {
+    pub(super) fn bytes(&mut self, bytes: &[u8]) {
         self.u64(bytes.len() as u64);
         self.0.extend_from_slice(bytes);
     }
@@ -763,8 +765,8 @@ impl Encoder {
 
 pub(super) struct Decoder<'b>(pub(super) &'b [u8]);
 
-impl Decoder<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
+impl<'b> Decoder<'b> {
+    fn take(&mut self, n: usize) -> Option<&'b [u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -791,7 +793,7 @@ impl Decoder<'_> {
         (n <= self.0.len()).then_some(n)
     }
 
-    fn bytes(&mut self) -> Option<&[u8]> {
+    pub(super) fn bytes(&mut self) -> Option<&'b [u8]> {
         let n = usize::try_from(self.u64()?).ok()?;
         self.take(n)
     }

@@ -18,6 +18,7 @@ use std::path::Path;
 
 use super::ScheduleError;
 use super::items::for_each_keyed;
+use super::kept_plans::{KeptPlan, list_unchanged};
 use crate::manifest::interpolate::walk;
 use crate::manifest::{Command, Manifest, Stage, line_col};
 
@@ -127,8 +128,13 @@ fn lookup<'v>(value: &'v serde_json::Value, dotted: &str) -> Option<&'v serde_js
 
 /// Reads, before anything runs, the item list of every selected per-item
 /// stage that no stage of the pipeline writes, and checks its keys and
-/// fields.
-pub fn check_item_lists(manifest: &Manifest, selected: &[bool]) -> Result<(), ScheduleError> {
+/// fields; not a list a plan in `kept` saw as it is (see
+/// [`super::kept_plans`]).
+pub fn check_item_lists(
+    manifest: &Manifest,
+    selected: &[bool],
+    kept: &[KeptPlan],
+) -> Result<(), ScheduleError> {
     for (i, stage) in manifest.stages.iter().enumerate() {
         let Some(foreach) = &stage.foreach else {
             continue;
@@ -143,6 +149,10 @@ pub fn check_item_lists(manifest: &Manifest, selected: &[bool]) -> Result<(), Sc
         });
         let list = foreach.items.resolve(&manifest.root);
         if produced || !list.is_file() {
+            continue;
+        }
+        if list_unchanged(kept, &stage.name, &list) {
+            tracing::debug!(stage = %stage.name, "the item list is as a kept plan saw it: not checked again");
             continue;
         }
         let bad = |message: String| ScheduleError::BadItems {

@@ -81,7 +81,8 @@ impl KeptPlan {
     }
 }
 
-/// Kept plans as a proof's body holds them.
+/// Kept plans as the ledger holds them: each stage's items in a block of
+/// their own, so that the lists can be read without them.
 pub fn encode(plans: &[KeptPlan]) -> Vec<u8> {
     let mut out = Encoder(Vec::new());
     out.u64(plans.len() as u64);
@@ -90,52 +91,79 @@ pub fn encode(plans: &[KeptPlan]) -> Vec<u8> {
         out.0.extend_from_slice(plan.code.as_bytes());
         out.path(&plan.list);
         out.stat_entry(&plan.list_entry);
-        out.u64(plan.items.len() as u64);
+        let mut items = Encoder(Vec::new());
+        items.u64(plan.items.len() as u64);
         for item in &plan.items {
-            out.text(&item.key);
-            out.text(&item.canonical);
-            out.u64(item.paths.len() as u64);
+            items.text(&item.key);
+            items.text(&item.canonical);
+            items.u64(item.paths.len() as u64);
             for path in &item.paths {
-                out.text(path);
+                items.text(path);
             }
         }
+        out.bytes(&items.0);
     }
     out.0
 }
 
 /// The plans `bytes` encode; `None` for anything else.
 pub fn decode(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
+    read_plans(bytes, |items| {
+        let mut d = Decoder(items);
+        let items = (0..d.count()?)
+            .map(|_| {
+                let key = d.text()?;
+                let canonical = Arc::from(d.text()?);
+                let paths = (0..d.count()?)
+                    .map(|_| d.text())
+                    .collect::<Option<Vec<_>>>()?;
+                Some(KeptItem {
+                    key,
+                    canonical,
+                    paths,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        d.0.is_empty().then_some(items)
+    })
+}
+
+/// The item lists of the plans `bytes` encode, their items left unread;
+/// `None` for anything else.
+pub fn lists(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
+    read_plans(bytes, |_| Some(Vec::new()))
+}
+
+/// The plans `bytes` encode, each stage's block of items read by `items`.
+fn read_plans(
+    bytes: &[u8],
+    items: impl Fn(&[u8]) -> Option<Vec<KeptItem>>,
+) -> Option<Vec<KeptPlan>> {
     let mut d = Decoder(bytes);
     let plans = (0..d.count()?)
         .map(|_| {
-            let stage = d.text()?;
-            let code = d.digest()?;
-            let list = d.path()?;
-            let list_entry = d.stat_entry()?;
-            let items = (0..d.count()?)
-                .map(|_| {
-                    let key = d.text()?;
-                    let canonical = Arc::from(d.text()?);
-                    let paths = (0..d.count()?)
-                        .map(|_| d.text())
-                        .collect::<Option<Vec<_>>>()?;
-                    Some(KeptItem {
-                        key,
-                        canonical,
-                        paths,
-                    })
-                })
-                .collect::<Option<Vec<_>>>()?;
             Some(KeptPlan {
-                stage,
-                code,
-                list,
-                list_entry,
-                items,
+                stage: d.text()?,
+                code: d.digest()?,
+                list: d.path()?,
+                list_entry: d.stat_entry()?,
+                items: items(d.bytes()?)?,
             })
         })
         .collect::<Option<Vec<_>>>()?;
     d.0.is_empty().then_some(plans)
+}
+
+/// Whether `list`, the item list of `stage`, is as a kept plan of `kept`
+/// saw it: checked then (by the run that kept it, under the same
+/// manifest), it need not be checked again.
+pub fn list_unchanged(kept: &[KeptPlan], stage: &str, list: &Path) -> bool {
+    kept.iter()
+        .find(|plan| plan.stage == stage && plan.list == list)
+        .is_some_and(|plan| {
+            !plan.list_entry.racy()
+                && std::fs::metadata(list).is_ok_and(|now| plan.list_entry.matches(&now))
+        })
 }
 
 /// Where a stage planned from a kept plan differs from the same stage
@@ -187,7 +215,10 @@ mod tests {
             ],
         }];
         let bytes = encode(&plans);
-        assert_eq!(decode(&bytes), Some(plans));
+        assert_eq!(decode(&bytes), Some(plans.clone()));
+        let mut without_items = plans.clone();
+        without_items[0].items.clear();
+        assert_eq!(lists(&bytes), Some(without_items));
         for cut in [1, bytes.len() / 2, bytes.len() - 1] {
             assert_eq!(decode(&bytes[..cut]), None, "cut at {cut}");
         }

@@ -13,7 +13,7 @@ mod item_fields;
 mod item_lineage;
 mod item_outputs;
 mod items;
-mod kept_plans;
+pub mod kept_plans;
 mod limits;
 mod remote;
 mod samples;
