@@ -1,5 +1,6 @@
 //! `cairn run`.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::args::{Global, RunArgs};
@@ -9,10 +10,11 @@ use super::locked;
 use super::progress::HumanReporter;
 use super::run_events::JsonReporter;
 use super::workspace;
+use crate::fingerprint::Digest;
 use crate::manifest::Manifest;
 use crate::schedule::kept_plans::{self, KeptPlan};
 use crate::schedule::{self, Context, History, RunOptions, ScheduleError, State};
-use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
+use crate::store::{ItemOutcomes, Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // With the workspace held for a proof that failed, its history is read
@@ -234,11 +236,19 @@ struct EarlyHistory {
     pipeline: PipelineId,
     lock_path: PathBuf,
     reading: Option<std::thread::JoinHandle<Result<History, ScheduleError>>>,
+    /// The outcomes of the stages with a kept plan, read on a thread (and
+    /// a connection) of their own.
+    reading_outcomes: Option<std::thread::JoinHandle<OutcomesRead>>,
     lock: Option<WorkspaceLock>,
-    /// The item lists the kept plans saw (their items being read on the
-    /// thread).
+    /// The item lists the kept plans saw, their items not yet read...
     kept_lists: Vec<KeptPlan>,
+    /// ...from these plans, read once the manifest is.
+    plans: Vec<u8>,
 }
+
+/// Outcomes of stages' items read ahead, by stage, under the stage code
+/// they were read for.
+type OutcomesRead = HashMap<String, (Digest, ItemOutcomes)>;
 
 impl EarlyHistory {
     /// `None` (the workspace let go, for the usual way to take) if no
@@ -254,20 +264,39 @@ impl EarlyHistory {
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());
         let kept_lists = kept_plans::lists(&plans).unwrap_or_default();
+        // (What cannot be read ahead is read when the stage is planned.)
+        let wanted: Vec<(String, Digest)> = kept_lists
+            .iter()
+            .map(|plan| (plan.stage.clone(), plan.code))
+            .collect();
+        let reading_outcomes = match ledger.second_reader() {
+            Ok(reader) if !wanted.is_empty() => std::thread::Builder::new()
+                .name("cairn-outcomes".to_owned())
+                .spawn(move || {
+                    wanted
+                        .into_iter()
+                        .filter_map(|(stage, code)| {
+                            let outcomes = reader.item_outcomes(&stage, &code).ok()?;
+                            Some((stage, (code, outcomes)))
+                        })
+                        .collect()
+                })
+                .ok(),
+            _ => None,
+        };
         let reading = std::thread::Builder::new()
             .name("cairn-history".to_owned())
-            .spawn(move || {
-                History::read(&path, &name, Some(ledger))
-                    .map(|history| history.with_kept_plans(&plans))
-            })
+            .spawn(move || History::read(&path, &name, Some(ledger)))
             .ok()?;
         Some(Self {
             root,
             pipeline,
             lock_path,
             reading: Some(reading),
+            reading_outcomes,
             lock: Some(lock),
             kept_lists,
+            plans,
         })
     }
 
@@ -280,16 +309,27 @@ impl EarlyHistory {
         Option<WorkspaceLock>,
         Option<Result<History, ScheduleError>>,
     ) {
-        let read = self.reading.take().map(|reading| {
-            reading
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        });
         let fits = self.root == manifest.root
             && self.pipeline == PipelineId::of(manifest)
             && self.lock_path == manifest.lock_path();
+        // (Read here while the threads read the rest.)
+        let kept_plans = match fits {
+            true => kept_plans::decode(&self.plans).unwrap_or_default(),
+            false => Vec::new(),
+        };
+        let read = self.reading.take().map(join);
+        let outcomes = self.reading_outcomes.take().map(join).unwrap_or_default();
+        let read =
+            read.map(|read| read.map(|history| history.with_kept_plans(kept_plans, outcomes)));
         (self.lock.take(), read.filter(|_| fits))
     }
+}
+
+/// What a thread returned, its panic raised here.
+fn join<T>(thread: std::thread::JoinHandle<T>) -> T {
+    thread
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 impl Drop for EarlyHistory {
@@ -297,6 +337,9 @@ impl Drop for EarlyHistory {
     /// thread before the lock is let go.
     fn drop(&mut self) {
         if let Some(reading) = self.reading.take() {
+            let _ = reading.join();
+        }
+        if let Some(reading) = self.reading_outcomes.take() {
             let _ = reading.join();
         }
     }

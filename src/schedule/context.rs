@@ -19,8 +19,8 @@ use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex, is_per_item};
 use crate::store::{
-    COMMAND_ITEM, Draws, Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord, ResultStatus,
-    StoreError, current_ok,
+    COMMAND_ITEM, Draws, ItemOutcomes, Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord,
+    ResultStatus, StoreError, current_ok,
 };
 
 /// Why a stage must run (or why `status` calls it stale).
@@ -180,6 +180,9 @@ pub struct Context<'m> {
     kept_plans: HashMap<String, KeptPlan>,
     /// Per-item stages planned from a kept plan.
     pub planned_from_kept: std::collections::HashSet<usize>,
+    /// The outcomes of stages with a kept plan, read ahead while the
+    /// manifest was parsed, by stage, under the code they were read for.
+    outcomes_read: HashMap<String, (Digest, ItemOutcomes)>,
     /// This checkout's own id, read (or made) by the first job named.
     pub workspace_id: std::sync::OnceLock<String>,
 }
@@ -197,6 +200,7 @@ pub struct History {
     lock: Option<LockFile>,
     lock_problem: Option<StoreError>,
     kept_plans: Vec<KeptPlan>,
+    outcomes_read: HashMap<String, (Digest, ItemOutcomes)>,
 }
 
 impl History {
@@ -240,13 +244,21 @@ impl History {
             lock,
             lock_problem,
             kept_plans: Vec::new(),
+            outcomes_read: HashMap::new(),
         })
     }
 
-    /// With the item plans a failed proof kept (encoded).
-    pub fn with_kept_plans(self, encoded: &[u8]) -> Self {
+    /// With the item plans a failed proof kept, and the outcomes of their
+    /// stages' items read ahead, by stage (under the code they were read
+    /// for).
+    pub fn with_kept_plans(
+        self,
+        kept_plans: Vec<KeptPlan>,
+        outcomes_read: HashMap<String, (Digest, ItemOutcomes)>,
+    ) -> Self {
         Self {
-            kept_plans: { super::kept_plans::decode(encoded).unwrap_or_default() },
+            kept_plans,
+            outcomes_read,
             ..self
         }
     }
@@ -313,6 +325,7 @@ impl<'m> Context<'m> {
             lock,
             lock_problem,
             kept_plans,
+            outcomes_read,
         } = history;
         Self {
             manifest,
@@ -343,6 +356,7 @@ impl<'m> Context<'m> {
                 .map(|plan| (plan.stage.clone(), plan))
                 .collect(),
             planned_from_kept: Default::default(),
+            outcomes_read,
             workspace_id: std::sync::OnceLock::new(),
         }
     }
@@ -505,6 +519,14 @@ impl<'m> Context<'m> {
             ),
             None => (HashMap::new(), Draws::default()),
         };
+        let read_ahead = self
+            .outcomes_read
+            .remove(&stage.name)
+            .filter(|(code, _)| code == template);
+        if let Some((_, outcomes)) = read_ahead {
+            let listed = self.fingerprint_items(i, template, &cancelled, &draws)?;
+            return self.with_outcomes(i, listed, outcomes);
+        }
         let read_outcomes = |ledger: &Ledger| ledger.item_outcomes(&stage.name, template);
         // (Held where either thread can take it: this one reads the
         // outcomes itself if no thread can be started.)
@@ -530,8 +552,19 @@ impl<'m> Context<'m> {
             (listed, outcomes)
         });
         self.ledger = ledger.into_inner().unwrap_or_else(|e| e.into_inner());
-        let mut planned = listed?;
         let outcomes = outcomes.transpose()?.unwrap_or_default();
+        self.with_outcomes(i, listed?, outcomes)
+    }
+
+    /// Stage `i`'s planned items with the outcomes recorded for them, and
+    /// the jobs a dead run left that the plan does not want.
+    fn with_outcomes(
+        &mut self,
+        i: usize,
+        mut planned: Vec<PlannedItem>,
+        outcomes: ItemOutcomes,
+    ) -> Result<Vec<PlannedItem>, ScheduleError> {
+        let stage = &self.manifest.stages[i];
         if !outcomes.is_empty() {
             // Matched by fingerprint (with none recorded, no index of the
             // plan is built).

@@ -99,6 +99,10 @@ pub struct NewResult<'a> {
     pub origin: Option<&'a str>,
 }
 
+/// The outcomes of a stage's items under one stage code: each with the
+/// item's key and fingerprint.
+pub type ItemOutcomes = Vec<(String, Digest, ItemOutcome)>;
+
 /// The newest outcome of an item under one fingerprint.
 #[derive(Debug, Clone)]
 pub struct ItemOutcome {

@@ -23,8 +23,8 @@ pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
 pub use ledger::{
-    COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemRecord, LEDGER_SCHEMA_VERSION, Ledger,
-    LedgerWriter, NewResult, PipelineId, RUNNING, Record, Recorded, Redraw, ResultRecord,
+    COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemOutcomes, ItemRecord, LEDGER_SCHEMA_VERSION,
+    Ledger, LedgerWriter, NewResult, PipelineId, RUNNING, Record, Recorded, Redraw, ResultRecord,
     ResultRow, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, StageRun, UnreadableResult,
     now_ms,
 };

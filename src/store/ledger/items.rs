@@ -35,11 +35,7 @@ impl Ledger {
     /// fingerprint: neither old templates nor other stages cost a thing
     /// here. Outputs are left as recorded, for the caller to parse for the
     /// outcomes it keeps.
-    pub fn item_outcomes(
-        &self,
-        stage: &str,
-        code: &Digest,
-    ) -> Result<Vec<(String, Digest, ItemOutcome)>, StoreError> {
+    pub fn item_outcomes(&self, stage: &str, code: &Digest) -> Result<ItemOutcomes, StoreError> {
         let mut statement = self
             .conn
             .prepare_cached(
