@@ -7,6 +7,7 @@
 //! executable bit of any file does.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs::{File, Metadata};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -286,7 +287,9 @@ pub type PathMap<V> = HashMap<PathBuf, V, foldhash::fast::RandomState>;
 #[derive(Debug, Default)]
 pub struct StatCache {
     /// One slot a path: a lookup hashes the path once.
-    slots: PathMap<Slot>,
+    /// Keyed by the path's bytes: hashed and compared as bytes, not
+    /// component by component (the paths are made the same way each time).
+    slots: HashMap<OsString, Slot, foldhash::fast::RandomState>,
 }
 
 /// What the cache knows of one path.
@@ -318,7 +321,7 @@ impl StatCache {
                 saved: Some(entry),
                 ..Slot::default()
             };
-            (path, slot)
+            (path.into_os_string(), slot)
         });
         Self {
             slots: slots.collect(),
@@ -326,12 +329,12 @@ impl StatCache {
     }
 
     fn lookup(&mut self, path: &Path, meta: &Metadata) -> Option<Digest> {
-        let Some(slot) = self.slots.get_mut(path) else {
+        let Some(slot) = self.slots.get_mut(path.as_os_str()) else {
             let slot = Slot {
                 touched: true,
                 ..Slot::default()
             };
-            self.slots.insert(path.to_owned(), slot);
+            self.slots.insert(path.as_os_str().to_owned(), slot);
             return None;
         };
         slot.touched = true;
@@ -344,7 +347,7 @@ impl StatCache {
     /// stat'ed at `seen_ns` (before its bytes were read).
     pub fn record(&mut self, path: &Path, meta: &Metadata, digest: Digest, seen_ns: i64) {
         let entry = StatEntry::new(meta, digest, seen_ns);
-        match self.slots.get_mut(path) {
+        match self.slots.get_mut(path.as_os_str()) {
             Some(slot) => slot.learn(entry),
             None => self.learn(path.to_owned(), entry),
         }
@@ -353,7 +356,10 @@ impl StatCache {
     /// Remembers an entry made elsewhere (by the store, hashing an output
     /// as it copies it in).
     pub fn learn(&mut self, path: PathBuf, entry: StatEntry) {
-        self.slots.entry(path).or_default().learn(entry);
+        self.slots
+            .entry(path.into_os_string())
+            .or_default()
+            .learn(entry);
     }
 
     /// Entries added or changed since loading, for persisting at
@@ -367,7 +373,7 @@ impl StatCache {
                     ..entry
                 };
                 slot.saved = Some(entry);
-                updates.push((path.clone(), entry));
+                updates.push((PathBuf::from(path), entry));
             }
         }
         updates
@@ -380,8 +386,8 @@ impl StatCache {
         let under = self
             .slots
             .iter()
-            .filter(|(path, _)| dirs.iter().any(|dir| path.starts_with(dir)))
-            .filter_map(|(path, slot)| Some((path.clone(), slot.newest()?)));
+            .filter(|(path, _)| dirs.iter().any(|dir| Path::new(path).starts_with(dir)))
+            .filter_map(|(path, slot)| Some((PathBuf::from(path), slot.newest()?)));
         StatCache::from_entries(under)
     }
 
@@ -403,14 +409,14 @@ impl StatCache {
         self.slots
             .iter()
             .filter(|(_, slot)| slot.saved.is_some() && !slot.touched && slot.updated.is_none())
-            .map(|(path, _)| path.clone())
+            .map(|(path, _)| PathBuf::from(path))
             .collect()
     }
 
     /// The entry `path`'s digest rests on (as last hashed, or found
     /// unchanged), without looking at the file.
     pub fn entry(&self, path: &Path) -> Option<StatEntry> {
-        self.slots.get(path).and_then(Slot::newest)
+        self.slots.get(path.as_os_str()).and_then(Slot::newest)
     }
 
     /// The digest of `path` as this cache can vouch for it without reading
@@ -423,7 +429,7 @@ impl StatCache {
         let meta = std::fs::metadata(path).ok()?;
         let entry_of = |abs: &Path, meta: &Metadata| {
             self.slots
-                .get(abs)
+                .get(abs.as_os_str())
                 .and_then(Slot::newest)
                 .filter(|entry| entry.matches(meta))
         };

@@ -13,9 +13,9 @@ impl Ledger {
             .map_err(|e| self.db(e))?;
         let rows = stmt
             .query_map([], |row| {
-                let digest: Vec<u8> = row.get(6)?;
                 // A malformed row is a miss, not an error: this is a cache.
-                let Ok(digest) = <[u8; 32]>::try_from(digest.as_slice()) else {
+                let digest = row.get_ref(6)?.as_blob().ok();
+                let Some(Ok(digest)) = digest.map(<[u8; 32]>::try_from) else {
                     return Ok(None);
                 };
                 let entry = StatEntry {
