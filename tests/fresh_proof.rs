@@ -181,7 +181,9 @@ fn every_change_a_run_would_see_makes_it_decide_again() {
                 let object = p.path(&format!("cache/objects/{}/{}", &digest[..2], &digest[2..]));
                 std::fs::remove_file(object).unwrap();
             },
-            // (`tree` holds the same bytes: its stored copy is gone too.)
+            // (`tree` holds the same bytes: its stored copy is gone too,
+            // until `b`'s run stores them again; `c` may be decided either
+            // side of that, and runs or not — see below.)
             &["b", "c"],
         ),
     ];
@@ -194,7 +196,13 @@ fn every_change_a_run_would_see_makes_it_decide_again() {
             "{what}: the proof answered\n{}",
             decided.stderr
         );
-        assert_eq!(decided.stages, *must_run, "{what}\n{}", decided.stderr);
+        let ran = &decided.stages;
+        if *what == "a stored object removed" && ran == &["b"] {
+            // `c` was decided after `b` had stored the bytes again: its own
+            // stored copy was complete by then.
+        } else {
+            assert_eq!(ran, must_run, "{what}\n{}", decided.stderr);
+        }
         // A proof read and found wrong hands its workspace on: the history
         // is read beside the manifest, and decides as well.
         if decided.stderr.contains("the fresh proof does not hold") {

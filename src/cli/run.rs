@@ -313,9 +313,10 @@ impl EarlyHistory {
             && self.pipeline == PipelineId::of(manifest)
             && self.lock_path == manifest.lock_path();
         // (Read here while the threads read the rest.)
-        let kept_plans = match fits {
-            true => kept_plans::decode(&self.plans).unwrap_or_default(),
-            false => Vec::new(),
+        let kept_plans = if fits {
+            kept_plans::decode(&self.plans).unwrap_or_default()
+        } else {
+            Vec::new()
         };
         let read = self.reading.take().map(join);
         let outcomes = self.reading_outcomes.take().map(join).unwrap_or_default();
