@@ -31,8 +31,9 @@ pub struct Held {
     pub root: PathBuf,
     /// The manifest's lock file, as the proof's manifest path names it.
     pub lock_path: PathBuf,
-    /// The item plans the proof kept, encoded.
-    pub plans: Vec<u8>,
+    /// The key of the proof, when it was checked and failed: what the
+    /// item plans kept beside it are kept under.
+    pub key: Option<[u8; 32]>,
 }
 
 /// Answers `cairn run` from the proof the last run kept, if it holds.
@@ -82,20 +83,19 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     let Some(mut proof) = Proof::decode(&body).filter(|proof| proof.root == root) else {
         return Ok(Asked::Decide(None));
     };
-    let held = |lock, ledger, plans| {
+    let held = |lock, ledger, key| {
         Box::new(Held {
             lock,
             ledger,
             root: root.clone(),
             lock_path: lock_path_of(&path),
-            plans,
+            key,
         })
     };
     match proof.check() {
         Checked::Fails(why) => {
             tracing::debug!("the fresh proof does not hold: {why}");
-            let plans = ledger.kept_plans(&key).ok().flatten().unwrap_or_default();
-            return Ok(Asked::Decide(Some(held(lock, ledger, plans))));
+            return Ok(Asked::Decide(Some(held(lock, ledger, Some(key)))));
         }
         Checked::Holds { renewed } => {
             tracing::debug!(
@@ -115,7 +115,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     // A run that died is for the usual way to close (and its processes
     // to be found).
     if !matches!(ledger.has_open_runs(), Ok(false)) {
-        return Ok(Asked::Decide(Some(held(lock, ledger, Vec::new()))));
+        return Ok(Asked::Decide(Some(held(lock, ledger, None))));
     }
     if std::env::var_os(CHECK_VAR).is_some() {
         check_the_slow_way(global)?;

@@ -259,18 +259,30 @@ impl EarlyHistory {
             ledger,
             root,
             lock_path,
-            plans,
+            key,
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());
+        // The kept plans and their outcomes are read through a connection of
+        // their own, the history starting first.
+        let reader = key.and_then(|_| ledger.second_reader().ok());
+        let reading = std::thread::Builder::new()
+            .name("cairn-history".to_owned())
+            .spawn(move || History::read(&path, &name, Some(ledger)))
+            .ok()?;
+        let plans = match (&reader, key) {
+            (Some(reader), Some(key)) => reader.kept_plans(&key).ok().flatten(),
+            _ => None,
+        };
+        let plans = plans.unwrap_or_default();
         let kept_lists = kept_plans::lists(&plans).unwrap_or_default();
         // (What cannot be read ahead is read when the stage is planned.)
         let wanted: Vec<(String, Digest)> = kept_lists
             .iter()
             .map(|plan| (plan.stage.clone(), plan.code))
             .collect();
-        let reading_outcomes = match ledger.second_reader() {
-            Ok(reader) if !wanted.is_empty() => std::thread::Builder::new()
+        let reading_outcomes = match reader {
+            Some(reader) if !wanted.is_empty() => std::thread::Builder::new()
                 .name("cairn-outcomes".to_owned())
                 .spawn(move || {
                     wanted
@@ -284,10 +296,6 @@ impl EarlyHistory {
                 .ok(),
             _ => None,
         };
-        let reading = std::thread::Builder::new()
-            .name("cairn-history".to_owned())
-            .spawn(move || History::read(&path, &name, Some(ledger)))
-            .ok()?;
         Some(Self {
             root,
             pipeline,
