@@ -1,6 +1,5 @@
 //! `cairn run`.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::args::{Global, RunArgs};
@@ -10,11 +9,11 @@ use super::locked;
 use super::progress::HumanReporter;
 use super::run_events::JsonReporter;
 use super::workspace;
-use crate::fingerprint::Digest;
 use crate::manifest::Manifest;
-use crate::schedule::kept_plans::{self, KeptPlan};
+use crate::schedule::fresh_proof;
+use crate::schedule::kept_plans::{self, KeptPlan, ReadAhead};
 use crate::schedule::{self, Context, History, RunOptions, ScheduleError, State};
-use crate::store::{ItemOutcomes, Ledger, PipelineId, WhenLocked, WorkspaceLock};
+use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // With the workspace held for a proof that failed, its history is read
@@ -31,7 +30,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     }
     let kept_lists = early
         .as_ref()
-        .map_or(&[][..], |early| &early.kept_lists[..]);
+        .map_or(&[][..], |early| early.kept_lists(&loaded.manifest));
     schedule::check_item_lists(&loaded.manifest, &selected, kept_lists)?;
 
     if args.dry_run {
@@ -228,27 +227,21 @@ fn hold(manifest: &Manifest, no_wait: bool) -> Result<WorkspaceLock, CliError> {
 }
 
 /// A workspace's history read on a thread of its own (see [`History`]),
-/// for the pipeline and lock file of a proof that failed. The thread reads
-/// under the workspace's lock: the lock is let go only after it is done.
+/// for the pipeline and lock file of a proof that failed, with the item
+/// plans kept beside that proof. The thread reads under the workspace's
+/// lock: the lock is let go only after it is done.
 struct EarlyHistory {
-    /// What it was read for: a project root, a pipeline, a lock file.
+    /// What it was read for: a project root, a pipeline, a lock file, and
+    /// the manifest's key (its bytes, path, profile: see
+    /// [`fresh_proof::key`]).
     root: PathBuf,
     pipeline: PipelineId,
     lock_path: PathBuf,
+    key: Option<[u8; 32]>,
     reading: Option<std::thread::JoinHandle<Result<History, ScheduleError>>>,
-    /// The outcomes of the stages with a kept plan, read on a thread (and
-    /// a connection) of their own.
-    reading_outcomes: Option<std::thread::JoinHandle<OutcomesRead>>,
+    kept: Option<ReadAhead>,
     lock: Option<WorkspaceLock>,
-    /// The item lists the kept plans saw, their items not yet read...
-    kept_lists: Vec<KeptPlan>,
-    /// ...from these plans, read once the manifest is.
-    plans: Vec<u8>,
 }
-
-/// Outcomes of stages' items read ahead, by stage, under the stage code
-/// they were read for.
-type OutcomesRead = HashMap<String, (Digest, ItemOutcomes)>;
 
 impl EarlyHistory {
     /// `None` (the workspace let go, for the usual way to take) if no
@@ -263,49 +256,45 @@ impl EarlyHistory {
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());
-        // The kept plans and their outcomes are read through a connection of
-        // their own, the history starting first.
-        let reader = key.and_then(|_| ledger.second_reader().ok());
+        // The kept plans and their outcomes are read through a connection
+        // of their own, the history starting first.
+        let reader = key.and_then(|_| ledger.another_connection().ok());
         let reading = std::thread::Builder::new()
             .name("cairn-history".to_owned())
             .spawn(move || History::read(&path, &name, Some(ledger)))
             .ok()?;
-        let plans = match (&reader, key) {
-            (Some(reader), Some(key)) => reader.kept_plans(&key).ok().flatten(),
-            _ => None,
-        };
-        let plans = plans.unwrap_or_default();
-        let kept_lists = kept_plans::lists(&plans).unwrap_or_default();
-        // (What cannot be read ahead is read when the stage is planned.)
-        let wanted: Vec<(String, Digest)> = kept_lists
-            .iter()
-            .map(|plan| (plan.stage.clone(), plan.code))
-            .collect();
-        let reading_outcomes = match reader {
-            Some(reader) if !wanted.is_empty() => std::thread::Builder::new()
-                .name("cairn-outcomes".to_owned())
-                .spawn(move || {
-                    wanted
-                        .into_iter()
-                        .filter_map(|(stage, code)| {
-                            let outcomes = reader.item_outcomes(&stage, &code).ok()?;
-                            Some((stage, (code, outcomes)))
-                        })
-                        .collect()
-                })
-                .ok(),
-            _ => None,
-        };
+        let kept = reader
+            .zip(key)
+            .map(|(reader, key)| ReadAhead::start(reader, &key));
         Some(Self {
             root,
             pipeline,
             lock_path,
+            key,
             reading: Some(reading),
-            reading_outcomes,
+            kept,
             lock: Some(lock),
-            kept_lists,
-            plans,
         })
+    }
+
+    /// The item lists the kept plans saw, if they were kept for `manifest`
+    /// as it was parsed (it may have been edited since the proof's check).
+    fn kept_lists(&self, manifest: &Manifest) -> &[KeptPlan] {
+        match &self.kept {
+            Some(kept) if self.kept_for(manifest) => &kept.lists,
+            _ => &[],
+        }
+    }
+
+    /// Whether the proof the plans were kept beside was kept for
+    /// `manifest`, byte for byte.
+    fn kept_for(&self, manifest: &Manifest) -> bool {
+        let key = fresh_proof::key(
+            &manifest.path,
+            manifest.source.as_bytes(),
+            manifest.profile.as_deref(),
+        );
+        key.is_some() && key == self.key
     }
 
     /// The lock, and the history if it was read for `manifest`'s root,
@@ -320,14 +309,20 @@ impl EarlyHistory {
         let fits = self.root == manifest.root
             && self.pipeline == PipelineId::of(manifest)
             && self.lock_path == manifest.lock_path();
-        // (Read here while the threads read the rest.)
-        let kept_plans = if fits {
-            kept_plans::decode(&self.plans).unwrap_or_default()
-        } else {
-            Vec::new()
+        // (Decoded here while the threads read the rest.)
+        let kept_for = fits && self.kept_for(manifest);
+        let (kept_plans, outcomes) = match self.kept.take() {
+            Some(mut kept) if kept_for => (
+                kept_plans::decode(&kept.plans).unwrap_or_default(),
+                kept.outcomes(),
+            ),
+            Some(mut kept) => {
+                kept.outcomes();
+                Default::default()
+            }
+            None => Default::default(),
         };
         let read = self.reading.take().map(join);
-        let outcomes = self.reading_outcomes.take().map(join).unwrap_or_default();
         let read =
             read.map(|read| read.map(|history| history.with_kept_plans(kept_plans, outcomes)));
         (self.lock.take(), read.filter(|_| fits))
@@ -348,8 +343,8 @@ impl Drop for EarlyHistory {
         if let Some(reading) = self.reading.take() {
             let _ = reading.join();
         }
-        if let Some(reading) = self.reading_outcomes.take() {
-            let _ = reading.join();
+        if let Some(mut kept) = self.kept.take() {
+            kept.outcomes();
         }
     }
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::ScheduleError;
 use super::item_fields::FieldCheck;
 use super::items::{Fields, Item, PlannedItem, fill, fill_fields, for_each_item, load_items};
-use super::kept_plans::{KeptItem, KeptPlan};
+use super::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::fingerprint::{
     Change, Component, Digest, DigestMap, EntryKind, StageKey, StatCache, TreeEntry,
@@ -182,7 +182,7 @@ pub struct Context<'m> {
     pub planned_from_kept: std::collections::HashSet<usize>,
     /// The outcomes of stages with a kept plan, read ahead while the
     /// manifest was parsed, by stage, under the code they were read for.
-    outcomes_read: HashMap<String, (Digest, ItemOutcomes)>,
+    outcomes_read: OutcomesRead,
     /// This checkout's own id, read (or made) by the first job named.
     pub workspace_id: std::sync::OnceLock<String>,
 }
@@ -200,7 +200,7 @@ pub struct History {
     lock: Option<LockFile>,
     lock_problem: Option<StoreError>,
     kept_plans: Vec<KeptPlan>,
-    outcomes_read: HashMap<String, (Digest, ItemOutcomes)>,
+    outcomes_read: OutcomesRead,
 }
 
 impl History {
@@ -251,11 +251,7 @@ impl History {
     /// With the item plans a failed proof kept, and the outcomes of their
     /// stages' items read ahead, by stage (under the code they were read
     /// for).
-    pub fn with_kept_plans(
-        self,
-        kept_plans: Vec<KeptPlan>,
-        outcomes_read: HashMap<String, (Digest, ItemOutcomes)>,
-    ) -> Self {
+    pub fn with_kept_plans(self, kept_plans: Vec<KeptPlan>, outcomes_read: OutcomesRead) -> Self {
         Self {
             kept_plans,
             outcomes_read,
@@ -617,6 +613,8 @@ impl<'m> Context<'m> {
 
     /// The items of per-item stage `i`, each with its fingerprint: from the
     /// plan the last proof kept when it still holds, else from the list.
+    /// Run while the ledger is away reading outcomes (`self.ledger` is
+    /// `None`): nothing here reads it.
     fn fingerprint_items(
         &mut self,
         i: usize,
@@ -687,7 +685,9 @@ impl<'m> Context<'m> {
     /// The items of per-item stage `i`, each with its fingerprint. The list
     /// is read as a stream: each item is checked and its placeholders
     /// filled while its parsed value is at hand, and only its canonical
-    /// text is kept; what the items read is read a block at a time.
+    /// text is kept; what the items read is read a block at a time (so a
+    /// problem listing a block is reported before one reading what an
+    /// earlier item of the block reads).
     fn list_items(
         &mut self,
         i: usize,
@@ -967,13 +967,6 @@ impl<'m> Context<'m> {
         }
     }
 
-    /// The digest `path` has once the upstream outputs known to this
-    /// session are in place: an output itself, or a file or directory
-    /// inside an output directory, read from the stored tree listing. So a
-    /// stage reading inside an output that a fresh upstream stage will
-    /// restore is judged by the restored bytes, not the workspace copy the
-    /// restore replaces. `None`: no known output holds it (read the
-    /// workspace).
     /// What each listed item of `stage` reads, by digest: a path an
     /// upstream stage wrote by the digest it recorded, any other as the
     /// stat cache vouches for it, all of those `stat`ed first, side by side.
@@ -1012,9 +1005,7 @@ impl<'m> Context<'m> {
                     Read::Upstream(digest) => digest,
                     Read::Stat(n) => {
                         let abs = &to_stat[n];
-                        let stat = stats[n]
-                            .take()
-                            .unwrap_or_else(|| Err(std::io::ErrorKind::NotFound.into()));
+                        let stat = stats[n].take().expect("each path is stat'ed for one read");
                         stat.and_then(|meta| self.stat.content_as_stated(abs, &meta, seen_ns))
                             .map_err(|source| ScheduleError::Input {
                                 stage: format!("{stage} (item `{}`)", item.key),
@@ -1031,6 +1022,13 @@ impl<'m> Context<'m> {
         Ok(out)
     }
 
+    /// The digest `path` has once the upstream outputs known to this
+    /// session are in place: an output itself, or a file or directory
+    /// inside an output directory, read from the stored tree listing. So a
+    /// stage reading inside an output that a fresh upstream stage will
+    /// restore is judged by the restored bytes, not the workspace copy the
+    /// restore replaces. `None`: no known output holds it (read the
+    /// workspace).
     fn upstream_digest(&mut self, path: &str) -> Option<Digest> {
         if let Some(digest) = self.produced.get(path) {
             return Some(*digest);

@@ -584,10 +584,6 @@ fn items_read(
             stage.name
         ));
     };
-    let (plan, reads) = match (ctx.item_plans.get(&i), ctx.item_reads.get(&i)) {
-        (None, None) => return Err(format!("`{}`'s items were not planned", stage.name)),
-        found => found,
-    };
     let list = foreach.items.resolve(root);
     let now = std::fs::metadata(&list).map_err(|e| format!("{}: {e}", list.display()))?;
     let digest =
@@ -613,7 +609,7 @@ fn items_read(
         }
         Ok::<_, String>(())
     };
-    let items: Vec<KeptItem> = match (plan, reads) {
+    let items: Vec<KeptItem> = match (ctx.item_plans.get(&i), ctx.item_reads.get(&i)) {
         (Some(plan), _) => {
             vouch_all(
                 &mut plan
@@ -638,7 +634,7 @@ fn items_read(
                 Vec::new()
             }
         }
-        (None, None) => Vec::new(),
+        (None, None) => return Err(format!("`{}`'s items were not planned", stage.name)),
     };
     // A sampled stage's units are not kept: they are drawn as planned.
     let kept = match (

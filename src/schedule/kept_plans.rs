@@ -16,12 +16,15 @@
 //! planned from a kept plan is also planned the usual way, and a
 //! difference is an error.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use super::fresh_proof::{Decoder, Encoder};
 use super::items::{Item, PlannedItem};
 use crate::fingerprint::{Digest, StatEntry};
+use crate::store::{ItemOutcomes, Ledger};
 
 /// One per-item stage's plan as a proof keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,11 +76,80 @@ impl KeptPlan {
     /// unchanged since (and not written within a tick of being vouched
     /// for). With the list's stat now, for the proof the run may make.
     pub fn still_holds(&self, code: &Digest, list: &Path) -> Option<std::fs::Metadata> {
-        if self.code != *code || self.list != list || self.list_entry.racy() {
+        if self.code != *code {
+            return None;
+        }
+        self.list_as_seen(list)
+    }
+
+    /// `list`'s stat now, if it is this plan's list as the plan saw it
+    /// (and was not written within a tick of being seen).
+    fn list_as_seen(&self, list: &Path) -> Option<std::fs::Metadata> {
+        if self.list != list || self.list_entry.racy() {
             return None;
         }
         let now = std::fs::metadata(list).ok()?;
         self.list_entry.matches(&now).then_some(now)
+    }
+}
+
+/// Outcomes of stages' items read ahead, by stage, under the stage code
+/// they were read for.
+pub type OutcomesRead = HashMap<String, (Digest, ItemOutcomes)>;
+
+/// The plans kept under a key, and the outcomes of their stages being read
+/// meanwhile.
+pub struct ReadAhead {
+    /// The plans, encoded (decoded once the manifest is parsed)...
+    pub plans: Vec<u8>,
+    /// ...and their item lists, their items left unread.
+    pub lists: Vec<KeptPlan>,
+    /// The outcomes of each plan's stage under the plan's code, read on a
+    /// thread of its own (`None`: no plan, or no thread).
+    pub outcomes: Option<JoinHandle<OutcomesRead>>,
+}
+
+impl ReadAhead {
+    /// The plans kept under `key`, read through `reader`, which then reads
+    /// their stages' outcomes on a thread of its own.
+    pub fn start(reader: Ledger, key: &[u8]) -> Self {
+        let plans = reader.kept_plans(key).ok().flatten().unwrap_or_default();
+        let lists = self::lists(&plans).unwrap_or_default();
+        let wanted: Vec<(String, Digest)> = lists
+            .iter()
+            .map(|plan| (plan.stage.clone(), plan.code))
+            .collect();
+        // (What is not read ahead is read when the stage is planned.)
+        let outcomes = (!wanted.is_empty())
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("cairn-outcomes".to_owned())
+                    .spawn(move || {
+                        wanted
+                            .into_iter()
+                            .filter_map(|(stage, code)| {
+                                let outcomes = reader.item_outcomes(&stage, &code).ok()?;
+                                Some((stage, (code, outcomes)))
+                            })
+                            .collect()
+                    })
+                    .ok()
+            })
+            .flatten();
+        Self {
+            plans,
+            lists,
+            outcomes,
+        }
+    }
+
+    /// The outcomes read ahead (none if their thread failed: they are read
+    /// when the stages are planned).
+    pub fn outcomes(&mut self) -> OutcomesRead {
+        self.outcomes
+            .take()
+            .and_then(|thread| thread.join().ok())
+            .unwrap_or_default()
     }
 }
 
@@ -159,11 +231,8 @@ fn read_plans(
 /// manifest), it need not be checked again.
 pub fn list_unchanged(kept: &[KeptPlan], stage: &str, list: &Path) -> bool {
     kept.iter()
-        .find(|plan| plan.stage == stage && plan.list == list)
-        .is_some_and(|plan| {
-            !plan.list_entry.racy()
-                && std::fs::metadata(list).is_ok_and(|now| plan.list_entry.matches(&now))
-        })
+        .find(|plan| plan.stage == stage)
+        .is_some_and(|plan| plan.list_as_seen(list).is_some())
 }
 
 /// Where a stage planned from a kept plan differs from the same stage

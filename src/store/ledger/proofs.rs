@@ -52,24 +52,6 @@ impl Ledger {
         }))
     }
 
-    /// Another connection to this ledger, for the same pipeline, to read
-    /// beside this one from another thread. Nothing is created, migrated
-    /// or claimed: this one found the ledger current.
-    pub fn second_reader(&self) -> Result<Self, StoreError> {
-        let conn = Connection::open(&self.path).map_err(|e| self.db(e))?;
-        conn.set_db_config(
-            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-            true,
-        )
-        .map_err(|e| self.db(e))?;
-        configure(&conn).map_err(|e| self.db(e))?;
-        Ok(Self {
-            conn,
-            path: self.path.clone(),
-            pipeline: self.pipeline.clone(),
-        })
-    }
-
     /// Keeps `body` as this pipeline's proof under `key`, in place of any
     /// it had, and `plans` (when given) as its item plans. Written after
     /// everything else the run wrote: a write to a voiding table after it
