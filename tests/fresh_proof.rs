@@ -351,8 +351,8 @@ run = "echo {item.id} >> log.txt"
 outputs = { results = "state/results.jsonl" }
 "#;
 
-#[test]
-fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
+/// Two items, `one` and `two`, each reading a file of its own.
+fn items_project() -> Project {
     let p = Project::new();
     p.file("cairn.toml", ITEMS)
         .file(
@@ -361,6 +361,12 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
         )
         .file("in/1.txt", "1\n")
         .file("in/2.txt", "2\n");
+    p
+}
+
+#[test]
+fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
+    let p = items_project();
     assert_eq!(run(&p, &[]).stages.len(), 2);
     settle(&p);
 
@@ -411,14 +417,7 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
 
 #[test]
 fn an_item_plan_the_list_disagrees_with_is_an_internal_error_under_the_check() {
-    let p = Project::new();
-    p.file("cairn.toml", ITEMS)
-        .file(
-            "items.jsonl",
-            "{\"id\": \"one\", \"src\": \"in/1.txt\"}\n{\"id\": \"two\", \"src\": \"in/2.txt\"}\n",
-        )
-        .file("in/1.txt", "1\n")
-        .file("in/2.txt", "2\n");
+    let p = items_project();
     run(&p, &[]);
     settle(&p);
     // The kept plan rewritten (as no cairn does) to say that item `two`
