@@ -240,6 +240,8 @@ struct EarlyHistory {
     key: Option<[u8; 32]>,
     reading: Option<std::thread::JoinHandle<Result<History, ScheduleError>>>,
     kept: Option<ReadAhead>,
+    /// Whether the plans were kept for the manifest as parsed (asked once).
+    kept_for: std::cell::OnceCell<bool>,
     lock: Option<WorkspaceLock>,
 }
 
@@ -273,6 +275,7 @@ impl EarlyHistory {
             key,
             reading: Some(reading),
             kept,
+            kept_for: std::cell::OnceCell::new(),
             lock: Some(lock),
         })
     }
@@ -289,12 +292,14 @@ impl EarlyHistory {
     /// Whether the proof the plans were kept beside was kept for
     /// `manifest`, byte for byte.
     fn kept_for(&self, manifest: &Manifest) -> bool {
-        let key = fresh_proof::key(
-            &manifest.path,
-            manifest.source.as_bytes(),
-            manifest.profile.as_deref(),
-        );
-        key.is_some() && key == self.key
+        *self.kept_for.get_or_init(|| {
+            let key = fresh_proof::key(
+                &manifest.path,
+                manifest.source.as_bytes(),
+                manifest.profile.as_deref(),
+            );
+            key.is_some() && key == self.key
+        })
     }
 
     /// The lock, and the history if it was read for `manifest`'s root,

@@ -523,31 +523,33 @@ impl<'m> Context<'m> {
             let listed = self.fingerprint_items(i, template, &cancelled, &draws)?;
             return self.with_outcomes(i, listed, outcomes);
         }
-        let read_outcomes = |ledger: &Ledger| ledger.item_outcomes(&stage.name, template);
-        // (Held where either thread can take it: this one reads the
-        // outcomes itself if no thread can be started.)
-        let ledger = std::sync::Mutex::new(self.ledger.take());
+        // Read through a connection of their own, on a thread of their own,
+        // while the list is read (here, if no thread can be started).
+        let reader = self
+            .ledger
+            .as_ref()
+            .and_then(|ledger| ledger.another_connection().ok());
+        let stage_name = &stage.name;
         let (listed, outcomes) = std::thread::scope(|scope| {
-            let reading = std::thread::Builder::new()
-                .name("cairn-outcomes".to_owned())
-                .spawn_scoped(scope, || {
-                    let ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
-                    ledger.as_ref().map(read_outcomes)
-                });
+            let reading = reader.map(|reader| {
+                std::thread::Builder::new()
+                    .name("cairn-outcomes".to_owned())
+                    .spawn_scoped(scope, move || reader.item_outcomes(stage_name, template))
+            });
             let listed = self.fingerprint_items(i, template, &cancelled, &draws);
             let outcomes = match reading {
-                Ok(thread) => thread
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(_) => ledger
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                Some(Ok(thread)) => Some(
+                    thread
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                ),
+                _ => self
+                    .ledger
                     .as_ref()
-                    .map(read_outcomes),
+                    .map(|ledger| ledger.item_outcomes(stage_name, template)),
             };
             (listed, outcomes)
         });
-        self.ledger = ledger.into_inner().unwrap_or_else(|e| e.into_inner());
         let outcomes = outcomes.transpose()?.unwrap_or_default();
         self.with_outcomes(i, listed?, outcomes)
     }
@@ -613,8 +615,6 @@ impl<'m> Context<'m> {
 
     /// The items of per-item stage `i`, each with its fingerprint: from the
     /// plan the last proof kept when it still holds, else from the list.
-    /// Run while the ledger is away reading outcomes (`self.ledger` is
-    /// `None`): nothing here reads it.
     fn fingerprint_items(
         &mut self,
         i: usize,
