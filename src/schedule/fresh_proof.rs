@@ -136,6 +136,15 @@ enum Watched {
     },
 }
 
+impl Watched {
+    fn path(&self) -> &Path {
+        match self {
+            Watched::File(path, _) | Watched::Dir(path, _) => path,
+            Watched::Place { path, .. } | Watched::Object { path, .. } => path,
+        }
+    }
+}
+
 /// What a run that left every stage valid saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proof {
@@ -203,18 +212,7 @@ impl Proof {
                     .map(|(item, _)| item.paths.len()),
             )
             .sum();
-        let mut watched: PathMap<Watched> =
-            PathMap::with_capacity_and_hasher(reads + 16, Default::default());
-        let mut places: PathMap<Watched> = PathMap::default();
-        let mut watch = |path: &Path, vouched: Vouched, watched: &mut PathMap<_>| {
-            for (file, entry) in vouched.files {
-                watched.insert(file.clone(), Watched::File(file, entry));
-            }
-            for (dir, stat) in vouched.dirs {
-                watched.insert(dir.clone(), Watched::Dir(dir, stat));
-            }
-            place(root, path, &mut places)
-        };
+        let mut watching = Watching::new(root, reads + 16);
         let mut stages = Vec::with_capacity(order.len());
         // The item plans are kept anew unless every stage that can have one
         // was planned from the one kept.
@@ -241,14 +239,10 @@ impl Proof {
                 .get(&i)
                 .ok_or_else(|| format!("`{}` was not fingerprinted", stage.name))?;
             for (input, expected) in stage.inputs.iter().zip(inputs) {
-                let abs = input.path.resolve(root);
-                let vouched = vouch(ctx, &abs, expected)?;
-                watch(&abs, vouched, &mut watched)?;
+                watching.read(ctx, input.path.resolve(root), expected)?;
             }
             for output in outputs {
-                let abs = root.join(&output.path);
-                let vouched = vouch(ctx, &abs, &output.digest)?;
-                watch(&abs, vouched, &mut watched)?;
+                watching.read(ctx, root.join(&output.path), &output.digest)?;
                 if output.kind == OutputKind::Dir {
                     // The listing is read and checked against its digest
                     // when the stage is decided: watched as a file, so an
@@ -260,7 +254,7 @@ impl Proof {
                     let bytes = std::fs::read(&listing)
                         .map_err(|e| format!("{}: {e}", listing.display()))?;
                     let entry = StatEntry::new(&meta, Digest::of(&bytes), seen_ns);
-                    watched.insert(listing.clone(), Watched::File(listing, entry));
+                    watching.watched.push(Watched::File(listing, entry));
                 }
                 for (path, size) in stored_objects(ctx, output)? {
                     let meta =
@@ -268,21 +262,16 @@ impl Proof {
                     if meta.len() != size {
                         return Err(format!("{} is not {size} bytes", path.display()));
                     }
-                    let object = Watched::Object {
-                        path: path.clone(),
+                    watching.watched.push(Watched::Object {
+                        path,
                         dev: meta.dev(),
                         ino: meta.ino(),
                         size,
-                    };
-                    watched.insert(path, object);
+                    });
                 }
             }
             if let Some(foreach) = &stage.foreach {
-                let ItemsRead { read, kept } = items_read(ctx, i, foreach, keep_plans)?;
-                for (path, vouched) in read {
-                    watch(&path, vouched, &mut watched)?;
-                }
-                plans.extend(kept);
+                plans.extend(items_read(ctx, i, foreach, keep_plans, &mut watching)?);
             }
             stages.push((stage.name.clone(), stage.executor_name()));
         }
@@ -296,20 +285,12 @@ impl Proof {
             return Err("the lock file is not what this run would write".to_owned());
         }
         let entry = StatEntry::new(&after, Digest::of(&text), seen_ns);
-        watched.insert(lock_path.clone(), Watched::File(lock_path, entry));
-        // A directory watched for its listing keeps that check (a Place
-        // checks only that it is the same directory).
-        for (path, place) in places {
-            watched.entry(path).or_insert(place);
-        }
-        // Sorted by their bytes: the same run makes the same proof.
-        let mut watched: Vec<(PathBuf, Watched)> = watched.into_iter().collect();
-        watched.sort_unstable_by(|(a, _), (b, _)| a.as_os_str().cmp(b.as_os_str()));
+        watching.watched.push(Watched::File(lock_path, entry));
         let proof = Proof {
             root: root.clone(),
             stages,
             env: ctx.env_read.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            watched: watched.into_iter().map(|(_, watched)| watched).collect(),
+            watched: watching.finish(),
         };
         Ok((proof, keep_plans.then_some(plans)))
     }
@@ -572,7 +553,8 @@ fn items_read(
     i: usize,
     foreach: &Foreach,
     keep_plan: bool,
-) -> Result<ItemsRead, String> {
+    watching: &mut Watching<'_>,
+) -> Result<Option<KeptPlan>, String> {
     let stage = &ctx.manifest.stages[i];
     let root = &ctx.manifest.root;
     if !super::item_outputs::ItemOutputs::of(stage, root).is_empty() {
@@ -592,20 +574,12 @@ fn items_read(
     if !entry.matches(&now) || entry.racy() {
         return Err(format!("{} changed as it was read", list.display()));
     }
-    let mut read = vec![(
-        list.clone(),
-        Vouched {
-            digest,
-            files: vec![(list.clone(), entry)],
-            dirs: Vec::new(),
-        },
-    )];
+    watching.place(&list)?;
+    watching.watched.push(Watched::File(list.clone(), entry));
     // (`\0image`, `\0sample`: no path; in the fingerprint, not on disk.)
     let mut vouch_all = |paths_read: &mut dyn Iterator<Item = (&String, &Digest)>| {
         for (path, digest) in paths_read.filter(|(path, _)| !path.starts_with('\0')) {
-            let abs = root.join(path);
-            let vouched = vouch(ctx, &abs, digest)?;
-            read.push((abs, vouched));
+            watching.read(ctx, root.join(path), digest)?;
         }
         Ok::<_, String>(())
     };
@@ -650,72 +624,111 @@ fn items_read(
         }),
         _ => None,
     };
-    Ok(ItemsRead { read, kept })
+    Ok(kept)
 }
 
-/// What a per-item stage's proof rests on, and its plan to keep.
-struct ItemsRead {
-    /// Each path read, vouched for.
-    read: Vec<(PathBuf, Vouched)>,
-    kept: Option<KeptPlan>,
+/// What a proof being made watches, gathered as the run's stages are gone
+/// through: each path once it is sorted (see [`Watching::finish`]).
+struct Watching<'r> {
+    root: &'r Path,
+    watched: Vec<Watched>,
+    /// The directories the paths read lie in, below the root.
+    places: PathMap<Watched>,
 }
 
-/// `path`'s digest as the stat cache vouches for it, which must be
-/// `expected` (what the run decided from or recorded).
-fn vouch(ctx: &Context<'_>, path: &Path, expected: &Digest) -> Result<Vouched, String> {
-    // A file this run hashed or found unchanged: the entry its digest rests
-    // on, as it was then. A change since shows in its stat when the proof
-    // is checked, so no `stat` is needed now.
-    if let Some(entry) = ctx
-        .stat
-        .entry(path)
-        .filter(|entry| entry.digest == *expected)
-    {
-        return Ok(Vouched {
-            digest: entry.digest,
-            files: vec![(path.to_owned(), entry)],
-            dirs: Vec::new(),
-        });
-    }
-    let vouched = ctx
-        .stat
-        .vouch(path)
-        .ok_or_else(|| format!("{} is not vouched for by the stat cache", path.display()))?;
-    if vouched.digest != *expected {
-        return Err(format!("{} changed during the run", path.display()));
-    }
-    Ok(vouched)
-}
-
-/// The directories `path` lies in below `root` (none for a path outside it).
-fn place(root: &Path, path: &Path, places: &mut PathMap<Watched>) -> Result<(), String> {
-    // A directory is placed with the ones it lies in.
-    if path.parent().is_some_and(|dir| places.contains_key(dir)) {
-        return Ok(());
-    }
-    let Ok(inside) = path.strip_prefix(root) else {
-        return Ok(());
-    };
-    let mut dir = root.to_path_buf();
-    let components: Vec<Component<'_>> = inside.components().collect();
-    for component in components.iter().take(components.len().saturating_sub(1)) {
-        dir.push(component);
-        if places.contains_key(&dir) {
-            continue;
+impl<'r> Watching<'r> {
+    fn new(root: &'r Path, capacity: usize) -> Self {
+        Self {
+            root,
+            watched: Vec::with_capacity(capacity),
+            places: PathMap::default(),
         }
-        let meta =
-            std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        if !meta.is_dir() {
-            return Err(format!("{} is not a directory", dir.display()));
+    }
+
+    /// `path`, which the run read (or wrote) as `expected`, with what the
+    /// stat cache vouches for it by and the directories it lies in.
+    fn read(&mut self, ctx: &Context<'_>, path: PathBuf, expected: &Digest) -> Result<(), String> {
+        self.place(&path)?;
+        // A file this run hashed or found unchanged: the entry its digest
+        // rests on, as it was then. A change since shows in its stat when
+        // the proof is checked, so no `stat` is needed now.
+        if let Some(entry) = ctx
+            .stat
+            .entry(&path)
+            .filter(|entry| entry.digest == *expected)
+        {
+            self.watched.push(Watched::File(path, entry));
+            return Ok(());
         }
-        let watched = Watched::Place {
-            path: dir.clone(),
-            dev: meta.dev(),
-            ino: meta.ino(),
+        let vouched = ctx
+            .stat
+            .vouch(&path)
+            .ok_or_else(|| format!("{} is not vouched for by the stat cache", path.display()))?;
+        if vouched.digest != *expected {
+            return Err(format!("{} changed during the run", path.display()));
+        }
+        let Vouched { files, dirs, .. } = vouched;
+        self.watched.extend(
+            files
+                .into_iter()
+                .map(|(file, entry)| Watched::File(file, entry)),
+        );
+        self.watched
+            .extend(dirs.into_iter().map(|(dir, stat)| Watched::Dir(dir, stat)));
+        Ok(())
+    }
+
+    /// The directories `path` lies in below the root (none for a path
+    /// outside it).
+    fn place(&mut self, path: &Path) -> Result<(), String> {
+        let places = &mut self.places;
+        // A directory is placed with the ones it lies in.
+        if path.parent().is_some_and(|dir| places.contains_key(dir)) {
+            return Ok(());
+        }
+        let Ok(inside) = path.strip_prefix(self.root) else {
+            return Ok(());
         };
-        places.insert(dir.clone(), watched);
+        let mut dir = self.root.to_path_buf();
+        let components: Vec<Component<'_>> = inside.components().collect();
+        for component in components.iter().take(components.len().saturating_sub(1)) {
+            dir.push(component);
+            if places.contains_key(&dir) {
+                continue;
+            }
+            let meta =
+                std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if !meta.is_dir() {
+                return Err(format!("{} is not a directory", dir.display()));
+            }
+            let watched = Watched::Place {
+                path: dir.clone(),
+                dev: meta.dev(),
+                ino: meta.ino(),
+            };
+            places.insert(dir.clone(), watched);
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Everything watched, sorted by path bytes (the same run makes the
+    /// same proof), each path once: a path read by several stages is
+    /// vouched for by the same entry each time, and a directory watched
+    /// for its listing keeps that check (a place checks only that it is
+    /// the same directory).
+    fn finish(self) -> Vec<Watched> {
+        let mut watched = self.watched;
+        watched.extend(self.places.into_values());
+        watched.sort_by(|a, b| {
+            let place = |w: &Watched| matches!(w, Watched::Place { .. });
+            a.path()
+                .as_os_str()
+                .cmp(b.path().as_os_str())
+                .then_with(|| place(a).cmp(&place(b)))
+        });
+        watched.dedup_by(|later, first| later.path() == first.path());
+        watched
+    }
 }
 
 /// The stored objects `output` needs, with their sizes (as the freshness
