@@ -52,7 +52,7 @@ use crate::store::{OutputKind, OutputRecord};
 pub const CHECK_VAR: &str = "CAIRN_CHECK_FRESH_PROOF";
 
 /// Bumped whenever the encoding or what a proof lists changes.
-const FORMAT: &[u8; 8] = b"cfproof2";
+const FORMAT: &[u8; 8] = b"cfproof3";
 
 /// What a proof is kept under: the digest of the manifest's bytes, the path
 /// it was given by and the working directory, the profile, and the cairn
@@ -120,7 +120,8 @@ pub fn root_hint(path: &Path, source: &str) -> Option<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Watched {
     /// A file the stages read or write (or the lock file), with the entry
-    /// its digest was vouched for by.
+    /// its digest was vouched for by. (A proof keeps the digest of a racy
+    /// entry only: no other is hashed when it is checked.)
     File(PathBuf, StatEntry),
     /// A directory whose listing entered a digest.
     Dir(PathBuf, DirStat),
@@ -444,42 +445,51 @@ impl Proof {
                 None => out.0.push(0),
             }
         }
+        // Compact, as most of a proof is thousands of files: each path
+        // after what it shares with the one before, numbers as varints,
+        // a file's times after its mtime, and its digest only while it is
+        // racy (the only time a check hashes it).
         out.u64(self.watched.len() as u64);
+        let mut before: &[u8] = &[];
         for watched in &self.watched {
+            let path = watched.path().as_os_str().as_encoded_bytes();
             match watched {
-                Watched::File(path, entry) => {
+                Watched::File(_, entry) => {
                     out.0.push(0);
-                    out.path(path);
-                    out.stat_entry(entry);
+                    out.path_after(before, path);
+                    out.var(entry.dev);
+                    out.var(entry.ino);
+                    out.var(entry.size);
+                    out.times(entry.mtime_ns, entry.ctime_ns, entry.seen_ns);
+                    if entry.racy() {
+                        out.0.push(1);
+                        out.0.extend_from_slice(entry.digest.as_bytes());
+                    } else {
+                        out.0.push(0);
+                    }
                 }
-                Watched::Dir(path, d) => {
+                Watched::Dir(_, d) => {
                     out.0.push(1);
-                    out.path(path);
-                    out.u64(d.dev);
-                    out.u64(d.ino);
-                    for n in [d.mtime_ns, d.ctime_ns, d.seen_ns] {
-                        out.u64(n as u64);
-                    }
+                    out.path_after(before, path);
+                    out.var(d.dev);
+                    out.var(d.ino);
+                    out.times(d.mtime_ns, d.ctime_ns, d.seen_ns);
                 }
-                Watched::Place { path, dev, ino } => {
+                Watched::Place { dev, ino, .. } => {
                     out.0.push(2);
-                    out.path(path);
-                    out.u64(*dev);
-                    out.u64(*ino);
+                    out.path_after(before, path);
+                    out.var(*dev);
+                    out.var(*ino);
                 }
-                Watched::Object {
-                    path,
-                    dev,
-                    ino,
-                    size,
-                } => {
+                Watched::Object { dev, ino, size, .. } => {
                     out.0.push(3);
-                    out.path(path);
-                    for n in [*dev, *ino, *size] {
-                        out.u64(n);
-                    }
+                    out.path_after(before, path);
+                    out.var(*dev);
+                    out.var(*ino);
+                    out.var(*size);
                 }
             }
+            before = path;
         }
         out.0
     }
@@ -503,14 +513,40 @@ impl Proof {
                 Some((name, digest))
             })
             .collect::<Option<Vec<_>>>()?;
+        let mut before = Vec::new();
         let watched = (0..d.count()?)
             .map(|_| {
-                Some(match d.byte()? {
-                    0 => Watched::File(d.path()?, d.stat_entry()?),
+                let kind = d.byte()?;
+                let path = d.path_after(&mut before)?;
+                Some(match kind {
+                    0 => {
+                        let (dev, ino, size) = (d.var()?, d.var()?, d.var()?);
+                        let (mtime_ns, ctime_ns, seen_ns) = d.times()?;
+                        let digest = match d.byte()? {
+                            0 => None,
+                            1 => Some(d.digest()?),
+                            _ => return None,
+                        };
+                        let entry = StatEntry {
+                            dev,
+                            ino,
+                            size,
+                            mtime_ns,
+                            ctime_ns,
+                            // (Not racy: never hashed again, so never read.)
+                            digest: digest
+                                .unwrap_or(Digest::from_hash(blake3::Hash::from_bytes([0; 32]))),
+                            seen_ns,
+                        };
+                        // A racy file is hashed when the proof is checked.
+                        if digest.is_none() && entry.racy() {
+                            return None;
+                        }
+                        Watched::File(path, entry)
+                    }
                     1 => {
-                        let path = d.path()?;
-                        let (dev, ino) = (d.u64()?, d.u64()?);
-                        let (mtime_ns, ctime_ns, seen_ns) = (d.i64()?, d.i64()?, d.i64()?);
+                        let (dev, ino) = (d.var()?, d.var()?);
+                        let (mtime_ns, ctime_ns, seen_ns) = d.times()?;
                         let stat = DirStat {
                             dev,
                             ino,
@@ -521,15 +557,15 @@ impl Proof {
                         Watched::Dir(path, stat)
                     }
                     2 => Watched::Place {
-                        path: d.path()?,
-                        dev: d.u64()?,
-                        ino: d.u64()?,
+                        path,
+                        dev: d.var()?,
+                        ino: d.var()?,
                     },
                     3 => Watched::Object {
-                        path: d.path()?,
-                        dev: d.u64()?,
-                        ino: d.u64()?,
-                        size: d.u64()?,
+                        path,
+                        dev: d.var()?,
+                        ino: d.var()?,
+                        size: d.var()?,
                     },
                     _ => return None,
                 })
@@ -776,6 +812,32 @@ impl Encoder {
         self.0.extend_from_slice(bytes);
     }
 
+    /// `n` in LEB128: seven bits a byte, low bits first.
+    fn var(&mut self, mut n: u64) {
+        while n >= 0x80 {
+            self.0.push(n as u8 | 0x80);
+            n >>= 7;
+        }
+        self.0.push(n as u8);
+    }
+
+    /// An mtime, then the ctime and the time seen as differences from it
+    /// (zigzag: small either way).
+    fn times(&mut self, mtime_ns: i64, ctime_ns: i64, seen_ns: i64) {
+        let zigzag = |n: i64| ((n << 1) ^ (n >> 63)) as u64;
+        self.var(zigzag(mtime_ns));
+        self.var(zigzag(ctime_ns.wrapping_sub(mtime_ns)));
+        self.var(zigzag(seen_ns.wrapping_sub(mtime_ns)));
+    }
+
+    /// `path` as the length it shares with `before`, then the rest.
+    fn path_after(&mut self, before: &[u8], path: &[u8]) {
+        let shared = before.iter().zip(path).take_while(|(a, b)| a == b).count();
+        self.var(shared as u64);
+        self.var((path.len() - shared) as u64);
+        self.0.extend_from_slice(&path[shared..]);
+    }
+
     pub(super) fn stat_entry(&mut self, entry: &StatEntry) {
         for n in [entry.dev, entry.ino, entry.size] {
             self.u64(n);
@@ -829,6 +891,40 @@ impl<'b> Decoder<'b> {
     pub(super) fn path(&mut self) -> Option<PathBuf> {
         use std::os::unix::ffi::OsStrExt;
         Some(PathBuf::from(std::ffi::OsStr::from_bytes(self.bytes()?)))
+    }
+
+    fn var(&mut self) -> Option<u64> {
+        let mut n = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.byte()?;
+            n |= u64::from(byte & 0x7f).checked_shl(shift)?;
+            if byte & 0x80 == 0 {
+                return Some(n);
+            }
+        }
+        None
+    }
+
+    fn times(&mut self) -> Option<(i64, i64, i64)> {
+        let unzigzag = |n: u64| ((n >> 1) as i64) ^ -((n & 1) as i64);
+        let mtime_ns = unzigzag(self.var()?);
+        let ctime_ns = mtime_ns.wrapping_add(unzigzag(self.var()?));
+        let seen_ns = mtime_ns.wrapping_add(unzigzag(self.var()?));
+        Some((mtime_ns, ctime_ns, seen_ns))
+    }
+
+    /// A path written by [`Encoder::path_after`] after `before`, which
+    /// becomes it.
+    fn path_after(&mut self, before: &mut Vec<u8>) -> Option<PathBuf> {
+        use std::os::unix::ffi::OsStrExt;
+        let shared = usize::try_from(self.var()?).ok()?;
+        let rest = usize::try_from(self.var()?).ok()?;
+        if shared > before.len() {
+            return None;
+        }
+        before.truncate(shared);
+        before.extend_from_slice(self.take(rest)?);
+        Some(PathBuf::from(std::ffi::OsStr::from_bytes(before)))
     }
 
     pub(super) fn digest(&mut self) -> Option<Digest> {
@@ -909,5 +1005,77 @@ mod tests {
         let mut other = bytes.clone();
         other[7] ^= 1;
         assert_eq!(Proof::decode(&other), None);
+    }
+
+    /// Paths after the ones before them, numbers as varints (times before
+    /// 1970 and the largest too), and a digest only for a racy file: what
+    /// the check reads comes back, and a file takes a few dozen bytes.
+    #[test]
+    fn a_proof_of_many_files_is_compact_and_decodes_to_what_a_check_reads() {
+        let second = 1_000_000_000;
+        let settled = |n: u64| StatEntry {
+            dev: 2049,
+            ino: 1_000_000 + n,
+            size: 20 + n % 7,
+            mtime_ns: 1_764_000_000 * second + n as i64,
+            ctime_ns: 1_764_000_000 * second + n as i64,
+            digest: Digest::of(&n.to_le_bytes()),
+            seen_ns: 1_764_000_100 * second,
+        };
+        let racy = StatEntry {
+            mtime_ns: -5 * second,
+            ctime_ns: i64::MAX,
+            seen_ns: i64::MIN,
+            dev: u64::MAX,
+            ..settled(0)
+        };
+        assert!(racy.racy() && !settled(1).racy());
+        let mut watched: Vec<Watched> = (0..10_000u64)
+            .map(|n| Watched::File(PathBuf::from(format!("/work/tree/in/{n}.txt")), settled(n)))
+            .collect();
+        watched.push(Watched::File(PathBuf::from("/work/tree/racy"), racy));
+        watched.push(Watched::Dir(
+            PathBuf::from("/work/tree/out"),
+            DirStat {
+                dev: 1,
+                ino: 2,
+                mtime_ns: -1,
+                ctime_ns: 3,
+                seen_ns: 4,
+            },
+        ));
+        watched.push(Watched::Object {
+            path: PathBuf::from("/work/cache/objects/ab"),
+            dev: 1,
+            ino: u64::MAX,
+            size: 0,
+        });
+        let proof = Proof {
+            root: PathBuf::from("/work/tree"),
+            stages: Vec::new(),
+            env: Vec::new(),
+            watched,
+        };
+        let bytes = proof.encode();
+        assert!(bytes.len() < 10_003 * 40, "{} bytes", bytes.len());
+        let decoded = Proof::decode(&bytes).unwrap();
+        let unread = Digest::from_hash(blake3::Hash::from_bytes([0; 32]));
+        let expected: Vec<Watched> = proof
+            .watched
+            .iter()
+            .cloned()
+            .map(|w| match w {
+                Watched::File(path, entry) if !entry.racy() => Watched::File(
+                    path,
+                    StatEntry {
+                        digest: unread,
+                        ..entry
+                    },
+                ),
+                other => other,
+            })
+            .collect();
+        assert_eq!(decoded.watched, expected);
+        assert_eq!(decoded.encode(), bytes);
     }
 }
