@@ -356,14 +356,14 @@ pub fn stat_side_by_side(paths: &[PathBuf]) -> Vec<io::Result<FileStat>> {
     })
 }
 
+/// The directory [`stat_in_dir`] last opened, if it could be.
+pub type OpenDir<'p> = Option<(&'p Path, Option<rustix::fd::OwnedFd>)>;
+
 /// The `stat` of `path` (following a symbolic link), taken by its name in
 /// its directory, which `dir` holds open (opened here when it holds
 /// another). A path with no name, or a directory that cannot be opened,
 /// is `stat`ed whole (its error is then the usual one).
-fn stat_in_dir<'p>(
-    path: &'p Path,
-    dir: &mut Option<(&'p Path, Option<rustix::fd::OwnedFd>)>,
-) -> io::Result<FileStat> {
+pub fn stat_in_dir<'p>(path: &'p Path, dir: &mut OpenDir<'p>) -> io::Result<FileStat> {
     use rustix::fs::{AtFlags, Mode, OFlags};
     let whole = |path: &Path| std::fs::metadata(path).map(|meta| FileStat::from(&meta));
     // (A trailing `/` asks for a directory: the whole path says so.)

@@ -41,7 +41,7 @@ use std::path::{Component, Path, PathBuf};
 use super::Context;
 use super::kept_plans::{KeptItem, KeptPlan};
 use crate::fingerprint::{
-    Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns,
+    Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns, stat_in_dir,
 };
 use crate::manifest::Foreach;
 use crate::store::{OutputKind, OutputRecord};
@@ -318,19 +318,22 @@ impl Proof {
         } else {
             HashMap::new()
         };
+        // (Files are `stat`ed by name in their directory: sorted, the
+        // files of a directory come in a row.)
+        let mut dir = None;
         for watched in &mut self.watched {
             let differs = |path: &Path| Checked::Fails(format!("{} changed", path.display()));
             match watched {
                 Watched::File(path, entry) => {
                     let seen_ns = now_ns();
-                    let Ok(meta) = std::fs::metadata(&*path) else {
+                    let Ok(stat) = stat_in_dir(path, &mut dir) else {
                         return differs(path);
                     };
-                    if !entry.matches(&meta) {
+                    if !entry.matches_stat(&stat) {
                         return differs(path);
                     }
                     if entry.racy() {
-                        match hash_file(path, meta.len(), false) {
+                        match hash_file(path, stat.size, false) {
                             Ok(digest) if digest == entry.digest => {
                                 entry.seen_ns = seen_ns;
                                 renewed = true;
