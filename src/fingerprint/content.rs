@@ -370,7 +370,9 @@ pub fn stat_in_dir<'p>(path: &'p Path, dir: &mut OpenDir<'p>) -> io::Result<File
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return whole(path);
     };
-    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+    // (`x/.` names `x` as a directory, though its file name is `x`.)
+    let bytes = path.as_os_str().as_encoded_bytes();
+    if bytes.ends_with(b"/") || bytes.ends_with(b"/.") {
         return whole(path);
     }
     if dir.as_ref().is_none_or(|(open, _)| *open != parent) {
@@ -608,7 +610,7 @@ impl StatCache {
         self.content_as_stated(path, &FileStat::from(&meta), seen_ns)
     }
 
-    /// [`Self::content`] of a path `stat`ed already (`meta`, taken after
+    /// [`Self::content`] of a path `stat`ed already (`stat`, taken after
     /// `seen_ns`): see [`stat_side_by_side`].
     pub fn content_as_stated(
         &mut self,
@@ -897,6 +899,8 @@ mod tests {
             a.join("link"),
             a.join("dangling"),
             a.join("f/"),
+            a.join("f/."),
+            b.join("."),
             b.clone(),
             a.join("f").join("under"),
             dir.path().join("missing").join("f"),

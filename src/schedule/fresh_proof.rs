@@ -197,10 +197,8 @@ impl Proof {
     ) -> Result<(Proof, Option<Vec<KeptPlan>>), String> {
         let manifest = ctx.manifest;
         let root = &manifest.root;
-        // (Hashed, not ordered, while it is built: thousands of paths
-        // compared component by component cost more than the rest.)
-        // Sized for every path read: grown as it fills, the map spent a
-        // third of the proof's making on rehashing.
+        // (Gathered as read, sorted once at the end; sized for every
+        // path read.)
         let reads: usize = manifest
             .stages
             .iter()
@@ -291,7 +289,7 @@ impl Proof {
             root: root.clone(),
             stages,
             env: ctx.env_read.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            watched: watching.finish(),
+            watched: watching.finish()?,
         };
         Ok((proof, keep_plans.then_some(plans)))
     }
@@ -318,8 +316,8 @@ impl Proof {
         } else {
             HashMap::new()
         };
-        // (Files are `stat`ed by name in their directory: sorted, the
-        // files of a directory come in a row.)
+        // (Files are `stat`ed by name in their directory: in byte order,
+        // most files of a directory come one after another.)
         let mut dir = None;
         for watched in &mut self.watched {
             let differs = |path: &Path| Checked::Fails(format!("{} changed", path.display()));
@@ -673,6 +671,9 @@ struct Watching<'r> {
     watched: Vec<Watched>,
     /// The directories the paths read lie in, below the root.
     places: PathMap<Watched>,
+    /// Directories read and vouched for entry by entry: read by many
+    /// stages or items, they are watched once.
+    dirs_read: PathMap<Digest>,
 }
 
 impl<'r> Watching<'r> {
@@ -681,6 +682,7 @@ impl<'r> Watching<'r> {
             root,
             watched: Vec::with_capacity(capacity),
             places: PathMap::default(),
+            dirs_read: PathMap::default(),
         }
     }
 
@@ -699,6 +701,12 @@ impl<'r> Watching<'r> {
             self.watched.push(Watched::File(path, entry));
             return Ok(());
         }
+        if let Some(digest) = self.dirs_read.get(&path) {
+            return match digest == expected {
+                true => Ok(()),
+                false => Err(format!("{} changed during the run", path.display())),
+            };
+        }
         let vouched = ctx
             .stat
             .vouch(&path)
@@ -707,6 +715,9 @@ impl<'r> Watching<'r> {
             return Err(format!("{} changed during the run", path.display()));
         }
         let Vouched { files, dirs, .. } = vouched;
+        if !dirs.is_empty() {
+            self.dirs_read.insert(path, *expected);
+        }
         self.watched.extend(
             files
                 .into_iter()
@@ -751,22 +762,32 @@ impl<'r> Watching<'r> {
     }
 
     /// Everything watched, sorted by path bytes (the same run makes the
-    /// same proof), each path once: a path read by several stages is
-    /// vouched for by the same entry each time, and a directory watched
-    /// for its listing keeps that check (a place checks only that it is
-    /// the same directory).
-    fn finish(self) -> Vec<Watched> {
+    /// same proof), each path once: a directory watched for its listing
+    /// keeps that check (a place checks only that it is the same
+    /// directory). A path seen two ways during the run (an item list
+    /// rewritten after a stage that reads it was decided) gets no proof.
+    fn finish(self) -> Result<Vec<Watched>, String> {
         let mut watched = self.watched;
         watched.extend(self.places.into_values());
+        let place = |w: &Watched| matches!(w, Watched::Place { .. });
         watched.sort_by(|a, b| {
-            let place = |w: &Watched| matches!(w, Watched::Place { .. });
             a.path()
                 .as_os_str()
                 .cmp(b.path().as_os_str())
                 .then_with(|| place(a).cmp(&place(b)))
         });
-        watched.dedup_by(|later, first| later.path() == first.path());
-        watched
+        if let Some(pair) = watched.windows(2).find(|pair| {
+            pair[0].path().as_os_str() == pair[1].path().as_os_str()
+                && !place(&pair[1])
+                && pair[0] != pair[1]
+        }) {
+            return Err(format!(
+                "{} was seen two ways during the run",
+                pair[0].path().display()
+            ));
+        }
+        watched.dedup_by(|later, first| later.path().as_os_str() == first.path().as_os_str());
+        Ok(watched)
     }
 }
 
@@ -900,7 +921,11 @@ impl<'b> Decoder<'b> {
         let mut n = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.byte()?;
-            n |= u64::from(byte & 0x7f).checked_shl(shift)?;
+            // (The tenth byte holds the top bit alone.)
+            if shift == 63 && byte > 1 {
+                return None;
+            }
+            n |= u64::from(byte & 0x7f) << shift;
             if byte & 0x80 == 0 {
                 return Some(n);
             }
@@ -1008,6 +1033,100 @@ mod tests {
         let mut other = bytes.clone();
         other[7] ^= 1;
         assert_eq!(Proof::decode(&other), None);
+    }
+
+    /// Each path is watched once, compared by its bytes as it is sorted: a
+    /// directory's listing check wins over the same directory as a place,
+    /// a place spelled otherwise stays beside it, and a file seen two ways
+    /// leaves the run without a proof.
+    #[test]
+    fn a_path_watched_twice_is_watched_once_unless_it_was_seen_two_ways() {
+        let entry = |size| StatEntry {
+            dev: 1,
+            ino: 2,
+            size,
+            mtime_ns: 4,
+            ctime_ns: 4,
+            digest: Digest::of(b"x"),
+            seen_ns: 9_000_000_000,
+        };
+        let dir = DirStat {
+            dev: 1,
+            ino: 3,
+            mtime_ns: 4,
+            ctime_ns: 4,
+            seen_ns: 9_000_000_000,
+        };
+        let place = |path: &str| Watched::Place {
+            path: PathBuf::from(path),
+            dev: 1,
+            ino: 3,
+        };
+        let mut watching = Watching::new(Path::new("/r"), 0);
+        watching.watched.extend([
+            Watched::Dir(PathBuf::from("/r/d/"), dir),
+            Watched::File(PathBuf::from("/r/f"), entry(1)),
+            Watched::Dir(PathBuf::from("/r/x"), dir),
+            Watched::File(PathBuf::from("/r/f"), entry(1)),
+        ]);
+        for path in ["/r/d", "/r/x"] {
+            watching.places.insert(PathBuf::from(path), place(path));
+        }
+        assert_eq!(
+            watching.finish(),
+            Ok(vec![
+                place("/r/d"),
+                Watched::Dir(PathBuf::from("/r/d/"), dir),
+                Watched::File(PathBuf::from("/r/f"), entry(1)),
+                Watched::Dir(PathBuf::from("/r/x"), dir),
+            ])
+        );
+        let mut watching = Watching::new(Path::new("/r"), 0);
+        watching.watched.extend([
+            Watched::File(PathBuf::from("/r/f"), entry(1)),
+            Watched::File(PathBuf::from("/r/f"), entry(2)),
+        ]);
+        assert_eq!(
+            watching.finish(),
+            Err("/r/f was seen two ways during the run".to_owned())
+        );
+    }
+
+    /// A proof's encoding is pinned: a change to it must bump `FORMAT`
+    /// (a proof kept by an older cairn is then not read).
+    #[test]
+    fn a_proofs_encoding_is_pinned() {
+        let proof = Proof {
+            root: PathBuf::from("/r"),
+            stages: vec![("a".to_owned(), "local".to_owned())],
+            env: vec![("X".to_owned(), None)],
+            watched: vec![
+                Watched::File(
+                    PathBuf::from("/r/in/a"),
+                    StatEntry {
+                        dev: 2049,
+                        ino: 300,
+                        size: 5,
+                        mtime_ns: 1_000,
+                        ctime_ns: 1_000,
+                        digest: Digest::of(b"x"),
+                        seen_ns: 10_000_000_000,
+                    },
+                ),
+                Watched::Place {
+                    path: PathBuf::from("/r/in"),
+                    dev: 2049,
+                    ino: 7,
+                },
+            ],
+        };
+        assert_eq!(hex(&proof.encode()), PINNED);
+    }
+
+    const PINNED: &str = "636670726f6f663302000000000000002f72010000000000000001000000000000006105000000000000006c6f63616c01000000000000000100000000000000580002000000000000000000072f722f696e2f618110ac0205d00f00b080dfc04a00020500811007";
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Paths after the ones before them, numbers as varints (times before
