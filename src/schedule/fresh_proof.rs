@@ -144,6 +144,21 @@ impl Watched {
             Watched::Place { path, .. } | Watched::Object { path, .. } => path,
         }
     }
+
+    /// Whether `self` and `other` say the same of what is there, seen at
+    /// whatever moment (a stage's input that a per-item stage also lists
+    /// is vouched for twice, seen at two moments).
+    fn same_state(&self, other: &Watched) -> bool {
+        match (self, other) {
+            (Watched::File(_, a), Watched::File(_, b)) => {
+                StatEntry { seen_ns: 0, ..*a } == StatEntry { seen_ns: 0, ..*b }
+            }
+            (Watched::Dir(_, a), Watched::Dir(_, b)) => {
+                DirStat { seen_ns: 0, ..*a } == DirStat { seen_ns: 0, ..*b }
+            }
+            _ => self == other,
+        }
+    }
 }
 
 /// What a run that left every stage valid saw.
@@ -779,7 +794,7 @@ impl<'r> Watching<'r> {
         if let Some(pair) = watched.windows(2).find(|pair| {
             pair[0].path().as_os_str() == pair[1].path().as_os_str()
                 && !place(&pair[1])
-                && pair[0] != pair[1]
+                && !pair[0].same_state(&pair[1])
         }) {
             return Err(format!(
                 "{} was seen two ways during the run",
@@ -1080,6 +1095,19 @@ mod tests {
                 Watched::File(PathBuf::from("/r/f"), entry(1)),
                 Watched::Dir(PathBuf::from("/r/x"), dir),
             ])
+        );
+        let seen_later = StatEntry {
+            seen_ns: 10_000_000_000,
+            ..entry(1)
+        };
+        let mut watching = Watching::new(Path::new("/r"), 0);
+        watching.watched.extend([
+            Watched::File(PathBuf::from("/r/f"), entry(1)),
+            Watched::File(PathBuf::from("/r/f"), seen_later),
+        ]);
+        assert_eq!(
+            watching.finish(),
+            Ok(vec![Watched::File(PathBuf::from("/r/f"), entry(1))])
         );
         let mut watching = Watching::new(Path::new("/r"), 0);
         watching.watched.extend([
