@@ -153,20 +153,24 @@ impl FileStat {
         self.kind() == libc::S_IFDIR
     }
 
-    pub fn is_file(&self) -> bool {
-        self.kind() == libc::S_IFREG
-    }
-
-    /// What a file that is neither a regular file, a directory nor a
-    /// symlink is, for messages.
-    fn special_kind(&self) -> Option<&'static str> {
-        match self.kind() {
-            libc::S_IFIFO => Some("a FIFO"),
-            libc::S_IFSOCK => Some("a socket"),
-            libc::S_IFCHR => Some("a character device"),
-            libc::S_IFBLK => Some("a block device"),
-            _ => None,
-        }
+    /// An error naming `path` unless this is a regular file: what it is
+    /// instead (a FIFO, a socket, a device), for messages.
+    pub fn refuse_special(&self, path: &Path) -> io::Result<()> {
+        let kind = match self.kind() {
+            libc::S_IFREG => return Ok(()),
+            libc::S_IFIFO => "a FIFO",
+            libc::S_IFSOCK => "a socket",
+            libc::S_IFCHR => "a character device",
+            libc::S_IFBLK => "a block device",
+            _ => "not a regular file",
+        };
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "`{}` is {kind}, not a regular file or directory",
+                path.display()
+            ),
+        ))
     }
 }
 
@@ -621,9 +625,7 @@ impl StatCache {
         if stat.is_dir() {
             self.dir_content(path)
         } else {
-            if !stat.is_file() {
-                return Err(special(path, stat.special_kind()));
-            }
+            stat.refuse_special(path)?;
             let digest = self.file_digest(path, stat, seen_ns)?;
             Ok(Content::File {
                 digest,
@@ -752,41 +754,9 @@ fn list_tree(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> io::Result<()> {
     Ok(())
 }
 
-/// What a file that is neither a regular file, a directory nor a symlink
-/// is, for messages.
-pub fn special_kind(file_type: std::fs::FileType) -> Option<&'static str> {
-    use std::os::unix::fs::FileTypeExt;
-    if file_type.is_fifo() {
-        Some("a FIFO")
-    } else if file_type.is_socket() {
-        Some("a socket")
-    } else if file_type.is_char_device() {
-        Some("a character device")
-    } else if file_type.is_block_device() {
-        Some("a block device")
-    } else {
-        None
-    }
-}
-
 /// An error naming `path` unless `meta` describes a regular file.
 pub fn refuse_special(path: &Path, meta: &Metadata) -> io::Result<()> {
-    if meta.is_file() {
-        return Ok(());
-    }
-    Err(special(path, special_kind(meta.file_type())))
-}
-
-/// The error for `path`, which is `kind` (else not a regular file).
-fn special(path: &Path, kind: Option<&str>) -> io::Error {
-    let kind = kind.unwrap_or("not a regular file");
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!(
-            "`{}` is {kind}, not a regular file or directory",
-            path.display()
-        ),
-    )
+    FileStat::from(meta).refuse_special(path)
 }
 
 /// Opens `path` for reading only if it is a regular file: the open does not
