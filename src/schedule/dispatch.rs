@@ -418,7 +418,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // A stage that turned out fresh may have been the last to
             // need a service.
             self.release_services().await;
-            self.start_ready(
+            let more_ready = self.start_ready(
                 &executors,
                 &mut running,
                 &mut resolving,
@@ -500,6 +500,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         self.ready.insert((self.rank[i], i));
                     }
                 }
+                // A command just started gets its process before the
+                // next ready stage is weighed (this loop and the tasks
+                // share one thread).
+                () = tokio::task::yield_now(), if more_ready => {}
                 () = interrupt.recv() => {
                     // What was running ends now, however long cancelling takes.
                     let cut_short = (0..self.slots.len()).filter(|&i| self.slots[i] == Slot::Running);
@@ -640,8 +644,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         }
     }
 
-    /// Starts every ready stage: fresh ones complete on the spot, the
-    /// others become tasks that wait for a job slot and their resources.
+    /// Starts ready stages, in rank order: fresh ones complete on the
+    /// spot, the others become tasks that wait for a job slot and their
+    /// resources. Returns after the first task it starts, `true` if stages
+    /// are still ready: that task's command starts before the rest are
+    /// weighed, which for a thousand ready stages takes tens of
+    /// milliseconds.
     fn start_ready(
         &mut self,
         executors: &Executors,
@@ -650,10 +658,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         lookups: &mut JoinSet<LookedUp>,
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
         attempts: &UnboundedSender<ItemAttempt>,
-    ) -> Result<(), ScheduleError> {
+    ) -> Result<bool, ScheduleError> {
         while !self.stop {
             let Some((_, i)) = self.ready.pop_first() else {
-                return Ok(());
+                return Ok(false);
             };
             if self.resolve_tags_first(i, resolving) {
                 continue;
@@ -664,9 +672,13 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             let Some((key, reason)) = self.look_up_first(i, key, reason, lookups) else {
                 continue;
             };
+            let tasks = running.len();
             self.start(i, key, reason, executors, running, hashed, attempts);
+            if running.len() > tasks && !self.ready.is_empty() {
+                return Ok(true);
+            }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Starts stage `i`, which must run: its task waits for a job slot and
