@@ -3,14 +3,15 @@
 //! Layers, each depending only on those before it:
 //! `manifest` → `graph` → `fingerprint` → `store` → `release` → `builtins` →
 //! `exec` → `schedule` → `cli`. `records` (JSON record files),
-//! `canonical_json`, `causes` (errors on one line) and `tls` (the one TLS
-//! provider) stand apart.
+//! `canonical_json`, `causes` (errors on one line), `file_stat` (`stat`s by
+//! name) and `tls` (the one TLS provider) stand apart.
 
 pub mod builtins;
 pub mod canonical_json;
 pub mod causes;
 pub mod cli;
 pub mod exec;
+pub mod file_stat;
 pub mod fingerprint;
 pub mod graph;
 pub mod manifest;

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::digest::Digest;
+use crate::file_stat::{FileStat, OpenDir, ctime_ns, mtime_ns, stat_in_dir};
 
 /// What sits at a path inside a directory tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,76 +103,6 @@ pub struct StatEntry {
     /// was stat'ed to be hashed, and once the entry is saved, when it was
     /// saved (as git trusts an index entry older than the index file).
     pub seen_ns: i64,
-}
-
-/// What cairn reads of a file's `stat`, from std's `Metadata` or from a
-/// `stat` of a name in an open directory (see [`stat_side_by_side`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileStat {
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    pub mtime_ns: i64,
-    pub ctime_ns: i64,
-    /// `st_mode`: the file's type and permission bits.
-    pub mode: u32,
-}
-
-impl From<&Metadata> for FileStat {
-    fn from(meta: &Metadata) -> Self {
-        FileStat {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: mtime_ns(meta),
-            ctime_ns: ctime_ns(meta),
-            mode: meta.mode(),
-        }
-    }
-}
-
-impl From<&rustix::fs::Stat> for FileStat {
-    fn from(stat: &rustix::fs::Stat) -> Self {
-        let ns = |secs: i64, nsec: i64| secs.saturating_mul(1_000_000_000).saturating_add(nsec);
-        FileStat {
-            dev: stat.st_dev,
-            ino: stat.st_ino,
-            size: stat.st_size as u64,
-            mtime_ns: ns(stat.st_mtime, stat.st_mtime_nsec as i64),
-            ctime_ns: ns(stat.st_ctime, stat.st_ctime_nsec as i64),
-            mode: stat.st_mode,
-        }
-    }
-}
-
-impl FileStat {
-    fn kind(&self) -> u32 {
-        self.mode & libc::S_IFMT
-    }
-
-    pub fn is_dir(&self) -> bool {
-        self.kind() == libc::S_IFDIR
-    }
-
-    /// An error naming `path` unless this is a regular file: what it is
-    /// instead (a FIFO, a socket, a device), for messages.
-    pub fn refuse_special(&self, path: &Path) -> io::Result<()> {
-        let kind = match self.kind() {
-            libc::S_IFREG => return Ok(()),
-            libc::S_IFIFO => "a FIFO",
-            libc::S_IFSOCK => "a socket",
-            libc::S_IFCHR => "a character device",
-            libc::S_IFBLK => "a block device",
-            _ => "not a regular file",
-        };
-        Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "`{}` is {kind}, not a regular file or directory",
-                path.display()
-            ),
-        ))
-    }
 }
 
 impl StatEntry {
@@ -320,7 +251,7 @@ pub fn stat_side_by_side(paths: &[PathBuf]) -> Vec<io::Result<FileStat>> {
     /// Fewer than this are not worth a thread.
     const SHARE: usize = 2048;
     let stat_all = |paths: &[PathBuf]| -> Vec<io::Result<FileStat>> {
-        let mut dir = None;
+        let mut dir = OpenDir::default();
         paths
             .iter()
             .map(|path| stat_in_dir(path, &mut dir))
@@ -358,42 +289,6 @@ pub fn stat_side_by_side(paths: &[PathBuf]) -> Vec<io::Result<FileStat>> {
         }
         all
     })
-}
-
-/// The directory [`stat_in_dir`] last opened, if it could be.
-pub type OpenDir<'p> = Option<(&'p Path, Option<rustix::fd::OwnedFd>)>;
-
-/// The `stat` of `path` (following a symbolic link), taken by its name in
-/// its directory, which `dir` holds open (opened here when it holds
-/// another). A path with no name, or a directory that cannot be opened,
-/// is `stat`ed whole (its error is then the usual one).
-pub fn stat_in_dir<'p>(path: &'p Path, dir: &mut OpenDir<'p>) -> io::Result<FileStat> {
-    use rustix::fs::{AtFlags, Mode, OFlags};
-    let whole = |path: &Path| std::fs::metadata(path).map(|meta| FileStat::from(&meta));
-    // (A trailing `/` asks for a directory: the whole path says so.)
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return whole(path);
-    };
-    // (`x/.` names `x` as a directory, though its file name is `x`.)
-    let bytes = path.as_os_str().as_encoded_bytes();
-    if bytes.ends_with(b"/") || bytes.ends_with(b"/.") {
-        return whole(path);
-    }
-    if dir.as_ref().is_none_or(|(open, _)| *open != parent) {
-        let fd = rustix::fs::open(
-            parent,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok();
-        *dir = Some((parent, fd));
-    }
-    match dir {
-        Some((_, Some(fd))) => rustix::fs::statat(&*fd, name, AtFlags::empty())
-            .map(|stat| FileStat::from(&stat))
-            .map_err(io::Error::from),
-        _ => whole(path),
-    }
 }
 
 /// A map keyed by paths, hashed with foldhash: a run looks up thousands of
@@ -804,18 +699,6 @@ pub fn is_executable(meta: &Metadata) -> bool {
     meta.permissions().mode() & 0o111 != 0
 }
 
-fn mtime_ns(meta: &Metadata) -> i64 {
-    meta.mtime()
-        .saturating_mul(1_000_000_000)
-        .saturating_add(meta.mtime_nsec())
-}
-
-fn ctime_ns(meta: &Metadata) -> i64 {
-    meta.ctime()
-        .saturating_mul(1_000_000_000)
-        .saturating_add(meta.ctime_nsec())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -853,49 +736,6 @@ mod tests {
     /// whole path says, error for error: across directories taken in
     /// turns, through a symbolic link, with a trailing `/`, and in a
     /// directory that is not there or is a file.
-    #[test]
-    fn a_stat_in_an_open_directory_is_the_stat_of_the_whole_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        std::fs::create_dir(&a).unwrap();
-        std::fs::create_dir(&b).unwrap();
-        std::fs::write(a.join("f"), "one").unwrap();
-        std::fs::write(b.join("f"), "three").unwrap();
-        std::os::unix::fs::symlink(b.join("f"), a.join("link")).unwrap();
-        std::os::unix::fs::symlink("nowhere", a.join("dangling")).unwrap();
-        let paths = [
-            a.join("f"),
-            b.join("f"),
-            a.join("link"),
-            a.join("dangling"),
-            a.join("f/"),
-            a.join("f/."),
-            b.join("."),
-            b.clone(),
-            a.join("f").join("under"),
-            dir.path().join("missing").join("f"),
-            b.join("f"),
-            PathBuf::from("/"),
-        ];
-        let mut open = None;
-        for path in &paths {
-            let whole = std::fs::metadata(path).map(|meta| FileStat::from(&meta));
-            let by_name = stat_in_dir(path, &mut open);
-            match (whole, by_name) {
-                (Ok(whole), Ok(by_name)) => assert_eq!(whole, by_name, "{}", path.display()),
-                (Err(whole), Err(by_name)) => {
-                    assert_eq!(
-                        whole.raw_os_error(),
-                        by_name.raw_os_error(),
-                        "{}",
-                        path.display()
-                    )
-                }
-                (whole, by_name) => panic!("{}: {whole:?} but {by_name:?}", path.display()),
-            }
-        }
-    }
-
     fn entry(mtime_ns: i64, seen_ns: i64) -> StatEntry {
         StatEntry {
             dev: 1,

@@ -40,8 +40,9 @@ use std::path::{Component, Path, PathBuf};
 
 use super::Context;
 use super::kept_plans::{KeptItem, KeptPlan};
+use crate::file_stat::{OpenDir, stat_in_dir};
 use crate::fingerprint::{
-    Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns, stat_in_dir,
+    Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns,
 };
 use crate::manifest::Foreach;
 use crate::store::{OutputKind, OutputRecord};
@@ -333,7 +334,7 @@ impl Proof {
         };
         // (Files are `stat`ed by name in their directory: in byte order,
         // most files of a directory come one after another.)
-        let mut dir = None;
+        let mut dir = OpenDir::default();
         for watched in &mut self.watched {
             let differs = |path: &Path| Checked::Fails(format!("{} changed", path.display()));
             match watched {

@@ -2,6 +2,7 @@
 //! stage reading what a later one writes, `needs` naming unknown stages.
 
 use super::*;
+use crate::file_stat::{OpenDir, stat_in_dir};
 
 impl Checker<'_> {
     /// Checks that span several stages: duplicate or nested outputs,
@@ -69,9 +70,14 @@ impl Checker<'_> {
         }
 
         let index = OutputIndex::new(stages);
+        // (`stat`ed by name in their directory: a thousand inputs are
+        // typically a few directories' files, one after another.)
+        let mut dir = OpenDir::default();
         for stage in stages {
             for input in &stage.inputs {
-                if index.producer_of(&input.path).is_some() || input.path.resolve(root).exists() {
+                if index.producer_of(&input.path).is_some()
+                    || stat_in_dir(&input.path.resolve(root), &mut dir).is_ok()
+                {
                     continue;
                 }
                 let produced_inside = stages.iter().any(|s| {

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use super::super::model::{Stage, lock_path_of};
 use super::Checker;
+use crate::file_stat::{OpenDir, lstat_in_dir};
 use crate::manifest::error::Problem;
 
 impl Checker<'_> {
@@ -26,6 +27,7 @@ impl Checker<'_> {
         // Directories already found to be plain (not links): many outputs
         // share them, and each is looked at once.
         let mut plain_dirs = HashSet::new();
+        let mut dir = OpenDir::default();
         for stage in stages {
             for output in &stage.outputs {
                 if output.path.is_external() {
@@ -44,7 +46,7 @@ impl Checker<'_> {
                         "cairn writes the lock file after each run; write elsewhere".to_owned(),
                     ))
                 } else {
-                    through_link(root, output.path.as_str(), &mut plain_dirs)
+                    through_link(root, output.path.as_str(), &mut plain_dirs, &mut dir)
                 };
                 if let Some((message, help)) = refused {
                     self.problems
@@ -62,6 +64,7 @@ fn through_link(
     root: &Path,
     rel: &str,
     plain_dirs: &mut HashSet<PathBuf>,
+    dir: &mut OpenDir,
 ) -> Option<(String, String)> {
     let mut current = PathBuf::from(root);
     let parts: Vec<&str> = rel.split('/').collect();
@@ -71,11 +74,13 @@ fn through_link(
         if !last && plain_dirs.contains(&current) {
             continue;
         }
-        let Ok(meta) = std::fs::symlink_metadata(&current) else {
+        // (By name in its directory: the outputs of a thousand stages
+        // are typically a few directories' files.)
+        let Ok(stat) = lstat_in_dir(&current, dir) else {
             return None;
         };
-        if !meta.file_type().is_symlink() {
-            if !last && meta.is_dir() {
+        if !stat.is_symlink() {
+            if !last && stat.is_dir() {
                 plain_dirs.insert(current.clone());
             }
             continue;
