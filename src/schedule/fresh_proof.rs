@@ -37,6 +37,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Context;
 use super::kept_plans::{KeptItem, KeptPlan};
@@ -184,6 +185,176 @@ pub enum Checked {
     Fails(String),
 }
 
+/// Checks `watched` in a few shares side by side when there are many: a
+/// proof of a thousand stages holds two thousand paths, and their `stat`s
+/// are most of a no-op run. A share that finds a difference stops the
+/// others.
+fn check_side_by_side(watched: &mut [Watched], listed: &HashMap<PathBuf, Vec<PathBuf>>) -> Checked {
+    let all: &[Watched] = watched;
+    /// Fewer paths than this a thread are not worth one.
+    const SHARE: usize = 512;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(all.len() / SHARE)
+        .min(4);
+    let stop = AtomicBool::new(false);
+    let shares = if threads < 2 {
+        vec![check_share(all, 0, listed, &stop)]
+    } else {
+        let share = all.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let mut shares = all.chunks(share).enumerate();
+            let (_, mine) = shares.next().unwrap_or_default();
+            let stop = &stop;
+            // A thread that cannot be started leaves its share to this one.
+            let theirs: Vec<_> = shares
+                .map(|(n, part)| {
+                    std::thread::Builder::new()
+                        .name("cairn-proof".to_owned())
+                        .spawn_scoped(scope, move || check_share(part, n * share, listed, stop))
+                        .map_err(|_| (n, part))
+                })
+                .collect();
+            let mut checked = vec![check_share(mine, 0, listed, stop)];
+            for thread in theirs {
+                checked.push(match thread {
+                    Ok(handle) => match handle.join() {
+                        Ok(checked) => checked,
+                        Err(panic) => std::panic::resume_unwind(panic),
+                    },
+                    Err((n, part)) => check_share(part, n * share, listed, stop),
+                });
+            }
+            checked
+        })
+    };
+    // The first difference found (a share stopped by another found none
+    // of its own).
+    let mut renewed = Vec::new();
+    for share in shares {
+        match share {
+            Share::Holds { renewed: share } => renewed.extend(share),
+            Share::Differs(why) => return Checked::Fails(why),
+            Share::Stopped => {}
+        }
+    }
+    // Racy entries found unchanged are trusted from when they were seen.
+    for &(index, seen_ns) in &renewed {
+        match &mut watched[index] {
+            Watched::File(_, entry) => entry.seen_ns = seen_ns,
+            Watched::Dir(_, stat) => stat.seen_ns = seen_ns,
+            Watched::Place { .. } | Watched::Object { .. } => {}
+        }
+    }
+    Checked::Holds {
+        renewed: !renewed.is_empty(),
+    }
+}
+
+/// What checking one share of a proof found.
+enum Share {
+    /// Unchanged; `renewed`: the index of each racy entry found unchanged
+    /// (hashed or listed again), with when it was seen.
+    Holds {
+        renewed: Vec<(usize, i64)>,
+    },
+    Differs(String),
+    /// Another share found a difference first.
+    Stopped,
+}
+
+/// Checks each of `watched` (from index `first` of the proof's) in turn
+/// (see [`Proof::check`]) until another share finds a difference (`stop`),
+/// which it sets on one of its own.
+fn check_share(
+    watched: &[Watched],
+    first: usize,
+    listed: &HashMap<PathBuf, Vec<PathBuf>>,
+    stop: &AtomicBool,
+) -> Share {
+    let mut renewed = Vec::new();
+    // (Files are `stat`ed by name in their directory: in byte order,
+    // most files of a directory come one after another.)
+    let mut dir = OpenDir::default();
+    for (index, watched) in (first..).zip(watched) {
+        if stop.load(Ordering::Relaxed) {
+            return Share::Stopped;
+        }
+        let differs = |path: &Path| {
+            stop.store(true, Ordering::Relaxed);
+            Share::Differs(format!("{} changed", path.display()))
+        };
+        match watched {
+            Watched::File(path, entry) => {
+                let seen_ns = now_ns();
+                let Ok(stat) = stat_in_dir(path, &mut dir) else {
+                    return differs(path);
+                };
+                if !entry.matches_stat(&stat) {
+                    return differs(path);
+                }
+                if entry.racy() {
+                    match hash_file(path, stat.size, false) {
+                        Ok(digest) if digest == entry.digest => renewed.push((index, seen_ns)),
+                        _ => return differs(path),
+                    }
+                }
+            }
+            Watched::Dir(path, stat) => {
+                let seen_ns = now_ns();
+                let Ok(meta) = std::fs::metadata(&*path) else {
+                    return differs(path);
+                };
+                if !stat.matches(&meta) {
+                    return differs(path);
+                }
+                if stat.racy() {
+                    // An entry added within the tick it was listed in
+                    // could have kept its times: its entries must be
+                    // the ones the proof lists, each checked by itself.
+                    let Ok(read) = std::fs::read_dir(&*path) else {
+                        return differs(path);
+                    };
+                    let mut entries = Vec::new();
+                    for entry in read {
+                        let Ok(entry) = entry else {
+                            return differs(path);
+                        };
+                        entries.push(entry.path());
+                    }
+                    entries.sort();
+                    if listed.get(&*path) != Some(&entries) {
+                        return differs(path);
+                    }
+                    renewed.push((index, seen_ns));
+                }
+            }
+            Watched::Place { path, dev, ino } => {
+                let Ok(meta) = std::fs::symlink_metadata(&*path) else {
+                    return differs(path);
+                };
+                if !meta.is_dir() || meta.dev() != *dev || meta.ino() != *ino {
+                    return differs(path);
+                }
+            }
+            Watched::Object {
+                path,
+                dev,
+                ino,
+                size,
+            } => {
+                let Ok(meta) = std::fs::metadata(&*path) else {
+                    return differs(path);
+                };
+                if meta.dev() != *dev || meta.ino() != *ino || meta.len() != *size {
+                    return differs(path);
+                }
+            }
+        }
+    }
+    Share::Holds { renewed }
+}
+
 impl Proof {
     /// The proof of a run that used `used` (each stage's fingerprint and
     /// outputs) for every stage of `ctx`'s manifest, in `order`, with the
@@ -321,7 +492,6 @@ impl Proof {
                 return Checked::Fails(format!("the variable {name} changed"));
             }
         }
-        let mut renewed = false;
         // What each directory holds, only when one must be listed again.
         let racy_dir = self
             .watched
@@ -332,84 +502,7 @@ impl Proof {
         } else {
             HashMap::new()
         };
-        // (Files are `stat`ed by name in their directory: in byte order,
-        // most files of a directory come one after another.)
-        let mut dir = OpenDir::default();
-        for watched in &mut self.watched {
-            let differs = |path: &Path| Checked::Fails(format!("{} changed", path.display()));
-            match watched {
-                Watched::File(path, entry) => {
-                    let seen_ns = now_ns();
-                    let Ok(stat) = stat_in_dir(path, &mut dir) else {
-                        return differs(path);
-                    };
-                    if !entry.matches_stat(&stat) {
-                        return differs(path);
-                    }
-                    if entry.racy() {
-                        match hash_file(path, stat.size, false) {
-                            Ok(digest) if digest == entry.digest => {
-                                entry.seen_ns = seen_ns;
-                                renewed = true;
-                            }
-                            _ => return differs(path),
-                        }
-                    }
-                }
-                Watched::Dir(path, stat) => {
-                    let seen_ns = now_ns();
-                    let Ok(meta) = std::fs::metadata(&*path) else {
-                        return differs(path);
-                    };
-                    if !stat.matches(&meta) {
-                        return differs(path);
-                    }
-                    if stat.racy() {
-                        // An entry added within the tick it was listed in
-                        // could have kept its times: its entries must be
-                        // the ones the proof lists, each checked by itself.
-                        let Ok(read) = std::fs::read_dir(&*path) else {
-                            return differs(path);
-                        };
-                        let mut entries = Vec::new();
-                        for entry in read {
-                            let Ok(entry) = entry else {
-                                return differs(path);
-                            };
-                            entries.push(entry.path());
-                        }
-                        entries.sort();
-                        if listed.get(&*path) != Some(&entries) {
-                            return differs(path);
-                        }
-                        stat.seen_ns = seen_ns;
-                        renewed = true;
-                    }
-                }
-                Watched::Place { path, dev, ino } => {
-                    let Ok(meta) = std::fs::symlink_metadata(&*path) else {
-                        return differs(path);
-                    };
-                    if !meta.is_dir() || meta.dev() != *dev || meta.ino() != *ino {
-                        return differs(path);
-                    }
-                }
-                Watched::Object {
-                    path,
-                    dev,
-                    ino,
-                    size,
-                } => {
-                    let Ok(meta) = std::fs::metadata(&*path) else {
-                        return differs(path);
-                    };
-                    if meta.dev() != *dev || meta.ino() != *ino || meta.len() != *size {
-                        return differs(path);
-                    }
-                }
-            }
-        }
-        Checked::Holds { renewed }
+        check_side_by_side(&mut self.watched, &listed)
     }
 
     /// The files and directories the proof lists in each directory whose
@@ -1228,5 +1321,70 @@ mod tests {
             .collect();
         assert_eq!(decoded.watched, expected);
         assert_eq!(decoded.encode(), bytes);
+    }
+
+    /// A proof of thousands of paths is checked in shares side by side: a
+    /// change in any share fails it, and a racy file found unchanged in any
+    /// share is trusted from when it was seen.
+    #[test]
+    fn a_proof_checked_in_shares_finds_a_change_in_any_and_renews_racy_files_in_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..2_000)
+            .map(|n| dir.path().join(format!("{n:05}")))
+            .collect();
+        for (n, path) in paths.iter().enumerate() {
+            std::fs::write(path, n.to_string()).unwrap();
+        }
+        // Entries 3 and 1,999 (the first share and the last) seen as the
+        // files were written: racy.
+        let racy = [3, 1_999];
+        let watched = paths
+            .iter()
+            .enumerate()
+            .map(|(n, path)| {
+                let meta = std::fs::metadata(path).unwrap();
+                let digest = hash_file(path, meta.len(), false).unwrap();
+                let written = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+                let seen_ns = if racy.contains(&n) {
+                    written
+                } else {
+                    written + 60 * 1_000_000_000
+                };
+                Watched::File(path.clone(), StatEntry::new(&meta, digest, seen_ns))
+            })
+            .collect();
+        let mut proof = Proof {
+            root: dir.path().to_owned(),
+            stages: Vec::new(),
+            env: Vec::new(),
+            watched,
+        };
+        let seen = |proof: &Proof, n: usize| match &proof.watched[n] {
+            Watched::File(_, entry) => entry.seen_ns,
+            other => panic!("{other:?}"),
+        };
+        let before: Vec<i64> = racy.iter().map(|&n| seen(&proof, n)).collect();
+        let settled = seen(&proof, 1_000);
+        assert_eq!(proof.check(), Checked::Holds { renewed: true });
+        for (&n, before) in racy.iter().zip(before) {
+            assert!(seen(&proof, n) > before, "entry {n} was not renewed");
+        }
+        assert_eq!(
+            seen(&proof, 1_000),
+            settled,
+            "a settled entry is left as it was"
+        );
+
+        for changed in [1_990, 10] {
+            let mut edited = proof.clone();
+            std::fs::write(&paths[changed], "a longer text than before").unwrap();
+            assert_eq!(
+                edited.check(),
+                Checked::Fails(format!("{} changed", paths[changed].display()))
+            );
+            std::fs::write(&paths[changed], changed.to_string()).unwrap();
+            // (Written again: its times changed, so it still differs.)
+            assert!(matches!(edited.check(), Checked::Fails(_)));
+        }
     }
 }
