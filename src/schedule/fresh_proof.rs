@@ -302,7 +302,7 @@ fn check_share(
             }
             Watched::Dir(path, stat) => {
                 let seen_ns = now_ns();
-                let Ok(meta) = std::fs::metadata(&*path) else {
+                let Ok(meta) = std::fs::metadata(path) else {
                     return differs(path);
                 };
                 if !stat.matches(&meta) {
@@ -312,7 +312,7 @@ fn check_share(
                     // An entry added within the tick it was listed in
                     // could have kept its times: its entries must be
                     // the ones the proof lists, each checked by itself.
-                    let Ok(read) = std::fs::read_dir(&*path) else {
+                    let Ok(read) = std::fs::read_dir(path) else {
                         return differs(path);
                     };
                     let mut entries = Vec::new();
@@ -323,14 +323,14 @@ fn check_share(
                         entries.push(entry.path());
                     }
                     entries.sort();
-                    if listed.get(&*path) != Some(&entries) {
+                    if listed.get(path) != Some(&entries) {
                         return differs(path);
                     }
                     renewed.push((index, seen_ns));
                 }
             }
             Watched::Place { path, dev, ino } => {
-                let Ok(meta) = std::fs::symlink_metadata(&*path) else {
+                let Ok(meta) = std::fs::symlink_metadata(path) else {
                     return differs(path);
                 };
                 if !meta.is_dir() || meta.dev() != *dev || meta.ino() != *ino {
@@ -343,7 +343,7 @@ fn check_share(
                 ino,
                 size,
             } => {
-                let Ok(meta) = std::fs::metadata(&*path) else {
+                let Ok(meta) = std::fs::metadata(path) else {
                     return differs(path);
                 };
                 if meta.dev() != *dev || meta.ino() != *ino || meta.len() != *size {
