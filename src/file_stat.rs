@@ -83,15 +83,28 @@ impl FileStat {
     }
 }
 
-/// The directory [`stat_in_dir`] last opened (held open by an `O_PATH`
-/// descriptor), if it could be.
+/// The directory of the path [`stat_in_dir`] last `stat`ed, and whether it
+/// holds it open (by an `O_PATH` descriptor).
 #[derive(Debug, Default)]
-pub struct OpenDir(Option<(PathBuf, Option<rustix::fd::OwnedFd>)>);
+pub struct OpenDir(Option<(PathBuf, Held)>);
+
+/// How [`OpenDir`] holds its directory.
+#[derive(Debug)]
+enum Held {
+    /// Not opened: one path of it was `stat`ed whole. Opening a directory
+    /// walks its path as a `stat` does, so it pays only from the second
+    /// path in a row that lies in it.
+    Once,
+    Open(rustix::fd::OwnedFd),
+    /// It could not be opened: its paths are `stat`ed whole.
+    Unopenable,
+}
 
 /// The `stat` of `path` (following a symbolic link), taken by its name in
-/// its directory, which `dir` holds open (opened here when it holds
-/// another). A path with no name, or a directory that cannot be opened,
-/// is `stat`ed whole (its error is then the usual one).
+/// its directory, which `dir` holds open: opened here when the path before
+/// lay in it too (the first path of a directory is `stat`ed whole). A path
+/// with no name, or in a directory that cannot be opened, is `stat`ed
+/// whole (its error is then the usual one).
 pub fn stat_in_dir(path: &Path, dir: &mut OpenDir) -> io::Result<FileStat> {
     stat_by_name(path, dir, true)
 }
@@ -121,25 +134,33 @@ fn stat_by_name(path: &Path, dir: &mut OpenDir, follow: bool) -> io::Result<File
     if bytes.ends_with(b"/") || bytes.ends_with(b"/.") {
         return whole(path);
     }
-    if dir.0.as_ref().is_none_or(|(open, _)| open != parent) {
-        let fd = rustix::fs::open(
+    let held = match &mut dir.0 {
+        Some((open, held)) if open == parent => held,
+        _ => {
+            dir.0 = Some((parent.to_owned(), Held::Once));
+            return whole(path);
+        }
+    };
+    if matches!(held, Held::Once) {
+        *held = match rustix::fs::open(
             parent,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-        )
-        .ok();
-        dir.0 = Some((parent.to_owned(), fd));
+        ) {
+            Ok(fd) => Held::Open(fd),
+            Err(_) => Held::Unopenable,
+        };
     }
     let flags = if follow {
         AtFlags::empty()
     } else {
         AtFlags::SYMLINK_NOFOLLOW
     };
-    match &dir.0 {
-        Some((_, Some(fd))) => rustix::fs::statat(fd, name, flags)
+    match held {
+        Held::Open(fd) => rustix::fs::statat(&*fd, name, flags)
             .map(|stat| FileStat::from(&stat))
             .map_err(io::Error::from),
-        _ => whole(path),
+        Held::Once | Held::Unopenable => whole(path),
     }
 }
 
@@ -171,18 +192,25 @@ mod tests {
         std::fs::write(b.join("f"), "three").unwrap();
         std::os::unix::fs::symlink(b.join("f"), a.join("link")).unwrap();
         std::os::unix::fs::symlink("nowhere", a.join("dangling")).unwrap();
+        // (A directory is opened from its second path in a row: most of
+        // these come in a row.)
         let paths = [
             a.join("f"),
             b.join("f"),
+            a.join("f"),
             a.join("link"),
             a.join("dangling"),
+            a.join("missing"),
             a.join("f/"),
             a.join("f/."),
             b.join("."),
             b.clone(),
             a.join("f").join("under"),
+            a.join("f").join("under"),
             dir.path().join("missing").join("f"),
+            dir.path().join("missing").join("g"),
             b.join("f"),
+            b.join("link"),
             PathBuf::from("/"),
         ];
         type Whole = fn(&Path) -> io::Result<std::fs::Metadata>;
