@@ -83,7 +83,8 @@ impl FileStat {
     }
 }
 
-/// The directory of the path [`stat_in_dir`] last `stat`ed, and whether it
+/// The directory of the last path [`stat_in_dir`] `stat`ed by name (or
+/// would have: the first of a directory is `stat`ed whole), and whether it
 /// holds it open (by an `O_PATH` descriptor).
 #[derive(Debug, Default)]
 pub struct OpenDir(Option<(PathBuf, Held)>);
@@ -182,6 +183,11 @@ pub fn ctime_ns(meta: &Metadata) -> i64 {
 mod tests {
     use super::*;
 
+    /// A `stat` by name in an open directory says what a `stat` of the
+    /// whole path says, error for error (and an `lstat` what an `lstat`
+    /// says): across directories taken in turns, through a symbolic link,
+    /// with a trailing `/`, and in a directory that is not there or is a
+    /// file.
     #[test]
     fn a_stat_in_an_open_directory_is_the_stat_of_the_whole_path() {
         let dir = tempfile::tempdir().unwrap();
@@ -237,6 +243,11 @@ mod tests {
                     (whole, by_name) => panic!("{}: {whole:?} but {by_name:?}", path.display()),
                 }
             }
+            // The paths in a row in `b` were `stat`ed by name in it.
+            assert!(
+                matches!(&open.0, Some((dir, Held::Open(_))) if *dir == b),
+                "{open:?}"
+            );
         }
     }
 }

@@ -500,10 +500,6 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         self.ready.insert((self.rank[i], i));
                     }
                 }
-                // A command just started gets its process before the
-                // next ready stage is weighed (this loop and the tasks
-                // share one thread).
-                () = tokio::task::yield_now(), if more_ready => {}
                 () = interrupt.recv() => {
                     // What was running ends now, however long cancelling takes.
                     let cut_short = (0..self.slots.len()).filter(|&i| self.slots[i] == Slot::Running);
@@ -533,6 +529,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                     self.reporter.event(Event::Interrupted);
                     return Ok(());
                 }
+                // A command just started gets its process before the
+                // next ready stage is weighed (this loop and the tasks
+                // share one thread).
+                () = tokio::task::yield_now(), if more_ready => {}
             }
         }
     }

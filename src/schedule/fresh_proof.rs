@@ -190,13 +190,23 @@ pub enum Checked {
 /// are most of a no-op run. A share that finds a difference stops the
 /// others.
 fn check_side_by_side(watched: &mut [Watched], listed: &HashMap<PathBuf, Vec<PathBuf>>) -> Checked {
-    let all: &[Watched] = watched;
     /// Fewer paths than this a thread are not worth one.
     const SHARE: usize = 512;
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(all.len() / SHARE)
+        .min(watched.len() / SHARE)
         .min(4);
+    check_in_shares(watched, listed, threads)
+}
+
+/// Checks `watched` in `threads` shares, each on a thread of its own but
+/// the first.
+fn check_in_shares(
+    watched: &mut [Watched],
+    listed: &HashMap<PathBuf, Vec<PathBuf>>,
+    threads: usize,
+) -> Checked {
+    let all: &[Watched] = watched;
     let stop = AtomicBool::new(false);
     let shares = if threads < 2 {
         vec![check_share(all, 0, listed, &stop)]
@@ -228,8 +238,9 @@ fn check_side_by_side(watched: &mut [Watched], listed: &HashMap<PathBuf, Vec<Pat
             checked
         })
     };
-    // The first difference found (a share stopped by another found none
-    // of its own).
+    // A difference one share found (a share stopped by another found none
+    // of its own; which one is reported when several differ depends on
+    // which thread came to it first).
     let mut renewed = Vec::new();
     for share in shares {
         match share {
@@ -1325,7 +1336,8 @@ mod tests {
 
     /// A proof of thousands of paths is checked in shares side by side: a
     /// change in any share fails it, and a racy file found unchanged in any
-    /// share is trusted from when it was seen.
+    /// share is trusted from when it was seen; a share stops once another
+    /// found a difference.
     #[test]
     fn a_proof_checked_in_shares_finds_a_change_in_any_and_renews_racy_files_in_all() {
         let dir = tempfile::tempdir().unwrap();
@@ -1336,55 +1348,65 @@ mod tests {
             std::fs::write(path, n.to_string()).unwrap();
         }
         // Entries 3 and 1,999 (the first share and the last) seen as the
-        // files were written: racy.
+        // files were written: racy. The others seen a minute later.
         let racy = [3, 1_999];
-        let watched = paths
-            .iter()
-            .enumerate()
-            .map(|(n, path)| {
-                let meta = std::fs::metadata(path).unwrap();
-                let digest = hash_file(path, meta.len(), false).unwrap();
-                let written = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
-                let seen_ns = if racy.contains(&n) {
-                    written
-                } else {
-                    written + 60 * 1_000_000_000
-                };
-                Watched::File(path.clone(), StatEntry::new(&meta, digest, seen_ns))
-            })
-            .collect();
-        let mut proof = Proof {
-            root: dir.path().to_owned(),
-            stages: Vec::new(),
-            env: Vec::new(),
-            watched,
+        let watched = || -> Vec<Watched> {
+            paths
+                .iter()
+                .enumerate()
+                .map(|(n, path)| {
+                    let meta = std::fs::metadata(path).unwrap();
+                    let digest = hash_file(path, meta.len(), false).unwrap();
+                    let written = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+                    let seen_ns = if racy.contains(&n) {
+                        written
+                    } else {
+                        written + 60 * 1_000_000_000
+                    };
+                    Watched::File(path.clone(), StatEntry::new(&meta, digest, seen_ns))
+                })
+                .collect()
         };
-        let seen = |proof: &Proof, n: usize| match &proof.watched[n] {
+        let seen = |watched: &[Watched], n: usize| match &watched[n] {
             Watched::File(_, entry) => entry.seen_ns,
             other => panic!("{other:?}"),
         };
-        let before: Vec<i64> = racy.iter().map(|&n| seen(&proof, n)).collect();
-        let settled = seen(&proof, 1_000);
-        assert_eq!(proof.check(), Checked::Holds { renewed: true });
-        for (&n, before) in racy.iter().zip(before) {
-            assert!(seen(&proof, n) > before, "entry {n} was not renewed");
-        }
-        assert_eq!(
-            seen(&proof, 1_000),
-            settled,
-            "a settled entry is left as it was"
-        );
-
-        for changed in [1_990, 10] {
-            let mut edited = proof.clone();
-            std::fs::write(&paths[changed], "a longer text than before").unwrap();
+        let listed = HashMap::new();
+        for threads in [1, 2, 3] {
+            let mut all = watched();
+            let before: Vec<i64> = racy.iter().map(|&n| seen(&all, n)).collect();
+            let settled = seen(&all, 1_000);
             assert_eq!(
-                edited.check(),
-                Checked::Fails(format!("{} changed", paths[changed].display()))
+                check_in_shares(&mut all, &listed, threads),
+                Checked::Holds { renewed: true }
             );
-            std::fs::write(&paths[changed], changed.to_string()).unwrap();
-            // (Written again: its times changed, so it still differs.)
-            assert!(matches!(edited.check(), Checked::Fails(_)));
+            for (&n, before) in racy.iter().zip(before) {
+                assert!(
+                    seen(&all, n) > before,
+                    "entry {n} not renewed ({threads} shares)"
+                );
+            }
+            assert_eq!(
+                seen(&all, 1_000),
+                settled,
+                "a settled entry is left as it was"
+            );
         }
+        // One file changed at a time, in the last share, then in the first.
+        for changed in [1_990, 10] {
+            let mut all = watched();
+            std::fs::write(&paths[changed], "a longer text than before").unwrap();
+            for threads in [1, 2, 3] {
+                assert_eq!(
+                    check_in_shares(&mut all, &listed, threads),
+                    Checked::Fails(format!("{} changed", paths[changed].display())),
+                    "{threads} shares"
+                );
+            }
+        }
+        // A share that another has stopped checks nothing more.
+        let all = watched();
+        let stopped = check_share(&all, 0, &listed, &AtomicBool::new(true));
+        assert!(matches!(stopped, Share::Stopped));
     }
 }

@@ -45,7 +45,7 @@ pub fn check_wal(ledger: &Path) -> Result<(), StoreError> {
     // Read in large pieces: a log holds up to a thousand 4 KiB pages
     // (SQLite checkpoints at that size), and read 8 KiB at a time its
     // system calls were most of the check.
-    match wal_damage(io::BufReader::with_capacity(1 << 20, file)) {
+    match wal_damage(io::BufReader::with_capacity(256 << 10, file)) {
         Ok(None) => Ok(()),
         Ok(Some(detail)) => Err(StoreError::LedgerWalDamaged { path: wal, detail }),
         Err(e) => Err(StoreError::io(&wal, e)),
@@ -53,8 +53,8 @@ pub fn check_wal(ledger: &Path) -> Result<(), StoreError> {
 }
 
 /// What is wrong with a write-ahead log, if anything (see the module doc).
-/// Reads no further than it must: a healthy log ends at its first frame of
-/// an older generation.
+/// Checks no further than it must (reading at most one buffer beyond): a
+/// healthy log ends at its first frame of an older generation.
 fn wal_damage(mut log: impl Read) -> io::Result<Option<String>> {
     let mut header = [0u8; WAL_HEADER];
     match read_full(&mut log, &mut header)? {
