@@ -36,13 +36,12 @@ impl From<&Metadata> for FileStat {
 
 impl From<&rustix::fs::Stat> for FileStat {
     fn from(stat: &rustix::fs::Stat) -> Self {
-        let ns = |secs: i64, nsec: i64| secs.saturating_mul(1_000_000_000).saturating_add(nsec);
         FileStat {
             dev: stat.st_dev,
             ino: stat.st_ino,
             size: stat.st_size as u64,
-            mtime_ns: ns(stat.st_mtime, stat.st_mtime_nsec as i64),
-            ctime_ns: ns(stat.st_ctime, stat.st_ctime_nsec as i64),
+            mtime_ns: nanos(stat.st_mtime, stat.st_mtime_nsec as i64),
+            ctime_ns: nanos(stat.st_ctime, stat.st_ctime_nsec as i64),
             mode: stat.st_mode,
         }
     }
@@ -167,16 +166,17 @@ fn stat_by_name(path: &Path, dir: &mut OpenDir, follow: bool) -> io::Result<File
 
 /// A file's modification time in nanoseconds since the epoch.
 pub fn mtime_ns(meta: &Metadata) -> i64 {
-    meta.mtime()
-        .saturating_mul(1_000_000_000)
-        .saturating_add(meta.mtime_nsec())
+    nanos(meta.mtime(), meta.mtime_nsec())
 }
 
 /// A file's status change time in nanoseconds since the epoch.
 pub fn ctime_ns(meta: &Metadata) -> i64 {
-    meta.ctime()
-        .saturating_mul(1_000_000_000)
-        .saturating_add(meta.ctime_nsec())
+    nanos(meta.ctime(), meta.ctime_nsec())
+}
+
+/// Seconds and nanoseconds as nanoseconds, saturating far from the epoch.
+fn nanos(secs: i64, nsec: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec)
 }
 
 #[cfg(test)]

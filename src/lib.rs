@@ -4,7 +4,8 @@
 //! `manifest` → `graph` → `fingerprint` → `store` → `release` → `builtins` →
 //! `exec` → `schedule` → `cli`. `records` (JSON record files),
 //! `canonical_json`, `causes` (errors on one line), `file_stat` (`stat`s by
-//! name) and `tls` (the one TLS provider) stand apart.
+//! name), `side_by_side` (work in shares on threads) and `tls` (the one TLS
+//! provider) stand apart.
 
 pub mod builtins;
 pub mod canonical_json;
@@ -18,5 +19,6 @@ pub mod manifest;
 pub mod records;
 pub mod release;
 pub mod schedule;
+pub mod side_by_side;
 pub mod store;
 pub mod tls;

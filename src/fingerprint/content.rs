@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::digest::Digest;
 use crate::file_stat::{FileStat, OpenDir, ctime_ns, mtime_ns, stat_in_dir};
+use crate::side_by_side::{in_shares, shares_for};
 
 /// What sits at a path inside a directory tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -250,45 +251,17 @@ impl DirStat {
 pub fn stat_side_by_side(paths: &[PathBuf]) -> Vec<io::Result<FileStat>> {
     /// Fewer than this are not worth a thread.
     const SHARE: usize = 2048;
-    let stat_all = |paths: &[PathBuf]| -> Vec<io::Result<FileStat>> {
+    let shares = shares_for(paths.len(), SHARE);
+    in_shares(paths, shares, "cairn-stat", |_, paths| {
         let mut dir = OpenDir::default();
         paths
             .iter()
             .map(|path| stat_in_dir(path, &mut dir))
-            .collect()
-    };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(paths.len() / SHARE)
-        .min(4);
-    if threads < 2 {
-        return stat_all(paths);
-    }
-    let share = paths.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let mut shares = paths.chunks(share);
-        let mine = shares.next().unwrap_or_default();
-        // A thread that cannot be started leaves its share to this one.
-        let theirs: Vec<_> = shares
-            .map(|share| {
-                std::thread::Builder::new()
-                    .name("cairn-stat".to_owned())
-                    .spawn_scoped(scope, move || stat_all(share))
-                    .map_err(|_| share)
-            })
-            .collect();
-        let mut all = stat_all(mine);
-        for thread in theirs {
-            match thread {
-                Ok(handle) => match handle.join() {
-                    Ok(stats) => all.extend(stats),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                },
-                Err(share) => all.extend(stat_all(share)),
-            }
-        }
-        all
+            .collect::<Vec<_>>()
     })
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// A map keyed by paths, hashed with foldhash: a run looks up thousands of

@@ -46,6 +46,7 @@ use crate::fingerprint::{
     Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns,
 };
 use crate::manifest::Foreach;
+use crate::side_by_side::{in_shares, shares_for};
 use crate::store::{OutputKind, OutputRecord};
 
 /// Set (to anything) to have every `run` that a proof answers also decide
@@ -192,52 +193,20 @@ pub enum Checked {
 fn check_side_by_side(watched: &mut [Watched], listed: &HashMap<PathBuf, Vec<PathBuf>>) -> Checked {
     /// Fewer paths than this a thread are not worth one.
     const SHARE: usize = 512;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(watched.len() / SHARE)
-        .min(4);
-    check_in_shares(watched, listed, threads)
+    let shares = shares_for(watched.len(), SHARE);
+    check_in_shares(watched, listed, shares)
 }
 
-/// Checks `watched` in `threads` shares, each on a thread of its own but
-/// the first.
+/// Checks `watched` in `shares` shares side by side.
 fn check_in_shares(
     watched: &mut [Watched],
     listed: &HashMap<PathBuf, Vec<PathBuf>>,
-    threads: usize,
+    shares: usize,
 ) -> Checked {
-    let all: &[Watched] = watched;
     let stop = AtomicBool::new(false);
-    let shares = if threads < 2 {
-        vec![check_share(all, 0, listed, &stop)]
-    } else {
-        let share = all.len().div_ceil(threads);
-        std::thread::scope(|scope| {
-            let mut shares = all.chunks(share).enumerate();
-            let (_, mine) = shares.next().unwrap_or_default();
-            let stop = &stop;
-            // A thread that cannot be started leaves its share to this one.
-            let theirs: Vec<_> = shares
-                .map(|(n, part)| {
-                    std::thread::Builder::new()
-                        .name("cairn-proof".to_owned())
-                        .spawn_scoped(scope, move || check_share(part, n * share, listed, stop))
-                        .map_err(|_| (n, part))
-                })
-                .collect();
-            let mut checked = vec![check_share(mine, 0, listed, stop)];
-            for thread in theirs {
-                checked.push(match thread {
-                    Ok(handle) => match handle.join() {
-                        Ok(checked) => checked,
-                        Err(panic) => std::panic::resume_unwind(panic),
-                    },
-                    Err((n, part)) => check_share(part, n * share, listed, stop),
-                });
-            }
-            checked
-        })
-    };
+    let shares = in_shares(watched, shares, "cairn-proof", |first, share| {
+        check_share(share, first, listed, &stop)
+    });
     // A difference one share found (a share stopped by another found none
     // of its own; which one is reported when several differ depends on
     // which thread came to it first).
