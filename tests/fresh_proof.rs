@@ -233,6 +233,46 @@ fn every_change_a_run_would_see_makes_it_decide_again() {
 /// not enough: the run is decided the usual way, from the workspace and
 /// ledger the proof's check held, and closes the dead run.
 #[test]
+fn a_run_after_a_proof_takes_up_the_manifest_kept_beside_it_while_its_checks_on_disk_pass() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+
+    // An input edited: the proof fails, and the manifest is taken up as
+    // the run that made the proof validated it (under the suite's check,
+    // it is also loaded again and must be alike).
+    p.file("data/1.txt", "uno\n");
+    let edited = run(&p, &[]);
+    assert!(!edited.by_proof);
+    assert_eq!(edited.stages, ["b", "c"]);
+    assert!(
+        edited
+            .stderr
+            .contains("the manifest was taken up as it was kept"),
+        "{}",
+        edited.stderr
+    );
+    settle(&p);
+
+    // An input no stage writes removed: the kept manifest's check on disk
+    // fails, and the manifest loaded again says where.
+    std::fs::remove_file(p.path("in.txt")).unwrap();
+    let output = p
+        .command(&["run"])
+        .env("RUST_LOG", "cairn=debug")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("the kept manifest was not taken up")
+            && stderr
+                .contains("input `in.txt` of stage `a` does not exist and no stage produces it"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_run_left_open_by_a_dead_cairn_is_closed_by_a_run_the_proof_would_answer() {
     let p = project();
     run(&p, &[]);
@@ -338,6 +378,38 @@ fn a_proof_the_slow_way_disagrees_with_is_an_internal_error_under_the_check() {
         stderr.contains("the fresh proof held, but these stages are not fresh: `c`"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_kept_manifest_the_usual_load_disagrees_with_is_an_internal_error_under_the_check() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    // Another writer (as no cairn is) puts a manifest with another command
+    // for `a` under the proof's key: the check must catch it.
+    let mut manifest = cairn::manifest::load(&p.path("cairn.toml"), None).unwrap();
+    manifest.stages[0].run = cairn::manifest::Command::Shell("echo tampered".to_owned());
+    let tampered = cairn::manifest::kept::encode(&manifest).unwrap();
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let replaced = db
+        .execute("UPDATE kept_manifests SET body = ?1", [&tampered])
+        .unwrap();
+    assert_eq!(replaced, 1);
+    drop(db);
+    p.file("data/1.txt", "uno\n");
+    let output = p
+        .command(&["run"])
+        .env("GREETING", "hello")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("is not the manifest as loaded now"),
+        "{stderr}"
+    );
+    assert!(!p.read("a.txt").contains("tampered"));
 }
 
 const ITEMS: &str = r#"

@@ -34,6 +34,9 @@ pub struct Held {
     /// The key of the proof, when it was checked and failed: what the
     /// item plans kept beside it are kept under.
     pub key: Option<[u8; 32]>,
+    /// The validated manifest kept beside the proof that failed, encoded
+    /// (see [`crate::manifest::kept`]).
+    pub kept_manifest: Option<Vec<u8>>,
 }
 
 /// Answers `cairn run` from the proof the last run kept, if it holds.
@@ -83,19 +86,26 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     let Some(mut proof) = Proof::decode(&body).filter(|proof| proof.root == root) else {
         return Ok(Asked::Decide(None));
     };
-    let held = |lock, ledger, key| {
+    let held = |lock, ledger, key, kept_manifest| {
         Box::new(Held {
             lock,
             ledger,
             root: root.clone(),
             lock_path: lock_path_of(&path),
             key,
+            kept_manifest,
         })
     };
     match proof.check() {
         Checked::Fails(why) => {
             tracing::debug!("the fresh proof does not hold: {why}");
-            return Ok(Asked::Decide(Some(held(lock, ledger, Some(key)))));
+            let kept_manifest = ledger.kept_manifest(&key).ok().flatten();
+            return Ok(Asked::Decide(Some(held(
+                lock,
+                ledger,
+                Some(key),
+                kept_manifest,
+            ))));
         }
         Checked::Holds { renewed } => {
             tracing::debug!(
@@ -115,7 +125,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     // A run that died is for the usual way to close (and its processes
     // to be found).
     if !matches!(ledger.has_open_runs(), Ok(false)) {
-        return Ok(Asked::Decide(Some(held(lock, ledger, None))));
+        return Ok(Asked::Decide(Some(held(lock, ledger, None, None))));
     }
     if std::env::var_os(CHECK_VAR).is_some() {
         check_the_slow_way(global)?;

@@ -17,12 +17,27 @@ use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // With the workspace held for a proof that failed, its history is read
-    // while the manifest is parsed.
-    let early = match fresh_run::run(global, args)? {
+    // while the manifest is parsed, or taken up as it was kept beside the
+    // proof.
+    let (early, kept) = match fresh_run::run(global, args)? {
         Asked::Answered => return Ok(()),
-        Asked::Decide(held) => held.and_then(|held| EarlyHistory::start(*held)),
+        Asked::Decide(None) => (None, None),
+        Asked::Decide(Some(mut held)) => {
+            let kept = held
+                .kept_manifest
+                .take()
+                .map(|kept| (kept, held.root.clone()));
+            (EarlyHistory::start(*held), kept)
+        }
     };
-    let loaded = workspace::load(global)?;
+    let kept = match kept {
+        Some((kept, root)) => workspace::take_up(global, &kept, &root)?,
+        None => None,
+    };
+    let loaded = match kept {
+        Some(loaded) => loaded,
+        None => workspace::load(global)?,
+    };
     let selected = loaded.selection(&args.targets)?;
     let forced = loaded.forced(&args.force)?;
     if args.jobs == Some(0) {
@@ -255,6 +270,7 @@ impl EarlyHistory {
             root,
             lock_path,
             key,
+            kept_manifest: _,
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());

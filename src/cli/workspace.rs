@@ -1,12 +1,13 @@
 //! Loading the manifest and graph, and opening the cache, for a command.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::args::Global;
 use super::error::CliError;
 use crate::graph::Dag;
 use crate::manifest::{self, LoadError, Manifest};
 use crate::schedule::Context;
+use crate::schedule::fresh_proof::CHECK_VAR;
 use crate::store::{Ledger, PipelineId, WorkspaceLock};
 
 pub struct Loaded {
@@ -50,6 +51,37 @@ pub fn load(global: &Global) -> Result<Loaded, CliError> {
     let manifest = manifest::load(&path, global.profile.as_deref())?;
     let dag = Dag::build(&manifest).map_err(LoadError::from)?;
     Ok(Loaded { manifest, dag })
+}
+
+/// The manifest kept (encoded as `kept`) beside a proof made for `root`,
+/// and its graph, if it was kept for the manifest this command names and
+/// what it found on disk still holds (see [`manifest::kept`]).
+///
+/// With `CAIRN_CHECK_FRESH_PROOF` set (as the test suite does), the
+/// manifest is also loaded the usual way, and any difference is an
+/// internal error.
+pub fn take_up(global: &Global, kept: &[u8], root: &Path) -> Result<Option<Loaded>, CliError> {
+    let path = manifest_path(global)?;
+    let profile = global.profile.as_deref();
+    let Some(manifest) = manifest::kept::take_up(kept, &path, profile, root) else {
+        tracing::debug!("the kept manifest was not taken up: it is loaded again");
+        return Ok(None);
+    };
+    if std::env::var_os(CHECK_VAR).is_some() {
+        let usual = manifest::load(&path, profile).map(|usual| format!("{usual:?}"));
+        if usual.as_deref().ok() != Some(format!("{manifest:?}").as_str()) {
+            return Err(CliError::Usage {
+                message: format!(
+                    "internal error: the manifest kept for `{}` is not the manifest as loaded now",
+                    path.display()
+                ),
+                help: Some("please report this as a cairn bug".to_owned()),
+            });
+        }
+    }
+    let dag = Dag::build(&manifest).map_err(LoadError::from)?;
+    tracing::debug!("the manifest was taken up as it was kept");
+    Ok(Some(Loaded { manifest, dag }))
 }
 
 impl Loaded {

@@ -24,6 +24,10 @@ mod pipeline;
 mod services;
 mod uses;
 
+use crate::file_stat::OpenDir;
+use cross_stage::input_missing;
+use foreach::item_list_missing;
+use output_places::OutputPlaces;
 use paths::normalise;
 pub use services::PORT as SERVICE_PORT;
 
@@ -101,6 +105,33 @@ pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {
         Ok(source) => load_str(path, source, profile),
         Err(error) => Err(not_utf8(path, error).into()),
     }
+}
+
+/// Whether what validating `manifest` found on disk still holds: each
+/// input that no stage writes exists, each item list exists or is
+/// written, and no output is the manifest, its lock file or a path
+/// through a symbolic link. The checks [`load`] makes, without their
+/// messages: a kept manifest ([`super::kept`]) is taken up only where they
+/// pass, and else loaded again to report what fails.
+pub(super) fn holds_on_disk(manifest: &Manifest) -> bool {
+    let (stages, root) = (&manifest.stages, manifest.root.as_path());
+    let index = OutputIndex::new(stages);
+    let mut dir = OpenDir::default();
+    let mut places = OutputPlaces::new(root, &manifest.path);
+    stages.iter().all(|stage| {
+        stage
+            .inputs
+            .iter()
+            .all(|input| !input_missing(&input.path, stages, &index, root, &mut dir))
+            && stage
+                .foreach
+                .as_ref()
+                .is_none_or(|foreach| !item_list_missing(&foreach.items, &index, root))
+            && stage
+                .outputs
+                .iter()
+                .all(|output| places.refused(&output.path).is_none())
+    })
 }
 
 /// A manifest that is not UTF-8, located at its first bad byte.

@@ -9,6 +9,7 @@ pub mod catalog;
 mod error;
 mod image;
 pub mod interpolate;
+pub mod kept;
 mod load;
 mod model;
 mod raw;

@@ -4,10 +4,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::raw::Span;
 
 /// A pipeline manifest that passed validation.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
     /// The manifest file, as given on the command line.
     pub path: PathBuf,
@@ -18,6 +20,7 @@ pub struct Manifest {
     pub root: PathBuf,
     pub profile: Option<String>,
     /// Param values after the profile's overrides.
+    #[serde(with = "super::kept::json_map")]
     pub params: BTreeMap<String, serde_json::Value>,
     /// `[resources]`: name → capacity and how it is held.
     pub resources: BTreeMap<String, Resource>,
@@ -39,7 +42,7 @@ pub struct Manifest {
 /// run (a model server), started by cairn for them or reached where it
 /// already runs. A service is reached, not fingerprinted: what it serves
 /// is declared as content, and `check` verifies it each time it comes up.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Service {
     pub name: String,
     pub description: Option<String>,
@@ -63,7 +66,7 @@ pub struct Service {
 }
 
 /// `[cache] link`: how a stored file and its workspace copy share the disk.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Link {
     /// Two copies.
     #[default]
@@ -75,7 +78,7 @@ pub enum Link {
 }
 
 /// `[cache.remote]`, as written (keys are parsed where they are used).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteCacheSpec {
     pub url: String,
     /// Public keys (`ed25519:BASE64`) trusted besides this machine's own.
@@ -133,7 +136,7 @@ pub fn is_per_item(image: &str) -> bool {
 }
 
 /// `[executors.NAME]`: an engine that runs stages' commands.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExecutorSpec {
     /// Processes on this machine (what a stage without `executor` uses).
     Local,
@@ -154,7 +157,7 @@ impl ExecutorSpec {
 }
 
 /// Where and how a stage's jobs run on Slurm.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlurmSettings {
     pub partition: Option<String>,
     pub account: Option<String>,
@@ -178,7 +181,7 @@ pub struct SlurmSettings {
 }
 
 /// Where and how a stage's jobs run on Kubernetes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KubernetesSettings {
     pub namespace: String,
     /// The container image, `REPO@sha256:…` unless `require_digest` is off;
@@ -217,7 +220,7 @@ pub struct KubernetesSettings {
 }
 
 /// How the project root is mounted into a pod (at the same path).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RootVolume {
     /// A PersistentVolumeClaim, by name, that holds the root.
     Claim(String),
@@ -228,7 +231,7 @@ pub enum RootVolume {
 }
 
 /// One toleration of node taints, as Kubernetes spells it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Toleration {
     pub key: Option<String>,
     /// `Equal` or `Exists`.
@@ -239,7 +242,7 @@ pub struct Toleration {
 }
 
 /// A named capacity (`[resources]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resource {
     pub capacity: u32,
     /// Held by a per-item stage as a whole while it runs (its items run
@@ -251,7 +254,7 @@ pub struct Resource {
     pub across: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Stage {
     pub name: String,
     /// Where `[stages.NAME]` is written, for errors about the whole stage.
@@ -266,6 +269,7 @@ pub struct Stage {
     pub outputs: Vec<PathDecl>,
     pub needs: Vec<Named>,
     /// The params that enter the fingerprint, with their values.
+    #[serde(with = "super::kept::json_map")]
     pub params: BTreeMap<String, serde_json::Value>,
     pub env: BTreeMap<String, EnvValue>,
     /// Variables passed through from cairn's environment whose values are
@@ -310,16 +314,17 @@ impl Stage {
 }
 
 /// A built-in stage's name, version and settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Uses {
     pub name: String,
     pub version: u32,
     /// The `with` table after interpolation.
+    #[serde(with = "super::kept::json")]
     pub with: serde_json::Value,
 }
 
 /// A per-item stage's settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Foreach {
     /// The JSON array or JSONL file listing the items.
     pub items: ProjectPath,
@@ -352,7 +357,7 @@ pub struct Foreach {
 /// true run first, and a group whose smoke item ends in `error` (or still
 /// on infrastructure) is marked and its other items skipped, while the
 /// other groups go on.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Isolate {
     pub by: String,
     pub smoke: String,
@@ -370,7 +375,7 @@ pub struct Isolate {
 /// command is a draw, not a function. Each (item, sample) is its own unit,
 /// with its own fingerprint, attempts and outcome; `ok` is a pass, a
 /// verdict a valid fail.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Samples {
     /// Samples per item.
     pub k: u32,
@@ -395,7 +400,7 @@ pub struct Samples {
 /// groups (values of `by`) are paired by `on`, and their pass rates
 /// compared: the mean difference with a paired bootstrap interval, and
 /// McNemar's exact test when each item has one sample.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Compare {
     pub by: String,
     pub on: String,
@@ -426,7 +431,7 @@ impl Samples {
 }
 
 /// How samples that ended in `error` enter pass rates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorsCount {
     /// As fails: the denominator is every sample requested.
     AsFails,
@@ -445,7 +450,7 @@ impl ErrorsCount {
 
 /// What each item writes inside one of the stage's directory outputs:
 /// `OUTPUT/TEMPLATE`, the template naming the item (`{item.id}`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ItemOutput {
     /// The declared output (a directory) the entry lies in.
     pub output: String,
@@ -455,7 +460,7 @@ pub struct ItemOutput {
 }
 
 /// A predicate over an item's JSON result, at a JSON pointer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ResultCheck {
     pub pointer: String,
     pub expect: Expect,
@@ -463,10 +468,10 @@ pub struct ResultCheck {
     pub text: String,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Expect {
     /// The value equals this one.
-    Equals(serde_json::Value),
+    Equals(#[serde(with = "super::kept::json")] serde_json::Value),
     /// A number at least this large, or a string, array or object with at
     /// least this many elements.
     Min(f64),
@@ -495,7 +500,7 @@ impl ResultCheck {
 }
 
 /// How an item's attempt ended.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ItemClass {
     Ok,
     /// A final result other than ok (`rejected`, `gold-fails`, …).
@@ -532,12 +537,13 @@ impl ItemClass {
 
 /// `{ exit = 75, output = "regex", as = "infra" }`: every condition given
 /// must hold.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClassifyRule {
     pub exit: Vec<i32>,
     /// An end without an exit code that the rule claims: a timeout, or a
     /// job an engine killed for its memory.
     pub ended: Option<Ended>,
+    #[serde(with = "super::kept::regex")]
     pub output: Option<regex::Regex>,
     /// A condition on the item's JSON result.
     pub result: Option<ResultCheck>,
@@ -550,7 +556,7 @@ pub struct ClassifyRule {
 /// "timeout"`): each has a default class (error, infra) that a rule may
 /// change, as a model that leaks memory until it is killed may be a
 /// verdict rather than a fault of the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ended {
     /// Ran past its time limit (the stage's `timeout`, Slurm's TIMEOUT).
     Timeout,
@@ -571,7 +577,7 @@ impl Ended {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Retry {
     pub max: u32,
     pub on: Vec<ItemClass>,
@@ -598,14 +604,14 @@ impl Default for Retry {
 }
 
 /// A name written in the manifest, with where it was written.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Named {
     pub name: String,
     pub span: Span,
 }
 
 /// A command after interpolation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     /// Run through `/bin/sh -c`.
     Shell(String),
@@ -624,7 +630,7 @@ impl Command {
 }
 
 /// A declared input or output.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PathDecl {
     /// The table key, or the position in a list ("0", "1", …).
     pub name: String,
@@ -635,7 +641,7 @@ pub struct PathDecl {
 /// A path relative to the project root (`/`-separated, normalised); inputs
 /// may also lie outside it: relative, leading `..` kept (`../shared/x`,
 /// portable with the project), or absolute as written.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ProjectPath(String);
 
 impl ProjectPath {
@@ -675,7 +681,7 @@ impl std::fmt::Display for ProjectPath {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EnvValue {
     /// A value written in the manifest.
     Literal(String),

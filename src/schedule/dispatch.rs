@@ -1115,7 +1115,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             return;
         };
         let plans = plans.map(|plans| super::kept_plans::encode(&plans));
-        if let Err(error) = ledger.keep_fresh_proof(&key, &proof.encode(), plans.as_deref()) {
+        // (A run that took up the manifest kept under this key keeps it.)
+        let manifest = match ledger.keeps_manifest(&key) {
+            Ok(true) => None,
+            _ => crate::manifest::kept::encode(ctx.manifest),
+        };
+        if let Err(error) =
+            ledger.keep_fresh_proof(&key, &proof.encode(), plans.as_deref(), manifest.as_deref())
+        {
             tracing::debug!("the fresh proof was not kept: {error}");
         }
     }

@@ -108,7 +108,9 @@ impl LockFile {
         if let Some(lock) = Self::parse_as_rendered(text)
             && lock.version == LOCK_FORMAT_VERSION
             && lock.pipeline == pipeline
-            && lock.checksum == Some(lock.content_checksum())
+            && lock.checksum.is_some_and(|checksum| {
+                text_checksum(text) == Some(checksum) || lock.content_checksum() == checksum
+            })
         {
             return Ok(lock);
         }
@@ -318,6 +320,19 @@ impl LockFile {
     }
 }
 
+/// The checksum of `text` as it is, without its checksum line: the
+/// checksum it records if it is byte for byte as cairn rendered it, and
+/// then the reading of it as rendered is the lock that was rendered. Its
+/// other lines are not rendered again to tell.
+fn text_checksum(text: &str) -> Option<Digest> {
+    let at = text.find("\nchecksum = \"")? + 1;
+    let end = at + text[at..].find('\n')? + 1;
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&text.as_bytes()[..at]);
+    hasher.update(&text.as_bytes()[end..]);
+    Some(Digest::from_hash(hasher.finalize()))
+}
+
 /// A TOML key: bare if it can be, quoted otherwise.
 fn key(name: &str) -> String {
     let bare = !name.is_empty()
@@ -400,9 +415,21 @@ mod tests {
         let fast = LockFile::parse_as_rendered(&text).expect("the fast reading");
         assert_eq!(fast, LockFile::parse(&text).unwrap());
         assert_eq!(LockFile::verify(&text, "pipe").unwrap(), fast);
+        // Its checksum is checked on its text as it is.
+        assert_eq!(text_checksum(&text), Some(lock.content_checksum()));
         // A hand edit is caught either way.
         let edited = text.replace("size = 7", "size = 8");
         assert_eq!(LockFile::verify(&edited, "pipe"), Err(LockProblem::Edited));
+        // A lock that reads as rendered but is not so byte for byte (a
+        // comment added) is checked on its content, as rendered again.
+        let commented = text.replace("\n[stages.b-2]", "\n# why b-2\n[stages.b-2]");
+        assert_ne!(text_checksum(&commented), Some(lock.content_checksum()));
+        assert_eq!(LockFile::verify(&commented, "pipe").unwrap(), fast);
+        let commented_and_edited = commented.replace("size = 7", "size = 8");
+        assert_eq!(
+            LockFile::verify(&commented_and_edited, "pipe"),
+            Err(LockProblem::Edited)
+        );
         // Names it does not read plainly go to the TOML parser.
         let mut quoted = LockFile::new("pipe");
         quoted.insert(
@@ -411,6 +438,7 @@ mod tests {
             &[record("o", "say \"hi\".txt", OutputKind::File)],
         );
         let text = quoted.render();
+        assert_eq!(text_checksum(&text), Some(quoted.content_checksum()));
         assert_eq!(LockFile::parse_as_rendered(&text), None);
         assert_eq!(LockFile::verify(&text, "pipe").unwrap().stages.len(), 1);
     }

@@ -75,20 +75,7 @@ impl Checker<'_> {
         let mut dir = OpenDir::default();
         for stage in stages {
             for input in &stage.inputs {
-                if index.producer_of(&input.path).is_some()
-                    || stat_in_dir(&input.path.resolve(root), &mut dir).is_ok()
-                {
-                    continue;
-                }
-                let produced_inside = stages.iter().any(|s| {
-                    s.outputs.iter().any(|o| {
-                        o.path
-                            .self_and_ancestors()
-                            .skip(1)
-                            .any(|a| a == input.path.as_str())
-                    })
-                });
-                if produced_inside {
+                if !input_missing(&input.path, stages, &index, root, &mut dir) {
                     continue;
                 }
                 self.problems.push(
@@ -116,4 +103,27 @@ impl Checker<'_> {
             }
         }
     }
+}
+
+/// Whether `input` neither exists nor is written by a stage (as an output,
+/// inside one, or as a directory an output lies in).
+pub(super) fn input_missing(
+    input: &ProjectPath,
+    stages: &[Stage],
+    index: &OutputIndex,
+    root: &Path,
+    dir: &mut OpenDir,
+) -> bool {
+    if index.producer_of(input).is_some() || stat_in_dir(&input.resolve(root), dir).is_ok() {
+        return false;
+    }
+    let produced_inside = stages.iter().any(|s| {
+        s.outputs.iter().any(|o| {
+            o.path
+                .self_and_ancestors()
+                .skip(1)
+                .any(|a| a == input.as_str())
+        })
+    });
+    !produced_inside
 }

@@ -663,20 +663,17 @@ impl Checker<'_> {
                     }
                 },
             };
-            if let Some(path) = &resolved {
-                let produced = writers.producer_of(path).is_some();
-                if !produced && !path.resolve(root).exists() {
-                    self.problems.push(
-                        Problem::new(
-                            format!("item list `{path}` does not exist and no stage produces it"),
-                            span.clone(),
-                            "missing",
-                        )
-                        .help(
-                            "point `items` at a JSON array or JSONL file, or at `{STAGE.out.NAME}`",
-                        ),
-                    );
-                }
+            if let Some(path) = &resolved
+                && item_list_missing(path, &writers, root)
+            {
+                self.problems.push(
+                    Problem::new(
+                        format!("item list `{path}` does not exist and no stage produces it"),
+                        span.clone(),
+                        "missing",
+                    )
+                    .help("point `items` at a JSON array or JSONL file, or at `{STAGE.out.NAME}`"),
+                );
             }
             let stage = &mut stages[i];
             if let (Some(path), Some(foreach)) = (resolved, stage.foreach.as_mut()) {
@@ -730,4 +727,9 @@ impl Checker<'_> {
             }
         }
     }
+}
+
+/// Whether the item list at `path` neither exists nor is written by a stage.
+pub(super) fn item_list_missing(path: &ProjectPath, writers: &OutputIndex, root: &Path) -> bool {
+    writers.producer_of(path).is_none() && !path.resolve(root).exists()
 }

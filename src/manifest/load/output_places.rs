@@ -13,46 +13,76 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use super::super::model::{Stage, lock_path_of};
+use super::super::model::{ProjectPath, Stage, lock_path_of};
 use super::Checker;
 use crate::file_stat::{OpenDir, lstat_in_dir};
 use crate::manifest::error::Problem;
 
 impl Checker<'_> {
     pub(super) fn check_output_places(&mut self, stages: &[Stage], root: &Path, manifest: &Path) {
-        let manifest = manifest
-            .canonicalize()
-            .unwrap_or_else(|_| manifest.to_owned());
-        let lock = lock_path_of(&manifest);
-        // Directories already found to be plain (not links): many outputs
-        // share them, and each is looked at once.
-        let mut plain_dirs = HashSet::new();
-        let mut dir = OpenDir::default();
+        let mut places = OutputPlaces::new(root, manifest);
         for stage in stages {
             for output in &stage.outputs {
-                if output.path.is_external() {
-                    continue;
-                }
-                let abs = output.path.resolve(root);
-                let refused = if abs == manifest {
-                    Some((
-                        format!("output `{}` is the manifest itself", output.path),
-                        "a stage may not overwrite the pipeline that runs it; write elsewhere"
-                            .to_owned(),
-                    ))
-                } else if abs == lock {
-                    Some((
-                        format!("output `{}` is the manifest's lock file", output.path),
-                        "cairn writes the lock file after each run; write elsewhere".to_owned(),
-                    ))
-                } else {
-                    through_link(root, output.path.as_str(), &mut plain_dirs, &mut dir)
-                };
-                if let Some((message, help)) = refused {
+                if let Some((message, help)) = places.refused(&output.path) {
                     self.problems
                         .push(Problem::new(message, output.span.clone(), "this output").help(help));
                 }
             }
+        }
+    }
+}
+
+/// Where the outputs of one manifest may not be, looked at output by
+/// output.
+pub(super) struct OutputPlaces<'r> {
+    root: &'r Path,
+    manifest: PathBuf,
+    lock: PathBuf,
+    /// Directories already found to be plain (not links): many outputs
+    /// share them, and each is looked at once.
+    plain_dirs: HashSet<PathBuf>,
+    dir: OpenDir,
+}
+
+impl<'r> OutputPlaces<'r> {
+    pub(super) fn new(root: &'r Path, manifest: &Path) -> Self {
+        let manifest = manifest
+            .canonicalize()
+            .unwrap_or_else(|_| manifest.to_owned());
+        let lock = lock_path_of(&manifest);
+        Self {
+            root,
+            manifest,
+            lock,
+            plain_dirs: HashSet::new(),
+            dir: OpenDir::default(),
+        }
+    }
+
+    /// Why `output` may not be written where it is (a message and a
+    /// help), if it may not.
+    pub(super) fn refused(&mut self, output: &ProjectPath) -> Option<(String, String)> {
+        if output.is_external() {
+            return None;
+        }
+        let abs = output.resolve(self.root);
+        if abs == self.manifest {
+            Some((
+                format!("output `{output}` is the manifest itself"),
+                "a stage may not overwrite the pipeline that runs it; write elsewhere".to_owned(),
+            ))
+        } else if abs == self.lock {
+            Some((
+                format!("output `{output}` is the manifest's lock file"),
+                "cairn writes the lock file after each run; write elsewhere".to_owned(),
+            ))
+        } else {
+            through_link(
+                self.root,
+                output.as_str(),
+                &mut self.plain_dirs,
+                &mut self.dir,
+            )
         }
     }
 }

@@ -53,14 +53,15 @@ impl Ledger {
     }
 
     /// Keeps `body` as this pipeline's proof under `key`, in place of any
-    /// it had, and `plans` (when given) as its item plans. Written after
-    /// everything else the run wrote: a write to a voiding table after it
-    /// would delete the proof.
+    /// it had, and `plans` and `manifest` (when given) as its item plans
+    /// and its validated manifest. Written after everything else the run
+    /// wrote: a write to a voiding table after it would delete the proof.
     pub fn keep_fresh_proof(
         &self,
         key: &[u8],
         body: &[u8],
         plans: Option<&[u8]>,
+        manifest: Option<&[u8]>,
     ) -> Result<(), StoreError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
         tx.execute(
@@ -80,6 +81,13 @@ impl Ledger {
             ),
             None => Ok(0),
         })
+        .and_then(|_| match manifest {
+            Some(manifest) => tx.execute(
+                "INSERT OR REPLACE INTO kept_manifests (pipeline, key, body) VALUES (?1, ?2, ?3)",
+                params![self.pipeline.name, key, manifest],
+            ),
+            None => Ok(0),
+        })
         .map_err(|e| self.db(e))?;
         tx.commit().map_err(|e| self.db(e))
     }
@@ -94,6 +102,33 @@ impl Ledger {
                 |row| row.get(0),
             )
             .optional()
+            .map_err(|e| self.db(e))
+    }
+
+    /// The validated manifest kept beside this pipeline's last proof, if
+    /// it was kept under `key` (see `manifest::kept`).
+    pub fn kept_manifest(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT body FROM kept_manifests WHERE pipeline = ?1 AND key = ?2",
+                params![self.pipeline.name, key],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| self.db(e))
+    }
+
+    /// Whether a manifest is kept for this pipeline under `key` (then a
+    /// run that keeps a proof under it need not encode it again).
+    pub fn keeps_manifest(&self, key: &[u8]) -> Result<bool, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT 1 FROM kept_manifests WHERE pipeline = ?1 AND key = ?2",
+                params![self.pipeline.name, key],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|found| found.is_some())
             .map_err(|e| self.db(e))
     }
 

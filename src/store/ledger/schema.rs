@@ -19,6 +19,7 @@
 //! | 14 | `fresh_proofs`: what a run that left every stage valid saw, for the next no-op to check by `stat` alone; triggers on every table a stage's freshness is read from delete them |
 //! | 15 | item attempts indexed by fingerprint (a stage's attempts so far under one fingerprint, counted from the index alone) |
 //! | 16 | `kept_plans`: each pipeline's item plans, kept beside its last fresh proof for the run after it (see `schedule::kept_plans`) |
+//! | 17 | `kept_manifests`: each pipeline's validated manifest, kept beside its last fresh proof for the run after it (see `manifest::kept`) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -26,7 +27,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 16;
+pub const LEDGER_SCHEMA_VERSION: i64 = 17;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -205,6 +206,14 @@ CREATE TABLE IF NOT EXISTS kept_plans (
     key BLOB NOT NULL,
     body BLOB NOT NULL
 );
+-- Each pipeline's validated manifest (see manifest::kept), kept beside its
+-- last proof under that proof's key. Not voided: it holds no verdict, and
+-- is taken up only for the same key, after its checks on disk pass again.
+CREATE TABLE IF NOT EXISTS kept_manifests (
+    pipeline TEXT PRIMARY KEY,
+    key BLOB NOT NULL,
+    body BLOB NOT NULL
+);
 ";
 
 /// The tables a stage's freshness is read from: a write to any of them
@@ -256,6 +265,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (14, fresh_proofs),
     (15, attempts_by_fingerprint),
     (16, kept_plans),
+    (17, kept_manifests),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -398,6 +408,11 @@ fn attempts_by_fingerprint(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::
 
 /// 16: `kept_plans` ([`SCHEMA`] creates it).
 fn kept_plans(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
+}
+
+/// 17: `kept_manifests` ([`SCHEMA`] creates it).
+fn kept_manifests(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
 }
 

@@ -1,0 +1,185 @@
+//! A validated manifest kept beside the fresh proof of the run that used
+//! it (see `schedule::fresh_proof`), for the next run of the same manifest
+//! to take up without parsing and checking it again.
+//!
+//! Validation reads the manifest's bytes, its path, the working directory
+//! and the profile (all in the proof's key, with the cairn binary that
+//! encoded it), and the disk: which inputs and item lists exist, which
+//! outputs would be written through a symbolic link, and where the root
+//! resolves. A kept manifest is taken up only under the same key, for the
+//! root the proof was made for, and only after the checks on disk are made
+//! again and pass ([`super::load::holds_on_disk`]); anything else is
+//! loaded the usual way, which reports what fails.
+//!
+//! Encoded with postcard, which is not self-describing: the binary that
+//! reads a kept manifest is the one that wrote it (the key says so), and
+//! JSON values and regular expressions travel as their text.
+
+use std::path::Path;
+
+use super::model::Manifest;
+
+/// The manifest's encoding; `None` if it cannot be encoded (then nothing
+/// is kept).
+pub fn encode(manifest: &Manifest) -> Option<Vec<u8>> {
+    postcard::to_allocvec(manifest).ok()
+}
+
+/// The manifest kept as `bytes`, if it was kept for the manifest at
+/// `path` under `profile` with its root at `root`, and what it found on
+/// disk still holds.
+pub fn take_up(bytes: &[u8], path: &Path, profile: Option<&str>, root: &Path) -> Option<Manifest> {
+    let manifest: Manifest = postcard::from_bytes(bytes).ok()?;
+    let same =
+        manifest.path == path && manifest.profile.as_deref() == profile && manifest.root == root;
+    (same && super::load::holds_on_disk(&manifest)).then_some(manifest)
+}
+
+/// A JSON value as its text.
+pub(super) mod json {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &serde_json::Value, to: S) -> Result<S::Ok, S::Error> {
+        to.serialize_str(&value.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<serde_json::Value, D::Error> {
+        let text = <&str>::deserialize(from)?;
+        serde_json::from_str(text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Named JSON values, each as its text.
+pub(super) mod json_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        values: &BTreeMap<String, serde_json::Value>,
+        to: S,
+    ) -> Result<S::Ok, S::Error> {
+        let texts: BTreeMap<&str, String> = values
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.to_string()))
+            .collect();
+        texts.serialize(to)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        from: D,
+    ) -> Result<BTreeMap<String, serde_json::Value>, D::Error> {
+        BTreeMap::<String, String>::deserialize(from)?
+            .into_iter()
+            .map(|(name, text)| {
+                serde_json::from_str(&text)
+                    .map(|value| (name, value))
+                    .map_err(serde::de::Error::custom)
+            })
+            .collect()
+    }
+}
+
+/// A regular expression as its pattern, compiled again when read.
+pub(super) mod regex {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        regex: &Option<::regex::Regex>,
+        to: S,
+    ) -> Result<S::Ok, S::Error> {
+        regex.as_ref().map(::regex::Regex::as_str).serialize(to)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        from: D,
+    ) -> Result<Option<::regex::Regex>, D::Error> {
+        Option::<String>::deserialize(from)?
+            .map(|pattern| ::regex::Regex::new(&pattern).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::manifest::load;
+
+    /// The shipped pipeline: executors, services, profiles, params, JSON
+    /// settings, `classify` patterns, per-item and sampled stages.
+    fn shipped() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pipelines/swesmith-curation.toml")
+    }
+
+    #[test]
+    fn a_kept_manifest_is_taken_up_as_it_was_loaded_and_only_for_its_own_key() {
+        let path = shipped();
+        for profile in [None, Some("cluster"), Some("gpu,ci"), Some("slurm")] {
+            let manifest = load(&path, profile).unwrap();
+            let kept = encode(&manifest).unwrap();
+            let root = manifest.root.clone();
+            let taken = take_up(&kept, &path, profile, &root).expect("taken up");
+            assert_eq!(format!("{taken:?}"), format!("{manifest:?}"), "{profile:?}");
+            assert!(take_up(&kept, Path::new("other.toml"), profile, &root).is_none());
+            assert!(take_up(&kept, &path, Some("local"), &root).is_none());
+            assert!(take_up(&kept, &path, profile, Path::new("/elsewhere")).is_none());
+            assert!(take_up(&kept[..kept.len() / 2], &path, profile, &root).is_none());
+        }
+    }
+
+    #[test]
+    fn a_kept_manifest_is_not_taken_up_where_the_checks_on_disk_now_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let path = root.join("cairn.toml");
+        std::fs::write(
+            &path,
+            r#"
+[pipeline]
+name = "kept"
+
+[stages.a]
+run = "cat in.txt > out/a.txt"
+inputs = ["in.txt"]
+outputs = ["out/a.txt"]
+
+[stages.b]
+foreach = { items = "items.jsonl", key = "id" }
+run = "echo {item.id}"
+inputs = ["out/a.txt"]
+outputs = { results = "results.jsonl" }
+"#,
+        )
+        .unwrap();
+        std::fs::write(root.join("in.txt"), "in\n").unwrap();
+        std::fs::write(root.join("items.jsonl"), "{\"id\": \"x\"}\n").unwrap();
+        std::fs::create_dir(root.join("out")).unwrap();
+        let kept = encode(&load(&path, None).unwrap()).unwrap();
+        let taken_up = || take_up(&kept, &path, None, &root).is_some();
+        assert!(taken_up());
+
+        // Each change is refused by the usual load as by the kept
+        // manifest's checks, and undone.
+        let refused = |what: &str| {
+            let error = load(&path, None).unwrap_err().to_string();
+            assert!(!taken_up(), "{what}: {error}");
+        };
+        std::fs::rename(root.join("in.txt"), root.join("in.old")).unwrap();
+        refused("an input removed");
+        std::fs::rename(root.join("in.old"), root.join("in.txt")).unwrap();
+        std::fs::remove_file(root.join("items.jsonl")).unwrap();
+        refused("the item list removed");
+        std::fs::write(root.join("items.jsonl"), "{\"id\": \"x\"}\n").unwrap();
+        std::os::unix::fs::symlink(root.join("in.txt"), root.join("out/a.txt")).unwrap();
+        refused("an output made a symbolic link");
+        std::fs::remove_file(root.join("out/a.txt")).unwrap();
+        std::fs::remove_dir(root.join("out")).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), root.join("out")).unwrap();
+        refused("an output's directory made a link out of the root");
+        std::fs::remove_file(root.join("out")).unwrap();
+        assert!(taken_up());
+    }
+}
