@@ -194,25 +194,27 @@ impl LockFile {
     fn render_stages(&self) -> String {
         use std::fmt::Write;
         let mut out = String::with_capacity(self.stages.len() * 320);
+        // (Written piece by piece: a thousand stages' keys and paths are
+        // not each made a string of their own first.)
         for (name, stage) in &self.stages {
-            let stage_key = key(name);
-            let _ = write!(
-                out,
-                "\n[stages.{stage_key}]\nfingerprint = \"{}\"\n",
-                stage.fingerprint
-            );
+            out.push_str("\n[stages.");
+            push_key(&mut out, name);
+            let _ = writeln!(out, "]\nfingerprint = \"{}\"", stage.fingerprint);
             for (output, locked) in &stage.outputs {
                 let kind = match locked.kind {
                     OutputKind::File => "file",
                     OutputKind::Dir => "dir",
                 };
-                let _ = write!(
+                out.push_str("\n[stages.");
+                push_key(&mut out, name);
+                out.push_str(".outputs.");
+                push_key(&mut out, output);
+                out.push_str("]\npath = ");
+                push_quoted(&mut out, &locked.path);
+                let _ = writeln!(
                     out,
-                    "\n[stages.{stage_key}.outputs.{}]\npath = {}\nkind = \"{kind}\"\ndigest = \"{}\"\nsize = {}\n",
-                    key(output),
-                    quote(&locked.path),
-                    locked.digest,
-                    locked.size
+                    "\nkind = \"{kind}\"\ndigest = \"{}\"\nsize = {}",
+                    locked.digest, locked.size
                 );
             }
         }
@@ -333,13 +335,21 @@ fn text_checksum(text: &str) -> Option<Digest> {
     Some(Digest::from_hash(hasher.finalize()))
 }
 
-/// A TOML key: bare if it can be, quoted otherwise.
-fn key(name: &str) -> String {
-    let bare = !name.is_empty()
+/// Whether `name` is written as a bare TOML key.
+fn is_bare(name: &str) -> bool {
+    !name.is_empty()
         && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if bare { name.to_owned() } else { quote(name) }
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+}
+
+/// Writes `name` as a TOML key: bare if it can be, quoted otherwise.
+fn push_key(out: &mut String, name: &str) {
+    if is_bare(name) {
+        out.push_str(name);
+    } else {
+        push_quoted(out, name);
+    }
 }
 
 /// An output's table while its lines are read.
@@ -352,9 +362,9 @@ struct OutputLines {
     size: Option<u64>,
 }
 
-/// `name` if it is a bare TOML key (as [`key`] writes a plain name).
+/// `name` if it is a bare TOML key (as [`push_key`] writes a plain name).
 fn bare(name: &str) -> Option<&str> {
-    (key(name) == name).then_some(name)
+    is_bare(name).then_some(name)
 }
 
 /// The text of a TOML basic string with no escapes in it.
@@ -366,6 +376,13 @@ fn plain_string(value: &str) -> Option<&str> {
 /// A TOML basic string.
 fn quote(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
+    push_quoted(&mut out, text);
+    out
+}
+
+/// Writes `text` as a TOML basic string.
+fn push_quoted(out: &mut String, text: &str) {
+    use std::fmt::Write;
     out.push('"');
     for c in text.chars() {
         match c {
@@ -375,13 +392,12 @@ fn quote(text: &str) -> String {
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
             c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\u{:04X}", c as u32))
+                let _ = write!(out, "\\u{:04X}", c as u32);
             }
             c => out.push(c),
         }
     }
     out.push('"');
-    out
 }
 
 #[cfg(test)]
