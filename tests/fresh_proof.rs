@@ -67,6 +67,19 @@ fn run(p: &Project, extra_env: &[(&str, &str)]) -> Ran {
     }
 }
 
+/// The stderr of a `cairn run` that must fail.
+fn failing_run(p: &Project, extra_env: &[(&str, &str)]) -> String {
+    let mut command = p.command(&["run"]);
+    command.stdin(Stdio::null());
+    for (name, value) in extra_env {
+        command.env(name, value);
+    }
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "cairn run succeeded:\n{stderr}");
+    stderr
+}
+
 /// Runs until a run is answered by the proof again: the first decides,
 /// and keeps a new proof unless a file it read was written within a
 /// timestamp tick (20 ms) of being read, as happens in these tests; the
@@ -365,15 +378,7 @@ fn a_proof_the_slow_way_disagrees_with_is_an_internal_error_under_the_check() {
     )
     .unwrap();
     drop(db);
-    let output = p
-        .command(&["run"])
-        .env("GREETING", "hello")
-        .env("CAIRN_CHECK_FRESH_PROOF", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
+    let stderr = failing_run(&p, &[("GREETING", "hello")]);
     assert!(
         stderr.contains("the fresh proof held, but these stages are not fresh: `c`"),
         "{stderr}"
@@ -397,14 +402,7 @@ fn a_kept_manifest_the_usual_load_disagrees_with_is_an_internal_error_under_the_
     assert_eq!(replaced, 1);
     drop(db);
     p.file("data/1.txt", "uno\n");
-    let output = p
-        .command(&["run"])
-        .env("GREETING", "hello")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
+    let stderr = failing_run(&p, &[("GREETING", "hello")]);
     assert!(
         stderr.contains("is not the manifest as loaded now"),
         "{stderr}"
@@ -506,14 +504,7 @@ fn an_item_plan_the_list_disagrees_with_is_an_internal_error_under_the_check() {
         .unwrap();
     drop(db);
     p.file("in/1.txt", "one\n");
-    let output = p
-        .command(&["run"])
-        .env("CAIRN_CHECK_FRESH_PROOF", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
+    let stderr = failing_run(&p, &[]);
     assert!(
         stderr.contains("the item plan the proof kept differs from the list at item `two`"),
         "{stderr}"
