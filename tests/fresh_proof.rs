@@ -242,9 +242,6 @@ fn every_change_a_run_would_see_makes_it_decide_again() {
     assert_eq!(p.read("c.txt"), "bonjour");
 }
 
-/// A proof that holds while a run that died is still open on record is
-/// not enough: the run is decided the usual way, from the workspace and
-/// ledger the proof's check held, and closes the dead run.
 #[test]
 fn a_run_after_a_proof_takes_up_the_manifest_kept_beside_it_while_its_checks_on_disk_pass() {
     let p = project();
@@ -285,6 +282,44 @@ fn a_run_after_a_proof_takes_up_the_manifest_kept_beside_it_while_its_checks_on_
     );
 }
 
+#[test]
+fn a_kept_manifest_that_cannot_be_read_is_loaded_again_and_kept_anew() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let replaced = db
+        .execute("UPDATE kept_manifests SET body = x'00ff00ff'", [])
+        .unwrap();
+    assert_eq!(replaced, 1);
+    drop(db);
+
+    p.file("data/1.txt", "uno\n");
+    let refused = run(&p, &[]);
+    assert_eq!(refused.stages, ["b", "c"]);
+    assert!(
+        refused
+            .stderr
+            .contains("the kept manifest was not taken up"),
+        "{}",
+        refused.stderr
+    );
+    settle(&p);
+    p.file("data/1.txt", "eins\n");
+    let taken_up = run(&p, &[]);
+    assert_eq!(taken_up.stages, ["b", "c"]);
+    assert!(
+        taken_up
+            .stderr
+            .contains("the manifest was taken up as it was kept"),
+        "{}",
+        taken_up.stderr
+    );
+}
+
+/// A proof that holds while a run that died is still open on record is
+/// not enough: the run is decided the usual way, from the workspace and
+/// ledger the proof's check held, and closes the dead run.
 #[test]
 fn a_run_left_open_by_a_dead_cairn_is_closed_by_a_run_the_proof_would_answer() {
     let p = project();
@@ -393,7 +428,7 @@ fn a_kept_manifest_the_usual_load_disagrees_with_is_an_internal_error_under_the_
     // Another writer (as no cairn is) puts a manifest with another command
     // for `a` under the proof's key: the check must catch it.
     let mut manifest = cairn::manifest::load(&p.path("cairn.toml"), None).unwrap();
-    manifest.stages[0].run = cairn::manifest::Command::Shell("echo tampered".to_owned());
+    manifest.stages[0].run = cairn::manifest::Command::Shell("echo tampered > a.txt".to_owned());
     let tampered = cairn::manifest::kept::encode(&manifest).unwrap();
     let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
     let replaced = db

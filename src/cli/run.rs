@@ -23,18 +23,16 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         Asked::Answered => return Ok(()),
         Asked::Decide(None) => (None, None),
         Asked::Decide(Some(mut held)) => {
-            let kept = held
-                .kept_manifest
-                .take()
-                .map(|kept| (kept, held.root.clone()));
+            let kept = held.kept_manifest.take();
             (EarlyHistory::start(*held), kept)
         }
     };
-    let kept = match kept {
-        Some((kept, root)) => workspace::take_up(global, &kept, &root)?,
+    let taken_up = match &kept {
+        Some(kept) => workspace::take_up(global, kept)?,
         None => None,
     };
-    let loaded = match kept {
+    let kept_manifest_refused = kept.is_some() && taken_up.is_none();
+    let loaded = match taken_up {
         Some(loaded) => loaded,
         None => workspace::load(global)?,
     };
@@ -130,6 +128,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         only: args.only,
         locked: args.locked,
         remote: super::remote::open(&loaded, &args.remote)?,
+        kept_manifest_refused,
     };
 
     // One scheduler thread: it only waits on children and hands work out;

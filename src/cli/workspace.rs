@@ -1,6 +1,6 @@
 //! Loading the manifest and graph, and opening the cache, for a command.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::args::Global;
 use super::error::CliError;
@@ -53,17 +53,17 @@ pub fn load(global: &Global) -> Result<Loaded, CliError> {
     Ok(Loaded { manifest, dag })
 }
 
-/// The manifest kept (encoded as `kept`) beside a proof made for `root`,
-/// and its graph, if it was kept for the manifest this command names and
-/// what it found on disk still holds (see [`manifest::kept`]).
+/// The manifest kept (encoded as `kept`) beside a proof, and its graph,
+/// if it was kept for the manifest this command names and what it found
+/// on disk still holds (see [`manifest::kept`]); `None` if not.
 ///
 /// With `CAIRN_CHECK_FRESH_PROOF` set (as the test suite does), the
 /// manifest is also loaded the usual way, and any difference is an
 /// internal error.
-pub fn take_up(global: &Global, kept: &[u8], root: &Path) -> Result<Option<Loaded>, CliError> {
+pub fn take_up(global: &Global, kept: &[u8]) -> Result<Option<Loaded>, CliError> {
     let path = manifest_path(global)?;
     let profile = global.profile.as_deref();
-    let Some(manifest) = manifest::kept::take_up(kept, &path, profile, root) else {
+    let Some(manifest) = manifest::kept::take_up(kept, &path, profile) else {
         tracing::debug!("the kept manifest was not taken up: it is loaded again");
         return Ok(None);
     };

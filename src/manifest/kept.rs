@@ -6,10 +6,11 @@
 //! and the profile (all in the proof's key, with the cairn binary that
 //! encoded it), and the disk: which inputs and item lists exist, which
 //! outputs would be written through a symbolic link, and where the root
-//! resolves. A kept manifest is taken up only under the same key, for the
-//! root the proof was made for, and only after the checks on disk are made
-//! again and pass ([`super::load::holds_on_disk`]); anything else is
-//! loaded the usual way, which reports what fails.
+//! resolves. A kept manifest is taken up only under the same key, and only
+//! after the checks on disk are made again and pass, its root resolved
+//! again from `[pipeline] root` as written
+//! ([`super::load::holds_on_disk`]); anything else is loaded the usual
+//! way, which reports what fails.
 //!
 //! Encoded with postcard, which is not self-describing: the binary that
 //! reads a kept manifest is the one that wrote it (the key says so), and
@@ -26,12 +27,11 @@ pub fn encode(manifest: &Manifest) -> Option<Vec<u8>> {
 }
 
 /// The manifest kept as `bytes`, if it was kept for the manifest at
-/// `path` under `profile` with its root at `root`, and what it found on
-/// disk still holds.
-pub fn take_up(bytes: &[u8], path: &Path, profile: Option<&str>, root: &Path) -> Option<Manifest> {
+/// `path` under `profile`, and what it found on disk (its root among it)
+/// still holds.
+pub fn take_up(bytes: &[u8], path: &Path, profile: Option<&str>) -> Option<Manifest> {
     let manifest: Manifest = postcard::from_bytes(bytes).ok()?;
-    let same =
-        manifest.path == path && manifest.profile.as_deref() == profile && manifest.root == root;
+    let same = manifest.path == path && manifest.profile.as_deref() == profile;
     (same && super::load::holds_on_disk(&manifest)).then_some(manifest)
 }
 
@@ -119,13 +119,11 @@ mod tests {
         for profile in [None, Some("cluster"), Some("gpu,ci"), Some("slurm")] {
             let manifest = load(&path, profile).unwrap();
             let kept = encode(&manifest).unwrap();
-            let root = manifest.root.clone();
-            let taken = take_up(&kept, &path, profile, &root).expect("taken up");
+            let taken = take_up(&kept, &path, profile).expect("taken up");
             assert_eq!(format!("{taken:?}"), format!("{manifest:?}"), "{profile:?}");
-            assert!(take_up(&kept, Path::new("other.toml"), profile, &root).is_none());
-            assert!(take_up(&kept, &path, Some("local"), &root).is_none());
-            assert!(take_up(&kept, &path, profile, Path::new("/elsewhere")).is_none());
-            assert!(take_up(&kept[..kept.len() / 2], &path, profile, &root).is_none());
+            assert!(take_up(&kept, Path::new("other.toml"), profile).is_none());
+            assert!(take_up(&kept, &path, Some("local")).is_none());
+            assert!(take_up(&kept[..kept.len() / 2], &path, profile).is_none());
         }
     }
 
@@ -157,7 +155,7 @@ outputs = { results = "results.jsonl" }
         std::fs::write(root.join("items.jsonl"), "{\"id\": \"x\"}\n").unwrap();
         std::fs::create_dir(root.join("out")).unwrap();
         let kept = encode(&load(&path, None).unwrap()).unwrap();
-        let taken_up = || take_up(&kept, &path, None, &root).is_some();
+        let taken_up = || take_up(&kept, &path, None).is_some();
         assert!(taken_up());
 
         // Each change is refused by the usual load as by the kept
@@ -181,5 +179,31 @@ outputs = { results = "results.jsonl" }
         refused("an output's directory made a link out of the root");
         std::fs::remove_file(root.join("out")).unwrap();
         assert!(taken_up());
+    }
+
+    #[test]
+    fn a_kept_manifest_is_not_taken_up_where_its_root_resolves_elsewhere_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().canonicalize().unwrap();
+        for data in ["one", "two"] {
+            std::fs::create_dir(top.join(data)).unwrap();
+        }
+        std::os::unix::fs::symlink("one", top.join("data")).unwrap();
+        let path = top.join("cairn.toml");
+        // (A literal string: the fresh proof's reading of the root does
+        // not see it; the kept manifest resolves it as the loader does.)
+        std::fs::write(
+            &path,
+            "[pipeline]\nname = \"kept\"\nroot = 'data'\n\n[stages.a]\nrun = \"echo a > a.txt\"\noutputs = [\"a.txt\"]\n",
+        )
+        .unwrap();
+        let manifest = load(&path, None).unwrap();
+        assert_eq!(manifest.root, top.join("one"));
+        let kept = encode(&manifest).unwrap();
+        assert!(take_up(&kept, &path, None).is_some());
+        std::fs::remove_file(top.join("data")).unwrap();
+        std::os::unix::fs::symlink("two", top.join("data")).unwrap();
+        assert_eq!(load(&path, None).unwrap().root, top.join("two"));
+        assert!(take_up(&kept, &path, None).is_none());
     }
 }

@@ -29,6 +29,7 @@ use cross_stage::input_missing;
 use foreach::item_list_missing;
 use output_places::OutputPlaces;
 use paths::normalise;
+use pipeline::{manifest_dir, resolve_root};
 pub use services::PORT as SERVICE_PORT;
 
 const TOP_KEYS: &[&str] = &[
@@ -107,14 +108,19 @@ pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {
     }
 }
 
-/// Whether what validating `manifest` found on disk still holds: each
-/// input that no stage writes exists, each item list exists or is
-/// written, and no output is the manifest, its lock file or a path
-/// through a symbolic link. The checks [`load`] makes, without their
+/// Whether what validating `manifest` found on disk still holds: its
+/// root resolves where it did, each input that no stage writes exists
+/// (or has an output inside it), each item list exists or is written, and
+/// no output is the manifest, its lock file or a path through a symbolic
+/// link. The checks [`load`] makes, without their
 /// messages: a kept manifest ([`super::kept`]) is taken up only where they
 /// pass, and else loaded again to report what fails.
 pub(super) fn holds_on_disk(manifest: &Manifest) -> bool {
     let (stages, root) = (&manifest.stages, manifest.root.as_path());
+    let written = manifest.root_as_written.as_deref();
+    if resolve_root(manifest_dir(&manifest.path), written).as_deref() != Some(root) {
+        return false;
+    }
     let index = OutputIndex::new(stages);
     let mut dir = OpenDir::default();
     let mut places = OutputPlaces::new(root, &manifest.path);
@@ -237,11 +243,7 @@ impl<'s> Checker<'s> {
         let entries = tree.as_table().unwrap_or_default();
         self.unknown_keys(entries, TOP_KEYS, "top level of the manifest");
 
-        let manifest_dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let (name, root) = self.pipeline(entries, tree, manifest_dir);
+        let (name, root, root_as_written) = self.pipeline(entries, tree, manifest_dir(path));
         let mut params = self.params(entries);
         let resources = self.resources(entries);
         let (link, remote_cache) = self.cache(entries);
@@ -312,6 +314,7 @@ impl<'s> Checker<'s> {
             source: self.source.to_owned(),
             name,
             root,
+            root_as_written,
             profile: profile.map(str::to_owned),
             params,
             resources,

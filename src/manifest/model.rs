@@ -18,6 +18,9 @@ pub struct Manifest {
     pub name: String,
     /// Absolute project root; commands run here and paths resolve against it.
     pub root: PathBuf,
+    /// `[pipeline] root` as written (`None`: the manifest's directory),
+    /// resolved again when a kept manifest is taken up.
+    pub root_as_written: Option<String>,
     pub profile: Option<String>,
     /// Param values after the profile's overrides.
     #[serde(with = "super::kept::json_map")]

@@ -66,6 +66,9 @@ pub struct RunOptions {
     /// A cache shared across machines: looked up before a stage or an
     /// item runs, given what this run validates.
     pub remote: Option<Arc<RemoteCache>>,
+    /// A manifest kept beside the proof was read and not taken up (see
+    /// `manifest::kept`): the proof this run keeps gets the manifest anew.
+    pub kept_manifest_refused: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1115,9 +1118,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             return;
         };
         let plans = plans.map(|plans| super::kept_plans::encode(&plans));
-        // (A run that took up the manifest kept under this key keeps it.)
+        // (One kept under this key is kept, unless it was refused.)
         let manifest = match ledger.keeps_manifest(&key) {
-            Ok(true) => None,
+            Ok(true) if !options.kept_manifest_refused => None,
             _ => crate::manifest::kept::encode(ctx.manifest),
         };
         if let Err(error) =

@@ -136,7 +136,7 @@ impl Checker<'_> {
         entries: &[Entry],
         tree: &Node,
         manifest_dir: &Path,
-    ) -> (Option<String>, Option<PathBuf>) {
+    ) -> (Option<String>, Option<PathBuf>, Option<String>) {
         let Some(pipeline) = find(entries, "pipeline") else {
             self.problems.push(
                 Problem::new(
@@ -146,10 +146,10 @@ impl Checker<'_> {
                 )
                 .help("start the manifest with `[pipeline]` and `name = \"…\"`"),
             );
-            return (None, manifest_dir.canonicalize().ok());
+            return (None, resolve_root(manifest_dir, None), None);
         };
         let Some(table) = self.expect_table(&pipeline.value, "`pipeline`") else {
-            return (None, manifest_dir.canonicalize().ok());
+            return (None, resolve_root(manifest_dir, None), None);
         };
         self.unknown_keys(table, PIPELINE_KEYS, "`[pipeline]`");
         let name = match find(table, "name") {
@@ -166,29 +166,30 @@ impl Checker<'_> {
                 None
             }
         };
-        let root = match find(table, "root") {
-            None => manifest_dir.canonicalize().ok(),
-            Some(entry) => self
-                .string(&entry.value, "`pipeline.root`")
-                .and_then(|raw| {
-                    let joined = manifest_dir.join(&raw);
-                    match joined.canonicalize() {
-                        Ok(root) if root.is_dir() => Some(root),
-                        _ => {
-                            self.problems.push(
-                                Problem::new(
-                                    format!("pipeline root `{raw}` is not a directory"),
-                                    entry.value.span.clone(),
-                                    "resolved against the manifest's directory",
-                                )
-                                .help("create the directory, or point `root` at an existing one"),
-                            );
-                            None
-                        }
-                    }
-                }),
+        let written = find(table, "root").map(|entry| {
+            (
+                self.string(&entry.value, "`pipeline.root`"),
+                entry.value.span.clone(),
+            )
+        });
+        let root = match &written {
+            None => resolve_root(manifest_dir, None),
+            Some((raw, span)) => raw.as_deref().and_then(|raw| {
+                let root = resolve_root(manifest_dir, Some(raw));
+                if root.is_none() {
+                    self.problems.push(
+                        Problem::new(
+                            format!("pipeline root `{raw}` is not a directory"),
+                            span.clone(),
+                            "resolved against the manifest's directory",
+                        )
+                        .help("create the directory, or point `root` at an existing one"),
+                    );
+                }
+                root
+            }),
         };
-        if root.is_none() && find(table, "root").is_none() {
+        if root.is_none() && written.is_none() {
             self.problems.push(Problem::new(
                 format!(
                     "the manifest's directory `{}` cannot be resolved",
@@ -198,7 +199,7 @@ impl Checker<'_> {
                 "here",
             ));
         }
-        (name, root)
+        (name, root, written.and_then(|(raw, _)| raw))
     }
 
     pub(super) fn params(&mut self, entries: &[Entry]) -> BTreeMap<String, serde_json::Value> {
@@ -261,5 +262,26 @@ impl Checker<'_> {
             profiles.insert(profile.key.clone(), overrides);
         }
         profiles
+    }
+}
+
+/// The directory of the manifest at `path` (`.` for a bare file name).
+pub(super) fn manifest_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// The project root: `written` (`[pipeline] root`) resolved against the
+/// manifest's directory, else that directory; `None` if it does not
+/// resolve to a directory.
+pub(super) fn resolve_root(manifest_dir: &Path, written: Option<&str>) -> Option<PathBuf> {
+    match written {
+        None => manifest_dir.canonicalize().ok(),
+        Some(raw) => manifest_dir
+            .join(raw)
+            .canonicalize()
+            .ok()
+            .filter(|root| root.is_dir()),
     }
 }
