@@ -80,6 +80,16 @@ fn failing_run(p: &Project, extra_env: &[(&str, &str)]) -> String {
     stderr
 }
 
+/// Puts `body` in place of the one manifest kept beside the proof, as
+/// another writer (no cairn) would.
+fn replace_kept_manifest(p: &Project, body: &[u8]) {
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let replaced = db
+        .execute("UPDATE kept_manifests SET body = ?1", [body])
+        .unwrap();
+    assert_eq!(replaced, 1);
+}
+
 /// Runs until a run is answered by the proof again: the first decides,
 /// and keeps a new proof unless a file it read was written within a
 /// timestamp tick (20 ms) of being read, as happens in these tests; the
@@ -287,12 +297,7 @@ fn a_kept_manifest_that_cannot_be_read_is_loaded_again_and_kept_anew() {
     let p = project();
     run(&p, &[]);
     settle(&p);
-    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
-    let replaced = db
-        .execute("UPDATE kept_manifests SET body = x'00ff00ff'", [])
-        .unwrap();
-    assert_eq!(replaced, 1);
-    drop(db);
+    replace_kept_manifest(&p, &[0x00, 0xff, 0x00, 0xff]);
 
     p.file("data/1.txt", "uno\n");
     let refused = run(&p, &[]);
@@ -430,12 +435,7 @@ fn a_kept_manifest_the_usual_load_disagrees_with_is_an_internal_error_under_the_
     let mut manifest = cairn::manifest::load(&p.path("cairn.toml"), None).unwrap();
     manifest.stages[0].run = cairn::manifest::Command::Shell("echo tampered > a.txt".to_owned());
     let tampered = cairn::manifest::kept::encode(&manifest).unwrap();
-    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
-    let replaced = db
-        .execute("UPDATE kept_manifests SET body = ?1", [&tampered])
-        .unwrap();
-    assert_eq!(replaced, 1);
-    drop(db);
+    replace_kept_manifest(&p, &tampered);
     p.file("data/1.txt", "uno\n");
     let stderr = failing_run(&p, &[("GREETING", "hello")]);
     assert!(

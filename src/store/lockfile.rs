@@ -323,9 +323,10 @@ impl LockFile {
 }
 
 /// The checksum of `text` as it is, without its checksum line: the
-/// checksum it records if it is byte for byte as cairn rendered it, and
-/// then the reading of it as rendered is the lock that was rendered. Its
-/// other lines are not rendered again to tell.
+/// checksum it records if the rest is what cairn rendered (the checksum
+/// line may have moved among the lines above the first stage, which reads
+/// the same), and then its reading as rendered is the lock that was
+/// rendered. Its lines are not rendered again to tell.
 fn text_checksum(text: &str) -> Option<Digest> {
     let at = text.find("\nchecksum = \"")? + 1;
     let end = at + text[at..].find('\n')? + 1;
