@@ -37,6 +37,9 @@ pub struct Held {
     /// The validated manifest kept beside the proof that failed, encoded
     /// (see [`crate::manifest::kept`]).
     pub kept_manifest: Option<Vec<u8>>,
+    /// The history kept beside the proof that failed, encoded (see
+    /// [`crate::schedule::kept_history`]).
+    pub kept_history: Option<Vec<u8>>,
 }
 
 /// Answers `cairn run` from the proof the last run kept, if it holds.
@@ -86,7 +89,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     let Some(mut proof) = Proof::decode(&body).filter(|proof| proof.root == root) else {
         return Ok(Asked::Decide(None));
     };
-    let held = |lock, ledger, key, kept_manifest| {
+    let held = |lock, ledger, key, (kept_manifest, kept_history)| {
         Box::new(Held {
             lock,
             ledger,
@@ -94,18 +97,17 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
             lock_path: lock_path_of(&path),
             key,
             kept_manifest,
+            kept_history,
         })
     };
     match proof.check() {
         Checked::Fails(why) => {
             tracing::debug!("the fresh proof does not hold: {why}");
-            let kept_manifest = ledger.kept_manifest(&key).ok().flatten();
-            return Ok(Asked::Decide(Some(held(
-                lock,
-                ledger,
-                Some(key),
-                kept_manifest,
-            ))));
+            let kept = (
+                ledger.kept_manifest(&key).ok().flatten(),
+                ledger.kept_history(&key).ok().flatten(),
+            );
+            return Ok(Asked::Decide(Some(held(lock, ledger, Some(key), kept))));
         }
         Checked::Holds { renewed } => {
             tracing::debug!(
@@ -125,7 +127,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     // A run that died is for the usual way to close (and its processes
     // to be found).
     if !matches!(ledger.has_open_runs(), Ok(false)) {
-        return Ok(Asked::Decide(Some(held(lock, ledger, None, None))));
+        return Ok(Asked::Decide(Some(held(lock, ledger, None, (None, None)))));
     }
     if std::env::var_os(CHECK_VAR).is_some() {
         check_the_slow_way(global)?;

@@ -270,6 +270,7 @@ impl EarlyHistory {
             lock_path,
             key,
             kept_manifest: _,
+            kept_history,
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());
@@ -278,7 +279,10 @@ impl EarlyHistory {
         let reader = key.and_then(|_| ledger.another_connection().ok());
         let reading = std::thread::Builder::new()
             .name("cairn-history".to_owned())
-            .spawn(move || History::read(&path, &name, Some(ledger)))
+            .spawn(move || match kept_history {
+                Some(kept) => History::read_kept(&path, &name, ledger, &kept),
+                None => History::read(&path, &name, Some(ledger)),
+            })
             .ok()?;
         let kept = reader
             .zip(key)

@@ -248,6 +248,51 @@ impl History {
         })
     }
 
+    /// [`Self::read`], with the history a failed proof kept (see
+    /// [`super::kept_history`]) taken up for all but the stat cache, if it
+    /// was kept with the lock file as it is now.
+    pub fn read_kept(
+        lock_path: &Path,
+        pipeline: &str,
+        ledger: Ledger,
+        kept: &[u8],
+    ) -> Result<Self, ScheduleError> {
+        let kept = super::kept_history::decode(kept).filter(|kept| {
+            kept.lock.pipeline == pipeline
+                && std::fs::read(lock_path).is_ok_and(|text| Digest::of(&text) == kept.lock_text)
+        });
+        let Some(kept) = kept else {
+            return Self::read(lock_path, pipeline, Some(ledger));
+        };
+        if std::env::var_os(super::fresh_proof::CHECK_VAR).is_some() {
+            let read = Self::read(lock_path, pipeline, Some(ledger))?;
+            let as_read = super::kept_history::KeptHistory {
+                lock_text: kept.lock_text,
+                lock: read.lock.clone().unwrap_or_else(|| LockFile::new("")),
+                latest_ok: read.latest_ok.clone(),
+                latest_failure: read.latest_failure.clone(),
+                inline_held: read.inline_held.clone(),
+            };
+            if read.lock.is_none() || !super::kept_history::same(&kept, &as_read) {
+                return Err(ScheduleError::Internal(format!(
+                    "the history kept beside the fresh proof is not the ledger's now: kept {kept:?}, read {as_read:?}"
+                )));
+            }
+            return Ok(read);
+        }
+        Ok(Self {
+            stat: StatCache::from_entries(ledger.load_stat_cache()?),
+            ledger: Some(ledger),
+            latest_ok: kept.latest_ok,
+            inline_held: kept.inline_held,
+            latest_failure: kept.latest_failure,
+            lock: Some(kept.lock),
+            lock_problem: None,
+            kept_plans: Vec::new(),
+            outcomes_read: HashMap::new(),
+        })
+    }
+
     /// With the item plans a failed proof kept, and the outcomes of their
     /// stages' items read ahead, by stage (under the code they were read
     /// for).
@@ -937,6 +982,12 @@ impl<'m> Context<'m> {
         Ok(bytes
             .filter(|bytes| Digest::of(bytes) == output.digest)
             .and_then(|bytes| crate::builtins::missing_effect(uses, &bytes, &self.manifest.root)))
+    }
+
+    /// Whether the inline object `digest` was found in the ledger when the
+    /// history was read.
+    pub(super) fn held_inline(&self, digest: &Digest) -> bool {
+        self.inline_held.contains(digest)
     }
 
     /// Whether every object `output` needs is stored (present with its

@@ -36,7 +36,7 @@ use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
 use crate::store::remote::{Fetched, RemoteCache};
 use crate::store::reserve;
-use crate::store::{COMMAND_ITEM, LedgerWriter, Record, Recorded, ResultRow};
+use crate::store::{COMMAND_ITEM, KeptBeside, LedgerWriter, Record, Recorded, ResultRow};
 use crate::store::{
     ItemAttempt, Ledger, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
     ResultStatus, RunCounts, StoreError, now_ms,
@@ -1123,11 +1123,53 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             Ok(true) if !options.kept_manifest_refused => None,
             _ => crate::manifest::kept::encode(ctx.manifest),
         };
-        if let Err(error) =
-            ledger.keep_fresh_proof(&key, &proof.encode(), plans.as_deref(), manifest.as_deref())
-        {
+        let history = self.kept_history(&lock);
+        let beside = KeptBeside {
+            plans: plans.as_deref(),
+            manifest: manifest.as_deref(),
+            history: history.as_deref(),
+        };
+        if let Err(error) = ledger.keep_fresh_proof(&key, &proof.encode(), beside) {
             tracing::debug!("the fresh proof was not kept: {error}");
         }
+    }
+
+    /// The history this run leaves, as the next run would read it (see
+    /// [`super::kept_history`]), encoded, with the lock file's text
+    /// (`lock`); `None` if some stage used a result other than its current
+    /// one (which then is not known here).
+    fn kept_history(&self, lock: &str) -> Option<Vec<u8>> {
+        let ctx = &*self.ctx;
+        for (i, stage) in ctx.manifest.stages.iter().enumerate() {
+            let (fingerprint, outputs) = self.used.get(&i)?;
+            let current = ctx.latest_ok.get(&stage.name)?;
+            if current.fingerprint != *fingerprint || current.outputs != *outputs {
+                return None;
+            }
+        }
+        // The inline objects of the current results held when the history
+        // was read, and those this run recorded (in the same transaction).
+        let inline_held = ctx
+            .latest_ok
+            .values()
+            .flat_map(|record| {
+                let recorded_now = record.run_id == self.run_id;
+                record
+                    .outputs
+                    .iter()
+                    .filter(move |o| o.inline && (recorded_now || ctx.held_inline(&o.digest)))
+            })
+            .map(|output| output.digest)
+            .collect();
+        // (The lock file names every stage: each used a result.)
+        Some(super::kept_history::encode(
+            lock,
+            &ctx.manifest.name,
+            ctx.manifest.stages.iter().map(|stage| stage.name.as_str()),
+            &ctx.latest_ok,
+            &ctx.latest_failure,
+            &inline_held,
+        ))
     }
 
     /// Accounts for every selected stage never finished (blocked by a

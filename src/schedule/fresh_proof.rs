@@ -926,7 +926,7 @@ impl Encoder {
     }
 
     /// `n` in LEB128: seven bits a byte, low bits first.
-    fn var(&mut self, mut n: u64) {
+    pub(super) fn var(&mut self, mut n: u64) {
         while n >= 0x80 {
             self.0.push(n as u8 | 0x80);
             n >>= 7;
@@ -965,7 +965,7 @@ impl Encoder {
 pub(super) struct Decoder<'b>(pub(super) &'b [u8]);
 
 impl<'b> Decoder<'b> {
-    fn take(&mut self, n: usize) -> Option<&'b [u8]> {
+    pub(super) fn take(&mut self, n: usize) -> Option<&'b [u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -974,15 +974,15 @@ impl<'b> Decoder<'b> {
         Some(head)
     }
 
-    fn byte(&mut self) -> Option<u8> {
+    pub(super) fn byte(&mut self) -> Option<u8> {
         Some(self.take(1)?[0])
     }
 
-    fn u64(&mut self) -> Option<u64> {
+    pub(super) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
 
-    fn i64(&mut self) -> Option<i64> {
+    pub(super) fn i64(&mut self) -> Option<i64> {
         Some(self.u64()? as i64)
     }
 
@@ -1006,7 +1006,7 @@ impl<'b> Decoder<'b> {
         Some(PathBuf::from(std::ffi::OsStr::from_bytes(self.bytes()?)))
     }
 
-    fn var(&mut self) -> Option<u64> {
+    pub(super) fn var(&mut self) -> Option<u64> {
         let mut n = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.byte()?;

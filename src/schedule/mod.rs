@@ -13,6 +13,7 @@ mod item_fields;
 mod item_lineage;
 mod item_outputs;
 mod items;
+pub mod kept_history;
 pub mod kept_plans;
 mod limits;
 mod remote;
@@ -78,6 +79,10 @@ pub enum ScheduleError {
     NoLedger,
     #[error("a stage task failed: {0}")]
     Task(String),
+    /// What cairn kept for itself is not what it stands for (found under
+    /// `CAIRN_CHECK_FRESH_PROOF`).
+    #[error("internal error: {0}; please report this as a cairn bug")]
+    Internal(String),
     /// A service the stage uses could not be brought up or failed its
     /// check: nothing of the stage ran.
     #[error("{0}")]

@@ -37,6 +37,7 @@ pub use damage::{SET_ASIDE_REASON, UnreadableResult};
 pub use items::ClassCount;
 use pipelines::Claim;
 pub use pipelines::PipelineId;
+pub use proofs::KeptBeside;
 pub use redraws::{Draws, Redraw};
 pub use schema::LEDGER_SCHEMA_VERSION;
 use schema::{OLDEST_MIGRATED, SCHEMA};

@@ -308,8 +308,6 @@ impl LockFile {
         Some(lock)
     }
 
-    /// Writes the lock file if its content changed (temp file + rename);
-    /// returns its text.
     pub fn write(&self, path: &Path) -> Result<String, StoreError> {
         let text = self.render();
         if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
@@ -334,6 +332,14 @@ fn text_checksum(text: &str) -> Option<Digest> {
     hasher.update(&text.as_bytes()[..at]);
     hasher.update(&text.as_bytes()[end..]);
     Some(Digest::from_hash(hasher.finalize()))
+}
+
+/// The checksum the head of `text` (a lock file as cairn renders it)
+/// records, as reading it gives it.
+pub fn recorded_checksum(text: &str) -> Option<Digest> {
+    const LINE: &str = "\nchecksum = \"";
+    let at = text.find(LINE)? + LINE.len();
+    text[at..].split('"').next()?.parse().ok()
 }
 
 /// Whether `name` is written as a bare TOML key.

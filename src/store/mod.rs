@@ -23,13 +23,15 @@ pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
 pub use ledger::{
-    COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemOutcomes, ItemRecord, LEDGER_SCHEMA_VERSION,
-    Ledger, LedgerWriter, NewResult, PipelineId, RUNNING, Record, Recorded, Redraw, ResultRecord,
+    COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemOutcomes, ItemRecord, KeptBeside,
+    LEDGER_SCHEMA_VERSION, Ledger, LedgerWriter, NewResult, PipelineId, RUNNING, Record, Recorded, Redraw, ResultRecord,
     ResultRow, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON, StageRun, UnreadableResult,
     now_ms,
 };
 pub use live::live_outputs;
-pub use lockfile::{LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage};
+pub use lockfile::{
+    LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage, recorded_checksum,
+};
 pub use objects::{
     INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,
 };

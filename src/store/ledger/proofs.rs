@@ -6,6 +6,15 @@
 
 use super::*;
 
+/// What a proof keeps beside it, each encoded (see
+/// [`Ledger::keep_fresh_proof`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeptBeside<'a> {
+    pub plans: Option<&'a [u8]>,
+    pub manifest: Option<&'a [u8]>,
+    pub history: Option<&'a [u8]>,
+}
+
 impl Ledger {
     /// Opens the ledger in `cache` only to read the proof kept under `key`:
     /// `None` if there is no ledger, it is of another schema, or it keeps
@@ -54,15 +63,21 @@ impl Ledger {
 
     /// Keeps `body` as this pipeline's proof under `key`, in place of any
     /// it had, and `plans` and `manifest` (when given) as its item plans
-    /// and its validated manifest. Written after everything else the run
-    /// wrote: a write to a voiding table after it would delete the proof.
+    /// and its validated manifest; `history` as its history, or none (a
+    /// history kept is good only for the proof it was kept with). Written
+    /// after everything else the run wrote: a write to a voiding table
+    /// after it would delete the proof.
     pub fn keep_fresh_proof(
         &self,
         key: &[u8],
         body: &[u8],
-        plans: Option<&[u8]>,
-        manifest: Option<&[u8]>,
+        kept: KeptBeside<'_>,
     ) -> Result<(), StoreError> {
+        let KeptBeside {
+            plans,
+            manifest,
+            history,
+        } = kept;
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
         tx.execute(
             "DELETE FROM fresh_proofs WHERE pipeline = ?1",
@@ -88,6 +103,16 @@ impl Ledger {
             ),
             None => Ok(0),
         })
+        .and_then(|_| match history {
+            Some(history) => tx.execute(
+                "INSERT OR REPLACE INTO kept_histories (pipeline, key, body) VALUES (?1, ?2, ?3)",
+                params![self.pipeline.name, key, history],
+            ),
+            None => tx.execute(
+                "DELETE FROM kept_histories WHERE pipeline = ?1",
+                [&self.pipeline.name],
+            ),
+        })
         .map_err(|e| self.db(e))?;
         tx.commit().map_err(|e| self.db(e))
     }
@@ -111,6 +136,19 @@ impl Ledger {
         self.conn
             .query_row(
                 "SELECT body FROM kept_manifests WHERE pipeline = ?1 AND key = ?2",
+                params![self.pipeline.name, key],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| self.db(e))
+    }
+
+    /// The history kept beside this pipeline's last proof, if it was kept
+    /// under `key` (see `schedule::kept_history`).
+    pub fn kept_history(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT body FROM kept_histories WHERE pipeline = ?1 AND key = ?2",
                 params![self.pipeline.name, key],
                 |row| row.get(0),
             )

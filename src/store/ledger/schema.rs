@@ -20,6 +20,7 @@
 //! | 15 | item attempts indexed by fingerprint (a stage's attempts so far under one fingerprint, counted from the index alone) |
 //! | 16 | `kept_plans`: each pipeline's item plans, kept beside its last fresh proof for the run after it (see `schedule::kept_plans`) |
 //! | 17 | `kept_manifests`: each pipeline's validated manifest, kept beside its last fresh proof for the run after it (see `manifest::kept`) |
+//! | 18 | `kept_histories`: each pipeline's history as its last fresh proof's run left it, kept beside the proof for the run after it (see `schedule::kept_history`) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -27,7 +28,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 17;
+pub const LEDGER_SCHEMA_VERSION: i64 = 18;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -214,6 +215,16 @@ CREATE TABLE IF NOT EXISTS kept_manifests (
     key BLOB NOT NULL,
     body BLOB NOT NULL
 );
+-- Each pipeline's history (its lock file, current results, failures and
+-- held inline objects: see schedule::kept_history) as the run that made
+-- its last proof left it, kept and replaced with the proof. Taken up only
+-- while that proof is kept (so the tables it was read from are unchanged)
+-- and the lock file's bytes are the ones it was kept with.
+CREATE TABLE IF NOT EXISTS kept_histories (
+    pipeline TEXT PRIMARY KEY,
+    key BLOB NOT NULL,
+    body BLOB NOT NULL
+);
 ";
 
 /// The tables a stage's freshness is read from: a write to any of them
@@ -266,6 +277,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (15, attempts_by_fingerprint),
     (16, kept_plans),
     (17, kept_manifests),
+    (18, kept_histories),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -413,6 +425,11 @@ fn kept_plans(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
 
 /// 17: `kept_manifests` ([`SCHEMA`] creates it).
 fn kept_manifests(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
+}
+
+/// 18: `kept_histories` ([`SCHEMA`] creates it).
+fn kept_histories(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
 }
 
