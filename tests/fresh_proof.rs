@@ -322,6 +322,117 @@ fn a_kept_manifest_that_cannot_be_read_is_loaded_again_and_kept_anew() {
     );
 }
 
+#[test]
+fn a_run_after_a_proof_takes_up_the_history_kept_beside_it_while_the_lock_file_is_the_one_kept() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+
+    // An input edited: the proof fails, and the history is taken up as the
+    // run that made the proof left it (under the suite's check, it is also
+    // read again and must be alike).
+    p.file("data/1.txt", "uno\n");
+    let edited = run(&p, &[]);
+    assert_eq!(edited.stages, ["b", "c"]);
+    assert!(
+        edited
+            .stderr
+            .contains("the history was taken up as it was kept"),
+        "{}",
+        edited.stderr
+    );
+    settle(&p);
+
+    // The lock file given a comment (it still verifies): its bytes are not
+    // the ones the history was kept with, so the ledger is read again.
+    let lock = p.read("cairn.lock");
+    p.file("cairn.lock", &format!("# reviewed\n{lock}"));
+    p.file("data/1.txt", "eins\n");
+    let refused = run(&p, &[]);
+    assert_eq!(refused.stages, ["b", "c"]);
+    assert!(
+        refused.stderr.contains(
+            "the kept history was not taken up: the lock file is not the one it was kept with"
+        ),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        !refused
+            .stderr
+            .contains("the history was taken up as it was kept")
+    );
+    settle(&p);
+    assert_eq!(kept_histories(&p), 1);
+
+    // Back to an earlier input: `b` and `c` are restored from their
+    // earlier results, which the lock file now names rather than their
+    // newest. The history kept since says so: the next edit takes it up,
+    // and the suite's check finds it alike to the ledger read again.
+    p.file("data/1.txt", "uno\n");
+    let reverted = run(&p, &[]);
+    assert!(reverted.stages.is_empty(), "{}", reverted.stderr);
+    settle(&p);
+    assert_eq!(kept_histories(&p), 1);
+    p.file("in.txt", "another input\n");
+    let edited = run(&p, &[]);
+    assert_eq!(edited.stages, ["a", "b", "c"]);
+    assert!(
+        edited
+            .stderr
+            .contains("the history was taken up as it was kept"),
+        "{}",
+        edited.stderr
+    );
+}
+
+/// How many histories are kept beside proofs.
+fn kept_histories(p: &Project) -> usize {
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    db.query_row("SELECT count(*) FROM kept_histories", [], |row| {
+        row.get::<_, i64>(0)
+    })
+    .unwrap() as usize
+}
+
+#[test]
+fn a_kept_history_the_ledger_disagrees_with_is_an_internal_error_under_the_check() {
+    use cairn::schedule::kept_history;
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    // Another writer (as no cairn is) keeps a history in which `b`'s
+    // current result is another: the check must catch it before any stage
+    // is decided from it.
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let body: Vec<u8> = db
+        .query_row("SELECT body FROM kept_histories", [], |row| row.get(0))
+        .unwrap();
+    let mut kept = kept_history::decode(&body).unwrap();
+    kept.latest_ok.get_mut("b").unwrap().command = "echo tampered".to_owned();
+    let tampered = kept_history::encode(
+        &p.read("cairn.lock"),
+        "proof",
+        kept.lock.stages.keys().map(String::as_str),
+        &kept.latest_ok,
+        &kept.latest_failure,
+        &kept.inline_held,
+    );
+    db.execute("UPDATE kept_histories SET body = ?1", [tampered])
+        .unwrap();
+    drop(db);
+    let before = p.lines("log.txt").len();
+    p.file("data/1.txt", "uno\n");
+    let stderr = failing_run(&p, &[("GREETING", "hello")]);
+    assert!(
+        stderr.contains(
+            "the history kept beside the fresh proof is not the ledger's now: the current results differ"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(p.lines("log.txt").len(), before, "no stage ran");
+}
+
 /// A proof that holds while a run that died is still open on record is
 /// not enough: the run is decided the usual way, from the workspace and
 /// ledger the proof's check held, and closes the dead run.

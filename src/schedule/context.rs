@@ -257,13 +257,25 @@ impl History {
         ledger: Ledger,
         kept: &[u8],
     ) -> Result<Self, ScheduleError> {
-        let kept = super::kept_history::decode(kept).filter(|kept| {
-            kept.lock.pipeline == pipeline
-                && std::fs::read(lock_path).is_ok_and(|text| Digest::of(&text) == kept.lock_text)
-        });
-        let Some(kept) = kept else {
-            return Self::read(lock_path, pipeline, Some(ledger));
+        let refused = match super::kept_history::decode(kept) {
+            None => Err("it cannot be read"),
+            Some(kept)
+                if kept.lock.pipeline != pipeline
+                    || !std::fs::read(lock_path)
+                        .is_ok_and(|text| Digest::of(&text) == kept.lock_text) =>
+            {
+                Err("the lock file is not the one it was kept with")
+            }
+            Some(kept) => Ok(kept),
         };
+        let kept = match refused {
+            Ok(kept) => kept,
+            Err(why) => {
+                tracing::debug!("the kept history was not taken up: {why}");
+                return Self::read(lock_path, pipeline, Some(ledger));
+            }
+        };
+        tracing::debug!("the history was taken up as it was kept");
         if std::env::var_os(super::fresh_proof::CHECK_VAR).is_some() {
             let read = Self::read(lock_path, pipeline, Some(ledger))?;
             let as_read = super::kept_history::KeptHistory {
@@ -273,12 +285,12 @@ impl History {
                 latest_failure: read.latest_failure.clone(),
                 inline_held: read.inline_held.clone(),
             };
-            if read.lock.is_none() || !super::kept_history::same(&kept, &as_read) {
-                return Err(ScheduleError::Internal(format!(
-                    "the history kept beside the fresh proof is not the ledger's now: kept {kept:?}, read {as_read:?}"
-                )));
-            }
-            return Ok(read);
+            return match super::kept_history::difference(&kept, &as_read) {
+                None => Ok(read),
+                Some(what) => Err(ScheduleError::Internal(format!(
+                    "the history kept beside the fresh proof is not the ledger's now: {what} differ"
+                ))),
+            };
         }
         Ok(Self {
             stat: StatCache::from_entries(ledger.load_stat_cache()?),

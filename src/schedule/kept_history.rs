@@ -276,8 +276,9 @@ impl Decoder<'_> {
     }
 }
 
-/// `a` and `b` as one another's equal, told by their contents in order.
-pub fn same(a: &KeptHistory, b: &KeptHistory) -> bool {
+/// What of `kept` differs from `read` (a history read the usual way), if
+/// anything does.
+pub fn difference(kept: &KeptHistory, read: &KeptHistory) -> Option<&'static str> {
     fn sorted<T: std::fmt::Debug>(map: &HashMap<String, T>) -> Vec<String> {
         let mut entries: Vec<String> = map.iter().map(|e| format!("{e:?}")).collect();
         entries.sort();
@@ -288,8 +289,146 @@ pub fn same(a: &KeptHistory, b: &KeptHistory) -> bool {
         held.sort();
         held
     };
-    a.lock == b.lock
-        && sorted(&a.latest_ok) == sorted(&b.latest_ok)
-        && sorted(&a.latest_failure) == sorted(&b.latest_failure)
-        && held(&a.inline_held) == held(&b.inline_held)
+    if kept.lock != read.lock {
+        Some("the lock file differs")
+    } else if sorted(&kept.latest_ok) != sorted(&read.latest_ok) {
+        Some("the current results differ")
+    } else if sorted(&kept.latest_failure) != sorted(&read.latest_failure) {
+        Some("the newest failures differ")
+    } else if held(&kept.inline_held) != held(&read.inline_held) {
+        Some("the inline objects held differ")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(stage: &str, id: i64, status: ResultStatus) -> ResultRecord {
+        ResultRecord {
+            id,
+            run_id: 7,
+            stage: stage.to_owned(),
+            fingerprint: Digest::of(stage.as_bytes()),
+            status,
+            outputs: vec![OutputRecord {
+                name: "out".to_owned(),
+                path: format!("{stage}/out.txt"),
+                kind: OutputKind::File,
+                digest: Digest::of(format!("{stage} out").as_bytes()),
+                size: 300,
+                executable: id % 2 == 0,
+                inline: true,
+            }],
+            command: format!("make {stage} > {stage}/out.txt"),
+            started_ms: 1_700_000_000_000 + id,
+            finished_ms: 1_700_000_000_100 + id,
+            exit_code: (status == ResultStatus::Failed).then_some(-2),
+            log_path: (id > 1).then(|| format!("cache/logs/{stage}.log")),
+            error: (status == ResultStatus::Failed).then(|| "command exited 2".to_owned()),
+            origin: None,
+        }
+    }
+
+    /// A history of three stages (`b` failed since its result), with the
+    /// lock file those results render as.
+    fn history() -> (String, KeptHistory) {
+        let latest_ok: HashMap<String, ResultRecord> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.to_string(), record(s, i as i64 + 1, ResultStatus::Ok)))
+            .collect();
+        let latest_failure =
+            HashMap::from([("b".to_owned(), record("b", 9, ResultStatus::Failed))]);
+        let mut lock = LockFile::new("kept");
+        for name in ["a", "b", "c"] {
+            let r = &latest_ok[name];
+            lock.insert(name, r.fingerprint, &r.outputs);
+        }
+        let text = lock.render();
+        lock.checksum = recorded_checksum(&text);
+        let inline_held = latest_ok
+            .values()
+            .map(|r| r.outputs[0].digest)
+            .take(2)
+            .collect();
+        let history = KeptHistory {
+            lock_text: Digest::of(text.as_bytes()),
+            lock,
+            latest_ok,
+            latest_failure,
+            inline_held,
+        };
+        (text, history)
+    }
+
+    fn encoded(text: &str, history: &KeptHistory) -> Vec<u8> {
+        encode(
+            text,
+            "kept",
+            history.lock.stages.keys().map(String::as_str),
+            &history.latest_ok,
+            &history.latest_failure,
+            &history.inline_held,
+        )
+    }
+
+    #[test]
+    fn a_history_comes_back_as_it_was_kept_with_its_lock_file_as_reading_it_gives_it() {
+        let (text, history) = history();
+        let back = decode(&encoded(&text, &history)).unwrap();
+        assert_eq!(back.lock_text, Digest::of(text.as_bytes()));
+        assert_eq!(difference(&back, &history), None);
+        // The lock made again from the results is the lock as read.
+        assert_eq!(back.lock, LockFile::verify(&text, "kept").unwrap());
+    }
+
+    #[test]
+    fn each_part_of_a_history_that_differs_is_named() {
+        let (text, history) = history();
+        let mut other = decode(&encoded(&text, &history)).unwrap();
+        other.inline_held.clear();
+        assert_eq!(
+            difference(&other, &history),
+            Some("the inline objects held differ")
+        );
+        other.latest_failure.clear();
+        assert_eq!(
+            difference(&other, &history),
+            Some("the newest failures differ")
+        );
+        other.latest_ok.get_mut("c").unwrap().finished_ms += 1;
+        assert_eq!(
+            difference(&other, &history),
+            Some("the current results differ")
+        );
+        other.lock.stages.remove("c");
+        assert_eq!(difference(&other, &history), Some("the lock file differs"));
+    }
+
+    #[test]
+    fn a_cut_or_garbled_history_is_refused() {
+        let (text, history) = history();
+        let bytes = encoded(&text, &history);
+        for cut in [0, 1, 32, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode(&bytes[..cut]).is_none(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode(&longer).is_none());
+        // A stage the lock names without a current result.
+        let mut without = decode(&bytes).unwrap();
+        without.latest_ok.remove("b");
+        let bytes = encode(
+            &text,
+            "kept",
+            ["a", "b", "c"].into_iter(),
+            &without.latest_ok,
+            &without.latest_failure,
+            &without.inline_held,
+        );
+        assert!(decode(&bytes).is_none());
+    }
 }
