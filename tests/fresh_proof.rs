@@ -67,6 +67,13 @@ fn run(p: &Project, extra_env: &[(&str, &str)]) -> Ran {
     }
 }
 
+impl Ran {
+    /// Asserts that the run's log says `what`.
+    fn says(&self, what: &str) {
+        assert!(self.stderr.contains(what), "{}", self.stderr);
+    }
+}
+
 /// The stderr of a `cairn run` that must fail.
 fn failing_run(p: &Project, extra_env: &[(&str, &str)]) -> String {
     let mut command = p.command(&["run"]);
@@ -121,11 +128,7 @@ fn a_no_op_is_answered_by_the_proof_and_recorded_like_any_run() {
     let noop = run(&p, &[]);
     assert!(noop.by_proof, "{}", noop.stderr);
     assert!(noop.stages.is_empty());
-    assert!(
-        noop.stderr.contains("0 ran, 3 fresh (run"),
-        "{}",
-        noop.stderr
-    );
+    noop.says("0 ran, 3 fresh (run");
 
     // Recorded as a no-op decided the usual way is: a run, every stage fresh.
     let log = p.cairn(&["log"]);
@@ -265,13 +268,7 @@ fn a_run_after_a_proof_takes_up_the_manifest_kept_beside_it_while_its_checks_on_
     let edited = run(&p, &[]);
     assert!(!edited.by_proof);
     assert_eq!(edited.stages, ["b", "c"]);
-    assert!(
-        edited
-            .stderr
-            .contains("the manifest was taken up as it was kept"),
-        "{}",
-        edited.stderr
-    );
+    edited.says("the manifest was taken up as it was kept");
     settle(&p);
 
     // An input no stage writes removed: the kept manifest's check on disk
@@ -302,24 +299,12 @@ fn a_kept_manifest_that_cannot_be_read_is_loaded_again_and_kept_anew() {
     p.file("data/1.txt", "uno\n");
     let refused = run(&p, &[]);
     assert_eq!(refused.stages, ["b", "c"]);
-    assert!(
-        refused
-            .stderr
-            .contains("the kept manifest was not taken up"),
-        "{}",
-        refused.stderr
-    );
+    refused.says("the kept manifest was not taken up");
     settle(&p);
     p.file("data/1.txt", "eins\n");
     let taken_up = run(&p, &[]);
     assert_eq!(taken_up.stages, ["b", "c"]);
-    assert!(
-        taken_up
-            .stderr
-            .contains("the manifest was taken up as it was kept"),
-        "{}",
-        taken_up.stderr
-    );
+    taken_up.says("the manifest was taken up as it was kept");
 }
 
 #[test]
@@ -334,13 +319,7 @@ fn a_run_after_a_proof_takes_up_the_history_kept_beside_it_while_the_lock_file_i
     p.file("data/1.txt", "uno\n");
     let edited = run(&p, &[]);
     assert_eq!(edited.stages, ["b", "c"]);
-    assert!(
-        edited
-            .stderr
-            .contains("the history was taken up as it was kept"),
-        "{}",
-        edited.stderr
-    );
+    edited.says("the history was taken up as it was kept");
     settle(&p);
 
     // The lock file given a comment (it still verifies): its bytes are not
@@ -350,13 +329,8 @@ fn a_run_after_a_proof_takes_up_the_history_kept_beside_it_while_the_lock_file_i
     p.file("data/1.txt", "eins\n");
     let refused = run(&p, &[]);
     assert_eq!(refused.stages, ["b", "c"]);
-    assert!(
-        refused.stderr.contains(
-            "the kept history was not taken up: the lock file is not the one it was kept with"
-        ),
-        "{}",
-        refused.stderr
-    );
+    refused
+        .says("the kept history was not taken up: the lock file is not the one it was kept with");
     assert!(
         !refused
             .stderr
@@ -377,13 +351,7 @@ fn a_run_after_a_proof_takes_up_the_history_kept_beside_it_while_the_lock_file_i
     p.file("in.txt", "another input\n");
     let edited = run(&p, &[]);
     assert_eq!(edited.stages, ["a", "b", "c"]);
-    assert!(
-        edited
-            .stderr
-            .contains("the history was taken up as it was kept"),
-        "{}",
-        edited.stderr
-    );
+    edited.says("the history was taken up as it was kept");
 }
 
 /// How many histories are kept beside proofs.
@@ -453,13 +421,7 @@ fn a_run_left_open_by_a_dead_cairn_is_closed_by_a_run_the_proof_would_answer() {
     // (The proof holds, and says so; the run is decided all the same.)
     let decided = run(&p, &[]);
     assert!(decided.stages.is_empty(), "{}", decided.stderr);
-    assert!(
-        decided
-            .stderr
-            .contains("the history was read while the manifest was parsed"),
-        "{}",
-        decided.stderr
-    );
+    decided.says("the history was read while the manifest was parsed");
     let status: String = db
         .query_row(
             "SELECT status FROM runs WHERE token = 'dead-1'",
