@@ -257,16 +257,15 @@ impl History {
         ledger: Ledger,
         kept: &[u8],
     ) -> Result<Self, ScheduleError> {
-        let refused = match super::kept_history::decode(kept) {
-            None => Err("it cannot be read"),
-            Some(kept)
-                if kept.lock.pipeline != pipeline
-                    || !std::fs::read(lock_path)
-                        .is_ok_and(|text| Digest::of(&text) == kept.lock_text) =>
-            {
-                Err("the lock file is not the one it was kept with")
-            }
-            Some(kept) => Ok(kept),
+        let lock_is_kept = || {
+            std::fs::read(lock_path)
+                .is_ok_and(|text| Some(Digest::of(&text)) == super::kept_history::lock_digest(kept))
+        };
+        let refused = match (lock_is_kept(), super::kept_history::decode(kept)) {
+            (false, _) => Err("the lock file is not the one it was kept with"),
+            (true, None) => Err("it cannot be read"),
+            (true, Some(kept)) if kept.lock.pipeline != pipeline => Err("it is another pipeline's"),
+            (true, Some(kept)) => Ok(kept),
         };
         let kept = match refused {
             Ok(kept) => kept,
@@ -276,24 +275,29 @@ impl History {
             }
         };
         tracing::debug!("the history was taken up as it was kept");
-        if std::env::var_os(super::fresh_proof::CHECK_VAR).is_some() {
-            let read = Self::read(lock_path, pipeline, Some(ledger))?;
-            let as_read = super::kept_history::KeptHistory {
-                lock_text: kept.lock_text,
-                lock: read.lock.clone().unwrap_or_else(|| LockFile::new("")),
-                latest_ok: read.latest_ok.clone(),
-                latest_failure: read.latest_failure.clone(),
-                inline_held: read.inline_held.clone(),
-            };
-            return match super::kept_history::difference(&kept, &as_read) {
-                None => Ok(read),
-                Some(what) => Err(ScheduleError::Internal(format!(
-                    "the history kept beside the fresh proof is not the ledger's now: {what} differ"
-                ))),
-            };
-        }
+        let stat = match std::env::var_os(super::fresh_proof::CHECK_VAR) {
+            // Read as well, the history must be the kept one; the run goes
+            // on from the kept one.
+            Some(_) => {
+                let read = Self::read(lock_path, pipeline, Some(ledger.another_connection()?))?;
+                let as_read = super::kept_history::KeptHistory {
+                    lock_digest: kept.lock_digest,
+                    lock: read.lock.unwrap_or_else(|| LockFile::new("")),
+                    latest_ok: read.latest_ok,
+                    latest_failure: read.latest_failure,
+                    inline_held: read.inline_held,
+                };
+                if let Some(what) = super::kept_history::difference(&kept, &as_read) {
+                    return Err(ScheduleError::Internal(format!(
+                        "the history kept beside the fresh proof is not the ledger's now: {what}"
+                    )));
+                }
+                read.stat
+            }
+            None => StatCache::from_entries(ledger.load_stat_cache()?),
+        };
         Ok(Self {
-            stat: StatCache::from_entries(ledger.load_stat_cache()?),
+            stat,
             ledger: Some(ledger),
             latest_ok: kept.latest_ok,
             inline_held: kept.inline_held,

@@ -1136,10 +1136,25 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
 
     /// The history this run leaves, as the next run would read it (see
     /// [`super::kept_history`]), encoded, with the lock file's text
-    /// (`lock`); `None` if some stage used a result other than its current
-    /// one (which then is not known here).
+    /// (`lock`); `None` where that is not known here: some stage used a
+    /// result other than its current one, or the lock file read before the
+    /// run named a stage the manifest no longer has (whose current result
+    /// was the one it named, and is now its newest).
     fn kept_history(&self, lock: &str) -> Option<Vec<u8>> {
         let ctx = &*self.ctx;
+        let names: HashSet<&str> = ctx
+            .manifest
+            .stages
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        if ctx.lock.as_ref().is_some_and(|lock| {
+            lock.stages
+                .keys()
+                .any(|name| !names.contains(name.as_str()))
+        }) {
+            return None;
+        }
         for (i, stage) in ctx.manifest.stages.iter().enumerate() {
             let (fingerprint, outputs) = self.used.get(&i)?;
             let current = ctx.latest_ok.get(&stage.name)?;

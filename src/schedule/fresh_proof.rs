@@ -978,11 +978,11 @@ impl<'b> Decoder<'b> {
         Some(self.take(1)?[0])
     }
 
-    pub(super) fn u64(&mut self) -> Option<u64> {
+    fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
 
-    pub(super) fn i64(&mut self) -> Option<i64> {
+    fn i64(&mut self) -> Option<i64> {
         Some(self.u64()? as i64)
     }
 

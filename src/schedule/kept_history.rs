@@ -31,7 +31,7 @@ use crate::store::{
 #[derive(Debug)]
 pub struct KeptHistory {
     /// The digest of the lock file's bytes it is good for...
-    pub lock_text: Digest,
+    pub lock_digest: Digest,
     /// ...and that lock file, as reading it gives it.
     pub lock: LockFile,
     pub latest_ok: HashMap<String, ResultRecord>,
@@ -75,10 +75,16 @@ pub fn encode<'a>(
     out.0
 }
 
+/// The digest of the lock file's bytes the history `bytes` encode is good
+/// for (read before the rest is decoded).
+pub fn lock_digest(bytes: &[u8]) -> Option<Digest> {
+    Decoder(bytes).digest()
+}
+
 /// The history `bytes` encode; `None` for anything else.
 pub fn decode(bytes: &[u8]) -> Option<KeptHistory> {
     let mut d = Decoder(bytes);
-    let lock_text = d.digest()?;
+    let lock_digest = d.digest()?;
     let version = u32::try_from(d.var()?).ok()?;
     let pipeline = d.short_text()?;
     let checksum = d.optional_digest()?;
@@ -106,7 +112,7 @@ pub fn decode(bytes: &[u8]) -> Option<KeptHistory> {
         lock.insert(name, record.fingerprint, &record.outputs);
     }
     Some(KeptHistory {
-        lock_text,
+        lock_digest,
         lock,
         latest_ok,
         latest_failure,
@@ -355,7 +361,7 @@ mod tests {
             .take(2)
             .collect();
         let history = KeptHistory {
-            lock_text: Digest::of(text.as_bytes()),
+            lock_digest: Digest::of(text.as_bytes()),
             lock,
             latest_ok,
             latest_failure,
@@ -379,7 +385,7 @@ mod tests {
     fn a_history_comes_back_as_it_was_kept_with_its_lock_file_as_reading_it_gives_it() {
         let (text, history) = history();
         let back = decode(&encoded(&text, &history)).unwrap();
-        assert_eq!(back.lock_text, Digest::of(text.as_bytes()));
+        assert_eq!(back.lock_digest, Digest::of(text.as_bytes()));
         assert_eq!(difference(&back, &history), None);
         // The lock made again from the results is the lock as read.
         assert_eq!(back.lock, LockFile::verify(&text, "kept").unwrap());

@@ -308,6 +308,8 @@ impl LockFile {
         Some(lock)
     }
 
+    /// Writes the lock file if its content changed (temp file + rename);
+    /// returns its text.
     pub fn write(&self, path: &Path) -> Result<String, StoreError> {
         let text = self.render();
         if std::fs::read_to_string(path).is_ok_and(|old| old == text) {

@@ -8,7 +8,7 @@ use super::*;
 
 /// What a proof keeps beside it, each encoded (see
 /// [`Ledger::keep_fresh_proof`]).
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct KeptBeside<'a> {
     pub plans: Option<&'a [u8]>,
     pub manifest: Option<&'a [u8]>,
