@@ -257,15 +257,15 @@ impl History {
         ledger: Ledger,
         kept: &[u8],
     ) -> Result<Self, ScheduleError> {
-        let lock_is_kept = || {
-            std::fs::read(lock_path)
-                .is_ok_and(|text| Some(Digest::of(&text)) == super::kept_history::lock_digest(kept))
-        };
-        let refused = match (lock_is_kept(), super::kept_history::decode(kept)) {
-            (false, _) => Err("the lock file is not the one it was kept with"),
-            (true, None) => Err("it cannot be read"),
-            (true, Some(kept)) if kept.lock.pipeline != pipeline => Err("it is another pipeline's"),
-            (true, Some(kept)) => Ok(kept),
+        // (The lock file's digest comes first: the rest is decoded only
+        // if it is the one kept.)
+        let lock_is_kept = std::fs::read(lock_path)
+            .is_ok_and(|text| Some(Digest::of(&text)) == super::kept_history::lock_digest(kept));
+        let refused = match lock_is_kept.then(|| super::kept_history::decode(kept)) {
+            None => Err("the lock file is not the one it was kept with"),
+            Some(None) => Err("it cannot be read"),
+            Some(Some(kept)) if kept.lock.pipeline != pipeline => Err("it is another pipeline's"),
+            Some(Some(kept)) => Ok(kept),
         };
         let kept = match refused {
             Ok(kept) => kept,

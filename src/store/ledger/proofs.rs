@@ -79,6 +79,21 @@ impl Ledger {
             history,
         } = kept;
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
+        // Each kept thing replaced under the new key; one not given stays
+        // as it is, but a history, good only for its own proof, goes.
+        let keep = |table: &str, body: Option<&[u8]>, or_delete: bool| match body {
+            Some(body) => tx.execute(
+                &format!(
+                    "INSERT OR REPLACE INTO {table} (pipeline, key, body) VALUES (?1, ?2, ?3)"
+                ),
+                params![self.pipeline.name, key, body],
+            ),
+            None if or_delete => tx.execute(
+                &format!("DELETE FROM {table} WHERE pipeline = ?1"),
+                [&self.pipeline.name],
+            ),
+            None => Ok(0),
+        };
         tx.execute(
             "DELETE FROM fresh_proofs WHERE pipeline = ?1",
             [&self.pipeline.name],
@@ -89,30 +104,9 @@ impl Ledger {
                 params![key, self.pipeline.name, self.pipeline.manifest, now_ms(), body],
             )
         })
-        .and_then(|_| match plans {
-            Some(plans) => tx.execute(
-                "INSERT OR REPLACE INTO kept_plans (pipeline, key, body) VALUES (?1, ?2, ?3)",
-                params![self.pipeline.name, key, plans],
-            ),
-            None => Ok(0),
-        })
-        .and_then(|_| match manifest {
-            Some(manifest) => tx.execute(
-                "INSERT OR REPLACE INTO kept_manifests (pipeline, key, body) VALUES (?1, ?2, ?3)",
-                params![self.pipeline.name, key, manifest],
-            ),
-            None => Ok(0),
-        })
-        .and_then(|_| match history {
-            Some(history) => tx.execute(
-                "INSERT OR REPLACE INTO kept_histories (pipeline, key, body) VALUES (?1, ?2, ?3)",
-                params![self.pipeline.name, key, history],
-            ),
-            None => tx.execute(
-                "DELETE FROM kept_histories WHERE pipeline = ?1",
-                [&self.pipeline.name],
-            ),
-        })
+        .and_then(|_| keep("kept_plans", plans, false))
+        .and_then(|_| keep("kept_manifests", manifest, false))
+        .and_then(|_| keep("kept_histories", history, true))
         .map_err(|e| self.db(e))?;
         tx.commit().map_err(|e| self.db(e))
     }
@@ -120,39 +114,32 @@ impl Ledger {
     /// The item plans kept beside this pipeline's last proof, if it was
     /// made under `key` (see `schedule::kept_plans`).
     pub fn kept_plans(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT body FROM kept_plans WHERE pipeline = ?1 AND key = ?2",
-                params![self.pipeline.name, key],
-                |row| row.get(0),
-            )
-            .optional()
-            .map_err(|e| self.db(e))
+        self.kept_beside("kept_plans", key)
     }
 
     /// The validated manifest kept beside this pipeline's last proof, if
     /// it was kept under `key` (see `manifest::kept`).
     pub fn kept_manifest(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT body FROM kept_manifests WHERE pipeline = ?1 AND key = ?2",
-                params![self.pipeline.name, key],
-                |row| row.get(0),
-            )
-            .optional()
-            .map_err(|e| self.db(e))
+        self.kept_beside("kept_manifests", key)
     }
 
     /// The history kept beside this pipeline's last proof, if it was kept
     /// under `key` (see `schedule::kept_history`).
     pub fn kept_history(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.kept_beside("kept_histories", key)
+    }
+
+    /// The body `table` keeps for this pipeline, if it was kept under `key`.
+    fn kept_beside(&self, table: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.conn
-            .query_row(
-                "SELECT body FROM kept_histories WHERE pipeline = ?1 AND key = ?2",
-                params![self.pipeline.name, key],
-                |row| row.get(0),
-            )
-            .optional()
+            .prepare_cached(&format!(
+                "SELECT body FROM {table} WHERE pipeline = ?1 AND key = ?2"
+            ))
+            .and_then(|mut select| {
+                select
+                    .query_row(params![self.pipeline.name, key], |row| row.get(0))
+                    .optional()
+            })
             .map_err(|e| self.db(e))
     }
 
