@@ -70,6 +70,15 @@ pub enum Recorded {
 /// this much of what ended (those stages run again).
 const GROUP_WINDOW: Duration = Duration::from_millis(4);
 
+/// How long the log may grow (in 4 KiB pages) before the writer, having
+/// committed, copies it into the ledger so that it begins again. Every
+/// command that opens the ledger first reads the whole log twice (cairn's
+/// check for damage, then SQLite's recovery), so what a run leaves in it is
+/// paid by the next command: a thousand pages (SQLite's default; a re-run of
+/// fifty stages writes about that many) cost the next one 3.5 ms. The copy
+/// is made on this thread, while commands run.
+const CHECKPOINT_FRAMES: i64 = 256;
+
 /// The handle to the writer's thread, which ends when this is dropped
 /// (after what it was sent).
 pub struct LedgerWriter {
@@ -83,6 +92,10 @@ impl LedgerWriter {
     /// Starts the thread, writing through `ledger` and answering on
     /// `answers`.
     pub fn start(ledger: Ledger, answers: UnboundedSender<Recorded>) -> std::io::Result<Self> {
+        ledger
+            .conn
+            .pragma_update(None, "wal_autocheckpoint", CHECKPOINT_FRAMES)
+            .map_err(std::io::Error::other)?;
         let (writes, received) = mpsc::channel();
         let hurried = Arc::new(AtomicBool::new(false));
         let hurry = Arc::clone(&hurried);
@@ -224,5 +237,40 @@ mod tests {
             .map(|attempt| attempt.stage)
             .collect();
         assert_eq!(stages, ["a", "b", "c"]);
+    }
+
+    /// The writer checkpoints as it goes, so the log the next command
+    /// opens (and reads whole, twice) holds a few hundred frames, not all
+    /// a run wrote: here 60 commits of an item whose key (in the table
+    /// and two indexes) takes pages of its own.
+    #[test]
+    fn the_writer_keeps_the_log_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::new_for_tests(dir.path());
+        let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+        let writer = LedgerWriter::start(ledger.another_connection().unwrap(), answers).unwrap();
+        for n in 0..60 {
+            let stage = format!("stage-{n}");
+            let key = format!("{n}").repeat(4000 / (1 + n.to_string().len()));
+            let attempt = ItemAttempt::started(1, &stage, &key, Digest::of(stage.as_bytes()), 1, 0);
+            assert!(writer.send(Record::Attempts(vec![attempt])));
+            writer.hurry();
+            assert!(matches!(
+                answered.blocking_recv(),
+                Some(Recorded::Attempts(Ok(())))
+            ));
+        }
+        drop(writer);
+        assert_eq!(ledger.run_attempts(1).unwrap().len(), 60);
+        // (The second column: the frames in the log since it last began
+        // again.)
+        let frames: i64 = ledger
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
+            .unwrap();
+        assert!(
+            frames <= CHECKPOINT_FRAMES + 16,
+            "{frames} frames in the log"
+        );
     }
 }
