@@ -3,6 +3,8 @@
 //! stage's inputs, a fresh proof's files, a manifest's declared paths),
 //! walking each path from `/` was half the time of its `stat`.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs::Metadata;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -161,6 +163,39 @@ fn stat_by_name(path: &Path, dir: &mut OpenDir, follow: bool) -> io::Result<File
             .map(|stat| FileStat::from(&stat))
             .map_err(io::Error::from),
         Held::Once | Held::Unopenable => whole(path),
+    }
+}
+
+/// `stat`s of files this process took moments ago while it held the
+/// workspace, by path, each with the moment before it was taken: a fresh
+/// proof that failed leaves those of the files it found as the last run
+/// left them (see [`crate::schedule::fresh_proof`]). Each stands in once for
+/// the `stat` of its path a run would make next, so a path is `stat`ed once
+/// a run. A run that writes a path forgets its entry.
+#[derive(Debug, Default)]
+pub struct Stated(HashMap<OsString, (FileStat, i64), foldhash::fast::RandomState>);
+
+impl Stated {
+    pub fn insert(&mut self, path: PathBuf, stat: FileStat, seen_ns: i64) {
+        self.0.insert(path.into_os_string(), (stat, seen_ns));
+    }
+
+    /// Whether `path` was found there (a file, or a link to one).
+    pub fn contains(&self, path: &Path) -> bool {
+        self.0.contains_key(path.as_os_str())
+    }
+
+    /// The `stat` of `path`, and when it was taken, given once.
+    pub fn take(&mut self, path: &Path) -> Option<(FileStat, i64)> {
+        self.0.remove(path.as_os_str())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 

@@ -352,6 +352,27 @@ fn a_run_after_a_proof_takes_up_the_history_kept_beside_it_while_the_lock_file_i
     assert_eq!(run(&p, &[]).stages, ["a", "b", "c"]);
 }
 
+/// A proof that fails is checked to its end, and hands the run the `stat`
+/// of each file it found as it saw it, for the run to take instead of its
+/// own. A file changed after the first difference (in the proof's order,
+/// `data/1.txt` before `in.txt`) is not among them: both changes are seen.
+#[test]
+fn a_failed_proof_hands_on_the_stats_of_the_files_it_found_unchanged_and_no_other() {
+    let p = project();
+    run(&p, &[]);
+    settle(&p);
+    p.file("data/1.txt", "uno\n");
+    p.file("in.txt", "another input\n");
+    let edited = run(&p, &[]);
+    edited.says(&format!(
+        "{} changed (",
+        p.path("data/1.txt").canonicalize().unwrap().display()
+    ));
+    edited.says(" files found as it saw them)");
+    assert_eq!(edited.stages, ["a", "b", "c"]);
+    assert!(run(&p, &[]).stages.is_empty());
+}
+
 /// A stage taken out of the manifest whose current result was an earlier
 /// one (its lock entry named it): the ledger's current result for it is
 /// then its newest, which the run that drops it does not hold. The history

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use super::args::{Global, RunArgs};
 use super::error::CliError;
 use super::workspace;
+use crate::file_stat::Stated;
 use crate::fingerprint::Digest;
 use crate::manifest::lock_path_of;
 use crate::schedule::fresh_proof::{self, CHECK_VAR, Checked, Proof};
@@ -40,6 +41,9 @@ pub struct Held {
     /// The history kept beside the proof that failed, encoded (see
     /// [`crate::schedule::kept_history`]).
     pub kept_history: Option<Vec<u8>>,
+    /// The `stat`s the proof's check took of the files it found unchanged,
+    /// while the lock was held.
+    pub stated: Stated,
 }
 
 /// Answers `cairn run` from the proof the last run kept, if it holds.
@@ -98,16 +102,22 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
             key,
             kept_manifest,
             kept_history,
+            stated: Stated::default(),
         })
     };
     match proof.check() {
-        Checked::Fails(why) => {
-            tracing::debug!("the fresh proof does not hold: {why}");
+        Checked::Fails { why, stated } => {
+            tracing::debug!(
+                "the fresh proof does not hold: {why} ({} files found as it saw them)",
+                stated.len()
+            );
             let kept = (
                 ledger.kept_manifest(&key).ok().flatten(),
                 ledger.kept_history(&key).ok().flatten(),
             );
-            return Ok(Asked::Decide(Some(held(lock, ledger, Some(key), kept))));
+            let mut held = held(lock, ledger, Some(key), kept);
+            held.stated = stated;
+            return Ok(Asked::Decide(Some(held)));
         }
         Checked::Holds { renewed } => {
             tracing::debug!(

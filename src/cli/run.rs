@@ -9,6 +9,7 @@ use super::locked;
 use super::progress::HumanReporter;
 use super::run_events::JsonReporter;
 use super::workspace;
+use crate::file_stat::Stated;
 use crate::manifest::Manifest;
 use crate::schedule::fresh_proof;
 use crate::schedule::kept_plans::{self, KeptPlan, ReadAhead};
@@ -19,16 +20,25 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // With the workspace held for a proof that failed, its history is read
     // while the manifest is parsed, or taken up as it was kept beside the
     // proof.
-    let (early, kept) = match fresh_run::run(global, args)? {
+    // The `stat`s the proof's check took stand for the run's own while the
+    // workspace is held from then on.
+    let (early, kept, stated) = match fresh_run::run(global, args)? {
         Asked::Answered => return Ok(()),
-        Asked::Decide(None) => (None, None),
+        Asked::Decide(None) => (None, None, Stated::default()),
         Asked::Decide(Some(mut held)) => {
             let kept = held.kept_manifest.take();
-            (EarlyHistory::start(*held), kept)
+            let stated = std::mem::take(&mut held.stated);
+            let early = EarlyHistory::start(*held);
+            let stated = if early.is_some() {
+                stated
+            } else {
+                Stated::default()
+            };
+            (early, kept, stated)
         }
     };
     let taken_up = match &kept {
-        Some(kept) => workspace::take_up(global, kept)?,
+        Some(kept) => workspace::take_up(global, kept, &stated)?,
         None => None,
     };
     let kept_manifest_refused = kept.is_some() && taken_up.is_none();
@@ -80,10 +90,10 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
 
     let manifest = &loaded.manifest;
     let early = early.map(|early| early.finish(manifest));
-    let (_lock, history) = match early {
+    let (_lock, history, stated) = match early {
         Some((lock, Some(history))) => {
             tracing::debug!("the history was read while the manifest was parsed");
-            (lock, history?)
+            (lock, history?, stated)
         }
         // Read for another pipeline than the manifest's (its lock let go
         // first), or not read early: the usual way.
@@ -102,10 +112,12 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
                 }
             }
             let history = History::read(&manifest.lock_path(), &manifest.name, Some(ledger))?;
-            (Some(lock), history)
+            // (The workspace was let go meanwhile: its `stat`s may be old.)
+            (Some(lock), history, Stated::default())
         }
     };
     let mut ctx = Context::with_history(manifest, &loaded.dag, history);
+    ctx.stat.use_stated(stated);
     ctx.explain = !global.quiet;
     // (`--locked` reported it already, reading it for the check.)
     if let Some(problem) = ctx
@@ -271,6 +283,7 @@ impl EarlyHistory {
             key,
             kept_manifest: _,
             kept_history,
+            stated: _,
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());

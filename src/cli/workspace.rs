@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::args::Global;
 use super::error::CliError;
+use crate::file_stat::Stated;
 use crate::graph::Dag;
 use crate::manifest::{self, LoadError, Manifest};
 use crate::schedule::Context;
@@ -60,10 +61,10 @@ pub fn load(global: &Global) -> Result<Loaded, CliError> {
 /// With `CAIRN_CHECK_FRESH_PROOF` set (as the test suite does), the
 /// manifest is also loaded the usual way, and any difference is an
 /// internal error.
-pub fn take_up(global: &Global, kept: &[u8]) -> Result<Option<Loaded>, CliError> {
+pub fn take_up(global: &Global, kept: &[u8], stated: &Stated) -> Result<Option<Loaded>, CliError> {
     let path = manifest_path(global)?;
     let profile = global.profile.as_deref();
-    let Some(manifest) = manifest::kept::take_up(kept, &path, profile) else {
+    let Some(manifest) = manifest::kept::take_up(kept, &path, profile, stated) else {
         tracing::debug!("the kept manifest was not taken up: it is loaded again");
         return Ok(None);
     };

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::digest::Digest;
-use crate::file_stat::{FileStat, OpenDir, ctime_ns, mtime_ns, stat_in_dir};
+use crate::file_stat::{FileStat, OpenDir, Stated, ctime_ns, mtime_ns, stat_in_dir};
 use crate::side_by_side::{in_shares, shares_for};
 
 /// What sits at a path inside a directory tree.
@@ -280,6 +280,8 @@ pub struct StatCache {
     /// Keyed by the path's bytes: hashed and compared as bytes, not
     /// component by component (the paths are made the same way each time).
     slots: HashMap<OsString, Slot, foldhash::fast::RandomState>,
+    /// `stat`s taken moments ago, for [`Self::content_with_stated`].
+    stated: Stated,
 }
 
 /// What the cache knows of one path.
@@ -315,7 +317,14 @@ impl StatCache {
         });
         Self {
             slots: slots.collect(),
+            stated: Stated::default(),
         }
+    }
+
+    /// Takes `stated` for [`Self::content_with_stated`]: `stat`s this
+    /// process took while it has held the workspace since.
+    pub fn use_stated(&mut self, stated: Stated) {
+        self.stated = stated;
     }
 
     fn lookup(&mut self, path: &Path, stat: &FileStat) -> Option<Digest> {
@@ -346,6 +355,7 @@ impl StatCache {
     /// Remembers an entry made elsewhere (by the store, hashing an output
     /// as it copies it in).
     pub fn learn(&mut self, path: PathBuf, entry: StatEntry) {
+        self.stated.take(&path);
         self.slots
             .entry(path.into_os_string())
             .or_default()
@@ -480,6 +490,17 @@ impl StatCache {
         let seen_ns = now_ns();
         let meta = std::fs::metadata(path)?;
         self.content_as_stated(path, &FileStat::from(&meta), seen_ns)
+    }
+
+    /// [`Self::content`], from the `stat` of `path` taken moments ago if
+    /// there is one (see [`Stated`]). For paths this run has not written
+    /// (and will not before it looks: a stage's sources, the outputs of a
+    /// stage as it is decided).
+    pub fn content_with_stated(&mut self, path: &Path) -> io::Result<Content> {
+        match self.stated.take(path) {
+            Some((stat, seen_ns)) => self.content_as_stated(path, &stat, seen_ns),
+            None => self.content(path),
+        }
     }
 
     /// [`Self::content`] of a path `stat`ed already (`stat`, taken after

@@ -29,6 +29,9 @@ pub struct Dag {
     downstream: Vec<Vec<usize>>,
     edges: Vec<(usize, usize, EdgeKind)>,
     order: Vec<usize>,
+    /// `(stage, input)` for each input that is a stage's output or lies in
+    /// one: the inputs a run may write before it reads them.
+    made_inputs: HashSet<(usize, usize)>,
 }
 
 impl Dag {
@@ -51,6 +54,7 @@ impl Dag {
             }
         };
         let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut made_inputs = HashSet::new();
         for (i, stage) in manifest.stages.iter().enumerate() {
             for need in &stage.needs {
                 if let Some(&j) = by_name.get(need.name.as_str()) {
@@ -58,10 +62,12 @@ impl Dag {
                 }
             }
             let items = stage.foreach.as_ref().map(|f| &f.items);
-            for path in stage.inputs.iter().map(|input| &input.path).chain(items) {
+            let paths = stage.inputs.iter().map(|input| &input.path).chain(items);
+            for (n, path) in paths.enumerate() {
                 readers.entry(path.as_str()).or_default().push(i);
                 if let Some((j, _)) = outputs.producer_of(path) {
                     add(j, i, EdgeKind::Path(path.to_string()), &mut edges);
+                    made_inputs.insert((i, n));
                 }
             }
         }
@@ -100,7 +106,15 @@ impl Dag {
             downstream,
             edges,
             order,
+            made_inputs,
         })
+    }
+
+    /// Whether input `input` of stage `stage` is (or lies in) an output of
+    /// a stage: one no stage writes is the same all run long, but for
+    /// what the run's commands write undeclared.
+    pub fn input_is_made(&self, stage: usize, input: usize) -> bool {
+        self.made_inputs.contains(&(stage, input))
     }
 
     /// Every stage, dependencies first; ties broken by manifest order.

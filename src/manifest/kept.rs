@@ -19,6 +19,7 @@
 use std::path::Path;
 
 use super::model::Manifest;
+use crate::file_stat::Stated;
 
 /// The manifest's encoding; `None` if it cannot be encoded (then nothing
 /// is kept).
@@ -28,11 +29,16 @@ pub fn encode(manifest: &Manifest) -> Option<Vec<u8>> {
 
 /// The manifest kept as `bytes`, if it was kept for the manifest at
 /// `path` under `profile`, and what it found on disk (its root among it)
-/// still holds.
-pub fn take_up(bytes: &[u8], path: &Path, profile: Option<&str>) -> Option<Manifest> {
+/// still holds; `stated`: files found there moments ago.
+pub fn take_up(
+    bytes: &[u8],
+    path: &Path,
+    profile: Option<&str>,
+    stated: &Stated,
+) -> Option<Manifest> {
     let manifest: Manifest = postcard::from_bytes(bytes).ok()?;
     let same = manifest.path == path && manifest.profile.as_deref() == profile;
-    (same && super::load::holds_on_disk(&manifest)).then_some(manifest)
+    (same && super::load::holds_on_disk(&manifest, stated)).then_some(manifest)
 }
 
 /// A JSON value as its text.
@@ -119,11 +125,11 @@ mod tests {
         for profile in [None, Some("cluster"), Some("gpu,ci"), Some("slurm")] {
             let manifest = load(&path, profile).unwrap();
             let kept = encode(&manifest).unwrap();
-            let taken = take_up(&kept, &path, profile).expect("taken up");
+            let taken = take_up(&kept, &path, profile, &Stated::default()).expect("taken up");
             assert_eq!(format!("{taken:?}"), format!("{manifest:?}"), "{profile:?}");
-            assert!(take_up(&kept, Path::new("other.toml"), profile).is_none());
-            assert!(take_up(&kept, &path, Some("local")).is_none());
-            assert!(take_up(&kept[..kept.len() / 2], &path, profile).is_none());
+            assert!(take_up(&kept, Path::new("other.toml"), profile, &Stated::default()).is_none());
+            assert!(take_up(&kept, &path, Some("local"), &Stated::default()).is_none());
+            assert!(take_up(&kept[..kept.len() / 2], &path, profile, &Stated::default()).is_none());
         }
     }
 
@@ -155,7 +161,7 @@ outputs = { results = "results.jsonl" }
         std::fs::write(root.join("items.jsonl"), "{\"id\": \"x\"}\n").unwrap();
         std::fs::create_dir(root.join("out")).unwrap();
         let kept = encode(&load(&path, None).unwrap()).unwrap();
-        let taken_up = || take_up(&kept, &path, None).is_some();
+        let taken_up = || take_up(&kept, &path, None, &Stated::default()).is_some();
         assert!(taken_up());
 
         // Each change is refused by the usual load as by the kept
@@ -200,10 +206,10 @@ outputs = { results = "results.jsonl" }
         let manifest = load(&path, None).unwrap();
         assert_eq!(manifest.root, top.join("one"));
         let kept = encode(&manifest).unwrap();
-        assert!(take_up(&kept, &path, None).is_some());
+        assert!(take_up(&kept, &path, None, &Stated::default()).is_some());
         std::fs::remove_file(top.join("data")).unwrap();
         std::os::unix::fs::symlink("two", top.join("data")).unwrap();
         assert_eq!(load(&path, None).unwrap().root, top.join("two"));
-        assert!(take_up(&kept, &path, None).is_none());
+        assert!(take_up(&kept, &path, None, &Stated::default()).is_none());
     }
 }

@@ -24,7 +24,7 @@ mod pipeline;
 mod services;
 mod uses;
 
-use crate::file_stat::OpenDir;
+use crate::file_stat::{OpenDir, Stated};
 use cross_stage::input_missing;
 use foreach::item_list_missing;
 use output_places::OutputPlaces;
@@ -114,8 +114,9 @@ pub fn load(path: &Path, profile: Option<&str>) -> Result<Manifest, LoadError> {
 /// no output is the manifest, its lock file or a path through a symbolic
 /// link. The checks [`load`] makes, without their
 /// messages: a kept manifest ([`super::kept`]) is taken up only where they
-/// pass, and else loaded again to report what fails.
-pub(super) fn holds_on_disk(manifest: &Manifest) -> bool {
+/// pass, and else loaded again to report what fails. An input in
+/// `stated` was found moments ago: it is not looked for again.
+pub(super) fn holds_on_disk(manifest: &Manifest, stated: &Stated) -> bool {
     let (stages, root) = (&manifest.stages, manifest.root.as_path());
     let written = manifest.root_as_written.as_deref();
     if resolve_root(manifest_dir(&manifest.path), written).as_deref() != Some(root) {
@@ -125,14 +126,13 @@ pub(super) fn holds_on_disk(manifest: &Manifest) -> bool {
     let mut dir = OpenDir::default();
     let mut places = OutputPlaces::new(root, &manifest.path);
     stages.iter().all(|stage| {
-        stage
-            .inputs
-            .iter()
-            .all(|input| !input_missing(&input.path, stages, &index, root, &mut dir))
-            && stage
-                .foreach
-                .as_ref()
-                .is_none_or(|foreach| !item_list_missing(&foreach.items, &index, root))
+        stage.inputs.iter().all(|input| {
+            stated.contains(&input.path.resolve(root))
+                || !input_missing(&input.path, stages, &index, root, &mut dir)
+        }) && stage
+            .foreach
+            .as_ref()
+            .is_none_or(|foreach| !item_list_missing(&foreach.items, &index, root))
             && stage
                 .outputs
                 .iter()

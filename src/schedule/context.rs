@@ -428,20 +428,24 @@ impl<'m> Context<'m> {
         let manifest = self.manifest;
         let stage = &manifest.stages[i];
         let mut digests = Vec::with_capacity(stage.inputs.len());
-        for input in &stage.inputs {
+        for (n, input) in stage.inputs.iter().enumerate() {
             if let Some(digest) = self.upstream_digest(input.path.as_str()) {
                 digests.push(digest);
                 continue;
             }
             let abs = input.path.resolve(&self.manifest.root);
-            let content = self
-                .stat
-                .content(&abs)
-                .map_err(|source| ScheduleError::Input {
-                    stage: stage.name.clone(),
-                    path: abs.clone(),
-                    source,
-                })?;
+            // A `stat` taken moments ago stands for one of a path no stage
+            // writes (see `content_with_stated`).
+            let content = if self.dag.input_is_made(i, n) {
+                self.stat.content(&abs)
+            } else {
+                self.stat.content_with_stated(&abs)
+            }
+            .map_err(|source| ScheduleError::Input {
+                stage: stage.name.clone(),
+                path: abs.clone(),
+                source,
+            })?;
             digests.push(content.digest());
         }
         let env_read = &mut self.env_read;
@@ -1124,10 +1128,12 @@ impl<'m> Context<'m> {
     }
 
     /// True if the workspace copy of `output` matches its recorded digest.
+    /// (Asked of a fresh stage's outputs, which this run does not write
+    /// before: see `content_with_stated`.)
     pub fn workspace_matches(&mut self, output: &OutputRecord) -> bool {
         let abs = self.abs(&output.path);
         self.stat
-            .content(&abs)
+            .content_with_stated(&abs)
             .is_ok_and(|c| c.digest() == output.digest)
     }
 

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Context;
 use super::kept_plans::{KeptItem, KeptPlan};
-use crate::file_stat::{OpenDir, stat_in_dir};
+use crate::file_stat::{FileStat, OpenDir, Stated, stat_in_dir};
 use crate::fingerprint::{
     Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns,
 };
@@ -177,19 +177,20 @@ pub struct Proof {
 }
 
 /// What checking a proof found.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Checked {
     /// Everything is as it was. `renewed`: a racy file was hashed again and
     /// found unchanged; the proof now trusts it without hashing.
     Holds { renewed: bool },
-    /// Something differs (named, for `-v`): the stages must be decided.
-    Fails(String),
+    /// Something differs (`why`, named for `-v`): the stages must be
+    /// decided. `stated`: the `stat` of each file found as the proof saw it,
+    /// for the run to take instead of `stat`ing it again.
+    Fails { why: String, stated: Stated },
 }
 
 /// Checks `watched` in a few shares side by side when there are many: a
 /// proof of a thousand stages holds two thousand paths, and their `stat`s
-/// are most of a no-op run. A share that finds a difference stops the
-/// others.
+/// are most of a no-op run.
 fn check_side_by_side(watched: &mut [Watched], listed: &HashMap<PathBuf, Vec<PathBuf>>) -> Checked {
     /// Fewer paths than this a thread are not worth one.
     const SHARE: usize = 512;
@@ -203,136 +204,132 @@ fn check_in_shares(
     listed: &HashMap<PathBuf, Vec<PathBuf>>,
     shares: usize,
 ) -> Checked {
-    let stop = AtomicBool::new(false);
+    let differs = AtomicBool::new(false);
     let shares = in_shares(watched, shares, "cairn-proof", |first, share| {
-        check_share(share, first, listed, &stop)
+        check_share(share, first, listed, &differs)
     });
-    // A difference one share found (a share stopped by another found none
-    // of its own; which one is reported when several differ depends on
-    // which thread came to it first).
-    let mut renewed = Vec::new();
-    for share in shares {
-        match share {
-            Share::Holds { renewed: share } => renewed.extend(share),
-            Share::Differs(why) => return Checked::Fails(why),
-            Share::Stopped => {}
+    // The first difference in the proof's order is the one reported.
+    if let Some(why) = shares.iter().find_map(|share| share.differs.clone()) {
+        let mut stated = Stated::default();
+        for (index, stat, seen_ns) in shares.into_iter().flat_map(|share| share.stated) {
+            if let Watched::File(path, _) = &watched[index] {
+                stated.insert(path.clone(), stat, seen_ns);
+            }
         }
+        return Checked::Fails { why, stated };
     }
     // Racy entries found unchanged are trusted from when they were seen.
-    for &(index, seen_ns) in &renewed {
+    let mut renewed = false;
+    for &(index, seen_ns) in shares.iter().flat_map(|share| &share.renewed) {
+        renewed = true;
         match &mut watched[index] {
             Watched::File(_, entry) => entry.seen_ns = seen_ns,
             Watched::Dir(_, stat) => stat.seen_ns = seen_ns,
             Watched::Place { .. } | Watched::Object { .. } => {}
         }
     }
-    Checked::Holds {
-        renewed: !renewed.is_empty(),
-    }
+    Checked::Holds { renewed }
 }
 
 /// What checking one share of a proof found.
-enum Share {
-    /// Unchanged; `renewed`: the index of each racy entry found unchanged
-    /// (hashed or listed again), with when it was seen.
-    Holds {
-        renewed: Vec<(usize, i64)>,
-    },
-    Differs(String),
-    /// Another share found a difference first.
-    Stopped,
+#[derive(Default)]
+struct Share {
+    /// The share's first difference.
+    differs: Option<String>,
+    /// The index of each racy entry found unchanged (hashed or listed
+    /// again), with when it was seen.
+    renewed: Vec<(usize, i64)>,
+    /// Each file found as the proof saw it: its index, the `stat` that
+    /// found it so, and when that was taken.
+    stated: Vec<(usize, FileStat, i64)>,
 }
 
 /// Checks each of `watched` (from index `first` of the proof's) in turn
-/// (see [`Proof::check`]) until another share finds a difference (`stop`),
-/// which it sets on one of its own.
+/// (see [`Proof::check`]). Once a difference is found (here, or in another
+/// share: `differs`) the proof fails, and what is left is only `stat`ed,
+/// for the files found unchanged: nothing is hashed or listed again.
 fn check_share(
     watched: &[Watched],
     first: usize,
     listed: &HashMap<PathBuf, Vec<PathBuf>>,
-    stop: &AtomicBool,
+    differs: &AtomicBool,
 ) -> Share {
-    let mut renewed = Vec::new();
+    let mut share = Share {
+        stated: Vec::with_capacity(watched.len()),
+        ..Share::default()
+    };
     // (Files are `stat`ed by name in their directory: in byte order,
     // most files of a directory come one after another.)
     let mut dir = OpenDir::default();
     for (index, watched) in (first..).zip(watched) {
-        if stop.load(Ordering::Relaxed) {
-            return Share::Stopped;
-        }
-        let differs = |path: &Path| {
-            stop.store(true, Ordering::Relaxed);
-            Share::Differs(format!("{} changed", path.display()))
-        };
-        match watched {
+        let failed = share.differs.is_some() || differs.load(Ordering::Relaxed);
+        let changed = match watched {
             Watched::File(path, entry) => {
                 let seen_ns = now_ns();
-                let Ok(stat) = stat_in_dir(path, &mut dir) else {
-                    return differs(path);
-                };
-                if !entry.matches_stat(&stat) {
-                    return differs(path);
-                }
-                if entry.racy() {
-                    match hash_file(path, stat.size, false) {
-                        Ok(digest) if digest == entry.digest => renewed.push((index, seen_ns)),
-                        _ => return differs(path),
+                match stat_in_dir(path, &mut dir) {
+                    Ok(stat) if entry.matches_stat(&stat) => {
+                        let unchanged = !entry.racy()
+                            || failed
+                            || match hash_file(path, stat.size, false) {
+                                Ok(digest) if digest == entry.digest => {
+                                    share.renewed.push((index, seen_ns));
+                                    true
+                                }
+                                _ => false,
+                            };
+                        // (A racy file is vouched for only if hashed.)
+                        if unchanged && (!entry.racy() || !failed) {
+                            share.stated.push((index, stat, seen_ns));
+                        }
+                        !unchanged
                     }
+                    _ => true,
                 }
             }
+            _ if failed => false,
             Watched::Dir(path, stat) => {
                 let seen_ns = now_ns();
-                let Ok(meta) = std::fs::metadata(path) else {
-                    return differs(path);
-                };
-                if !stat.matches(&meta) {
-                    return differs(path);
-                }
-                if stat.racy() {
-                    // An entry added within the tick it was listed in
-                    // could have kept its times: its entries must be
-                    // the ones the proof lists, each checked by itself.
-                    let Ok(read) = std::fs::read_dir(path) else {
-                        return differs(path);
-                    };
-                    let mut entries = Vec::new();
-                    for entry in read {
-                        let Ok(entry) = entry else {
-                            return differs(path);
-                        };
-                        entries.push(entry.path());
+                match std::fs::metadata(path) {
+                    Ok(meta) if stat.matches(&meta) => {
+                        // An entry added within the tick it was listed in
+                        // could have kept its times: its entries must be
+                        // the ones the proof lists, each checked by itself.
+                        let same = !stat.racy() || listing(path).as_ref() == listed.get(path);
+                        if same && stat.racy() {
+                            share.renewed.push((index, seen_ns));
+                        }
+                        !same
                     }
-                    entries.sort();
-                    if listed.get(path) != Some(&entries) {
-                        return differs(path);
-                    }
-                    renewed.push((index, seen_ns));
+                    _ => true,
                 }
             }
-            Watched::Place { path, dev, ino } => {
-                let Ok(meta) = std::fs::symlink_metadata(path) else {
-                    return differs(path);
-                };
-                if !meta.is_dir() || meta.dev() != *dev || meta.ino() != *ino {
-                    return differs(path);
-                }
-            }
+            Watched::Place { path, dev, ino } => !std::fs::symlink_metadata(path)
+                .is_ok_and(|meta| meta.is_dir() && meta.dev() == *dev && meta.ino() == *ino),
             Watched::Object {
                 path,
                 dev,
                 ino,
                 size,
-            } => {
-                let Ok(meta) = std::fs::metadata(path) else {
-                    return differs(path);
-                };
-                if meta.dev() != *dev || meta.ino() != *ino || meta.len() != *size {
-                    return differs(path);
-                }
-            }
+            } => !std::fs::metadata(path)
+                .is_ok_and(|meta| meta.dev() == *dev && meta.ino() == *ino && meta.len() == *size),
+        };
+        if changed && share.differs.is_none() {
+            differs.store(true, Ordering::Relaxed);
+            share.differs = Some(format!("{} changed", watched.path().display()));
         }
     }
-    Share::Holds { renewed }
+    share
+}
+
+/// The paths in directory `path`, sorted; `None` if it cannot be read.
+fn listing(path: &Path) -> Option<Vec<PathBuf>> {
+    let mut entries = std::fs::read_dir(path)
+        .ok()?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    entries.sort();
+    Some(entries)
 }
 
 impl Proof {
@@ -462,14 +459,18 @@ impl Proof {
     }
 
     /// Checks every variable and path against what the proof saw: any
-    /// difference fails it at once. A racy file is hashed.
+    /// difference fails it. A racy file is hashed (until a difference is
+    /// found). A proof that fails gives the `stat`s of the files that held.
     pub fn check(&mut self) -> Checked {
         for (name, digest) in &self.env {
             let now = std::env::var(name)
                 .ok()
                 .map(|value| Digest::of(value.as_bytes()));
             if now != *digest {
-                return Checked::Fails(format!("the variable {name} changed"));
+                return Checked::Fails {
+                    why: format!("the variable {name} changed"),
+                    stated: Stated::default(),
+                };
             }
         }
         // What each directory holds, only when one must be listed again.
@@ -1305,8 +1306,7 @@ mod tests {
 
     /// A proof of thousands of paths is checked in shares side by side: a
     /// change in any share fails it, and a racy file found unchanged in any
-    /// share is trusted from when it was seen; a share stops once another
-    /// found a difference.
+    /// share is trusted from when it was seen.
     #[test]
     fn a_proof_checked_in_shares_finds_a_change_in_any_and_renews_racy_files_in_all() {
         let dir = tempfile::tempdir().unwrap();
@@ -1345,10 +1345,10 @@ mod tests {
             let mut all = watched();
             let before: Vec<i64> = racy.iter().map(|&n| seen(&all, n)).collect();
             let settled = seen(&all, 1_000);
-            assert_eq!(
+            assert!(matches!(
                 check_in_shares(&mut all, &listed, threads),
                 Checked::Holds { renewed: true }
-            );
+            ));
             for (&n, before) in racy.iter().zip(before) {
                 assert!(
                     seen(&all, n) > before,
@@ -1361,21 +1361,35 @@ mod tests {
                 "a settled entry is left as it was"
             );
         }
-        // One file changed at a time, in the last share, then in the first.
+        // One file changed at a time, in the last share, then in the first:
+        // the proof fails, and gives the `stat` of every other file but
+        // the racy ones (hashed only until the difference is found).
         for changed in [1_990, 10] {
             let mut all = watched();
             std::fs::write(&paths[changed], "a longer text than before").unwrap();
             for threads in [1, 2, 3] {
-                assert_eq!(
-                    check_in_shares(&mut all, &listed, threads),
-                    Checked::Fails(format!("{} changed", paths[changed].display())),
-                    "{threads} shares"
-                );
+                let Checked::Fails { why, stated } = check_in_shares(&mut all, &listed, threads)
+                else {
+                    panic!("the proof held after a change ({threads} shares)");
+                };
+                assert_eq!(why, format!("{} changed", paths[changed].display()));
+                assert!(!stated.contains(&paths[changed]));
+                for (n, path) in paths.iter().enumerate() {
+                    if n != changed && !racy.contains(&n) {
+                        assert!(stated.contains(path), "{n} not stated ({threads} shares)");
+                    }
+                }
+                assert!(stated.len() < paths.len());
             }
         }
-        // A share that another has stopped checks nothing more.
+        // Once a difference is found, a racy file is neither hashed nor
+        // vouched for; the others are still `stat`ed.
         let all = watched();
-        let stopped = check_share(&all, 0, &listed, &AtomicBool::new(true));
-        assert!(matches!(stopped, Share::Stopped));
+        let share = check_share(&all, 0, &listed, &AtomicBool::new(true));
+        assert_eq!(share.differs, None);
+        assert!(share.renewed.is_empty());
+        let stated: Vec<usize> = share.stated.iter().map(|(n, _, _)| *n).collect();
+        assert_eq!(stated.len(), paths.len() - racy.len());
+        assert!(!stated.contains(&3) && !stated.contains(&1_999));
     }
 }
