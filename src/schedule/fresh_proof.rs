@@ -198,7 +198,10 @@ fn check_side_by_side(watched: &mut [Watched], listed: &HashMap<PathBuf, Vec<Pat
     check_in_shares(watched, listed, shares)
 }
 
-/// Checks `watched` in `shares` shares side by side.
+/// Checks `watched` in `shares` shares side by side: every path is
+/// `stat`ed first, and only if every `stat` held are the racy files hashed
+/// and the racy directories listed again (so a proof that fails for a
+/// `stat` hashes nothing).
 fn check_in_shares(
     watched: &mut [Watched],
     listed: &HashMap<PathBuf, Vec<PathBuf>>,
@@ -206,29 +209,64 @@ fn check_in_shares(
 ) -> Checked {
     let differs = AtomicBool::new(false);
     let shares = in_shares(watched, shares, "cairn-proof", |first, share| {
-        check_share(share, first, listed, &differs)
+        check_share(share, first, &differs)
     });
     // The first difference in the proof's order is the one reported.
-    if let Some(why) = shares.iter().find_map(|share| share.differs.clone()) {
+    let why = shares.iter().find_map(|share| share.differs.clone());
+    let (mut found, racy): (Vec<_>, Vec<_>) = shares
+        .into_iter()
+        .map(|share| (share.stated, share.racy))
+        .unzip();
+    let racy: Vec<(usize, FileStat, i64)> = racy.into_iter().flatten().collect();
+    let stated = |found: Vec<Vec<(usize, FileStat, i64)>>| {
         let mut stated = Stated::default();
-        for (index, stat, seen_ns) in shares.into_iter().flat_map(|share| share.stated) {
+        for (index, stat, seen_ns) in found.into_iter().flatten() {
             if let Watched::File(path, _) = &watched[index] {
                 stated.insert(path.clone(), stat, seen_ns);
             }
         }
-        return Checked::Fails { why, stated };
+        stated
+    };
+    if let Some(why) = why {
+        return Checked::Fails {
+            why,
+            stated: stated(found),
+        };
+    }
+    let rechecked = in_shares(
+        &racy,
+        shares_for(racy.len(), 16),
+        "cairn-proof",
+        |_, share| {
+            share
+                .iter()
+                .map(|(index, stat, _)| unchanged_on_a_second_look(&watched[*index], stat, listed))
+                .collect::<Vec<bool>>()
+        },
+    );
+    let (held, changed): (Vec<_>, Vec<_>) = racy
+        .iter()
+        .zip(rechecked.into_iter().flatten())
+        .partition(|(_, unchanged)| *unchanged);
+    if let Some(((index, _, _), _)) = changed.first() {
+        let why = format!("{} changed", watched[*index].path().display());
+        found.push(held.into_iter().map(|(found, _)| *found).collect());
+        return Checked::Fails {
+            why,
+            stated: stated(found),
+        };
     }
     // Racy entries found unchanged are trusted from when they were seen.
-    let mut renewed = false;
-    for &(index, seen_ns) in shares.iter().flat_map(|share| &share.renewed) {
-        renewed = true;
+    for &(index, _, seen_ns) in &racy {
         match &mut watched[index] {
             Watched::File(_, entry) => entry.seen_ns = seen_ns,
             Watched::Dir(_, stat) => stat.seen_ns = seen_ns,
             Watched::Place { .. } | Watched::Object { .. } => {}
         }
     }
-    Checked::Holds { renewed }
+    Checked::Holds {
+        renewed: !racy.is_empty(),
+    }
 }
 
 /// What checking one share of a proof found.
@@ -236,24 +274,19 @@ fn check_in_shares(
 struct Share {
     /// The share's first difference.
     differs: Option<String>,
-    /// The index of each racy entry found unchanged (hashed or listed
-    /// again), with when it was seen.
-    renewed: Vec<(usize, i64)>,
-    /// Each file found as the proof saw it: its index, the `stat` that
-    /// found it so, and when that was taken.
+    /// Each file found as the proof saw it and not racy: its index, the
+    /// `stat` that found it so, and when that was taken.
     stated: Vec<(usize, FileStat, i64)>,
+    /// The same of each racy file or directory whose `stat` held, to be
+    /// hashed or listed again.
+    racy: Vec<(usize, FileStat, i64)>,
 }
 
-/// Checks each of `watched` (from index `first` of the proof's) in turn
+/// `stat`s each of `watched` (from index `first` of the proof's) in turn
 /// (see [`Proof::check`]). Once a difference is found (here, or in another
-/// share: `differs`) the proof fails, and what is left is only `stat`ed,
-/// for the files found unchanged: nothing is hashed or listed again.
-fn check_share(
-    watched: &[Watched],
-    first: usize,
-    listed: &HashMap<PathBuf, Vec<PathBuf>>,
-    differs: &AtomicBool,
-) -> Share {
+/// share: `differs`) the proof fails, and only the files are `stat`ed,
+/// for those found unchanged.
+fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share {
     let mut share = Share {
         stated: Vec::with_capacity(watched.len()),
         ..Share::default()
@@ -263,46 +296,29 @@ fn check_share(
     let mut dir = OpenDir::default();
     for (index, watched) in (first..).zip(watched) {
         let failed = share.differs.is_some() || differs.load(Ordering::Relaxed);
+        let seen_ns = now_ns();
         let changed = match watched {
-            Watched::File(path, entry) => {
-                let seen_ns = now_ns();
-                match stat_in_dir(path, &mut dir) {
-                    Ok(stat) if entry.matches_stat(&stat) => {
-                        let unchanged = !entry.racy()
-                            || failed
-                            || match hash_file(path, stat.size, false) {
-                                Ok(digest) if digest == entry.digest => {
-                                    share.renewed.push((index, seen_ns));
-                                    true
-                                }
-                                _ => false,
-                            };
-                        // (A racy file is vouched for only if hashed.)
-                        if unchanged && (!entry.racy() || !failed) {
-                            share.stated.push((index, stat, seen_ns));
-                        }
-                        !unchanged
+            Watched::File(path, entry) => match stat_in_dir(path, &mut dir) {
+                Ok(stat) if entry.matches_stat(&stat) => {
+                    let found = (index, stat, seen_ns);
+                    match entry.racy() {
+                        true => share.racy.push(found),
+                        false => share.stated.push(found),
                     }
-                    _ => true,
+                    false
                 }
-            }
+                _ => true,
+            },
             _ if failed => false,
-            Watched::Dir(path, stat) => {
-                let seen_ns = now_ns();
-                match std::fs::metadata(path) {
-                    Ok(meta) if stat.matches(&meta) => {
-                        // An entry added within the tick it was listed in
-                        // could have kept its times: its entries must be
-                        // the ones the proof lists, each checked by itself.
-                        let same = !stat.racy() || listing(path).as_ref() == listed.get(path);
-                        if same && stat.racy() {
-                            share.renewed.push((index, seen_ns));
-                        }
-                        !same
+            Watched::Dir(path, stat) => match std::fs::metadata(path) {
+                Ok(meta) if stat.matches(&meta) => {
+                    if stat.racy() {
+                        share.racy.push((index, FileStat::from(&meta), seen_ns));
                     }
-                    _ => true,
+                    false
                 }
-            }
+                _ => true,
+            },
             Watched::Place { path, dev, ino } => !std::fs::symlink_metadata(path)
                 .is_ok_and(|meta| meta.is_dir() && meta.dev() == *dev && meta.ino() == *ino),
             Watched::Object {
@@ -319,6 +335,23 @@ fn check_share(
         }
     }
     share
+}
+
+/// Whether a racy entry whose `stat` held is unchanged: a file's bytes
+/// hash to its digest; a directory lists the entries the proof lists (one
+/// added within the tick it was listed in could have kept its times).
+fn unchanged_on_a_second_look(
+    watched: &Watched,
+    stat: &FileStat,
+    listed: &HashMap<PathBuf, Vec<PathBuf>>,
+) -> bool {
+    match watched {
+        Watched::File(path, entry) => {
+            hash_file(path, stat.size, false).is_ok_and(|digest| digest == entry.digest)
+        }
+        Watched::Dir(path, _) => listing(path).as_ref() == listed.get(path),
+        Watched::Place { .. } | Watched::Object { .. } => true,
+    }
 }
 
 /// The paths in directory `path`, sorted; `None` if it cannot be read.
@@ -1363,7 +1396,7 @@ mod tests {
         }
         // One file changed at a time, in the last share, then in the first:
         // the proof fails, and gives the `stat` of every other file but
-        // the racy ones (hashed only until the difference is found).
+        // the racy ones, which are not hashed once a `stat` differs.
         for changed in [1_990, 10] {
             let mut all = watched();
             std::fs::write(&paths[changed], "a longer text than before").unwrap();
@@ -1373,23 +1406,23 @@ mod tests {
                     panic!("the proof held after a change ({threads} shares)");
                 };
                 assert_eq!(why, format!("{} changed", paths[changed].display()));
-                assert!(!stated.contains(&paths[changed]));
                 for (n, path) in paths.iter().enumerate() {
-                    if n != changed && !racy.contains(&n) {
-                        assert!(stated.contains(path), "{n} not stated ({threads} shares)");
-                    }
+                    let expected = n != changed && !racy.contains(&n);
+                    assert_eq!(stated.contains(path), expected, "{n} ({threads} shares)");
                 }
-                assert!(stated.len() < paths.len());
+                assert_eq!(stated.len(), paths.len() - 1 - racy.len());
             }
         }
-        // Once a difference is found, a racy file is neither hashed nor
-        // vouched for; the others are still `stat`ed.
+        // A share only `stat`s: its racy files whose `stat` held are left
+        // for the second look, the others vouched for, also once another
+        // share has found a difference.
         let all = watched();
-        let share = check_share(&all, 0, &listed, &AtomicBool::new(true));
-        assert_eq!(share.differs, None);
-        assert!(share.renewed.is_empty());
-        let stated: Vec<usize> = share.stated.iter().map(|(n, _, _)| *n).collect();
-        assert_eq!(stated.len(), paths.len() - racy.len());
-        assert!(!stated.contains(&3) && !stated.contains(&1_999));
+        for other_differs in [false, true] {
+            let share = check_share(&all, 0, &AtomicBool::new(other_differs));
+            assert_eq!(share.differs, None);
+            let racy_found: Vec<usize> = share.racy.iter().map(|(n, _, _)| *n).collect();
+            assert_eq!(racy_found, racy);
+            assert_eq!(share.stated.len(), paths.len() - racy.len());
+        }
     }
 }
