@@ -167,17 +167,30 @@ fn stat_by_name(path: &Path, dir: &mut OpenDir, follow: bool) -> io::Result<File
 }
 
 /// `stat`s of files this process took moments ago while it held the
-/// workspace, by path, each with the moment before it was taken: a fresh
-/// proof that failed leaves those of the files it found as the last run
-/// left them (see [`crate::schedule::fresh_proof`]). Each stands in once for
-/// the `stat` of its path a run would make next, so a path is `stat`ed once
-/// a run. A run that writes a path forgets its entry.
+/// workspace, by path, each with the moment before it was taken and
+/// whether the path itself is a symbolic link (the `stat` is then of what
+/// it points to): a fresh proof that failed leaves those of the files it
+/// found as the last run left them (see [`crate::schedule::fresh_proof`]).
+/// Each stands in once for the `stat` of its path a run would make next,
+/// so a path is `stat`ed once a run. A run that writes a path forgets its
+/// entry.
 #[derive(Debug, Default)]
-pub struct Stated(HashMap<OsString, (FileStat, i64), foldhash::fast::RandomState>);
+pub struct Stated(HashMap<OsString, Found, foldhash::fast::RandomState>);
+
+/// A file as a [`Stated`] found it.
+#[derive(Debug, Clone, Copy)]
+pub struct Found {
+    /// The `stat` of the file (through a link, the file it points to).
+    pub stat: FileStat,
+    /// When it was about to be taken.
+    pub seen_ns: i64,
+    /// Whether the path is a symbolic link.
+    pub link: bool,
+}
 
 impl Stated {
-    pub fn insert(&mut self, path: PathBuf, stat: FileStat, seen_ns: i64) {
-        self.0.insert(path.into_os_string(), (stat, seen_ns));
+    pub fn insert(&mut self, path: PathBuf, found: Found) {
+        self.0.insert(path.into_os_string(), found);
     }
 
     /// Whether `path` was found there (a file, or a link to one).
@@ -185,8 +198,15 @@ impl Stated {
         self.0.contains_key(path.as_os_str())
     }
 
-    /// The `stat` of `path`, and when it was taken, given once.
-    pub fn take(&mut self, path: &Path) -> Option<(FileStat, i64)> {
+    /// Whether `path` was found there as a file itself, not a link.
+    pub fn found_plain(&self, path: &Path) -> bool {
+        self.0
+            .get(path.as_os_str())
+            .is_some_and(|found| !found.link)
+    }
+
+    /// How `path` was found, given once.
+    pub fn take(&mut self, path: &Path) -> Option<Found> {
         self.0.remove(path.as_os_str())
     }
 

@@ -498,7 +498,7 @@ impl StatCache {
     /// stage as it is decided).
     pub fn content_with_stated(&mut self, path: &Path) -> io::Result<Content> {
         match self.stated.take(path) {
-            Some((stat, seen_ns)) => self.content_as_stated(path, &stat, seen_ns),
+            Some(found) => self.content_as_stated(path, &found.stat, found.seen_ns),
             None => self.content(path),
         }
     }

@@ -124,7 +124,7 @@ pub(super) fn holds_on_disk(manifest: &Manifest, stated: &Stated) -> bool {
     }
     let index = OutputIndex::new(stages);
     let mut dir = OpenDir::default();
-    let mut places = OutputPlaces::new(root, &manifest.path);
+    let mut places = OutputPlaces::new(root, &manifest.path).found(stated);
     stages.iter().all(|stage| {
         stage.inputs.iter().all(|input| {
             stated.contains(&input.path.resolve(root))

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Context;
 use super::kept_plans::{KeptItem, KeptPlan};
-use crate::file_stat::{FileStat, OpenDir, Stated, stat_in_dir};
+use crate::file_stat::{FileStat, Found, OpenDir, Stated, lstat_in_dir, stat_in_dir};
 use crate::fingerprint::{
     Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns,
 };
@@ -217,12 +217,12 @@ fn check_in_shares(
         .into_iter()
         .map(|share| (share.stated, share.racy))
         .unzip();
-    let racy: Vec<(usize, FileStat, i64)> = racy.into_iter().flatten().collect();
-    let stated = |found: Vec<Vec<(usize, FileStat, i64)>>| {
+    let racy: Vec<(usize, Found)> = racy.into_iter().flatten().collect();
+    let stated = |found: Vec<Vec<(usize, Found)>>| {
         let mut stated = Stated::default();
-        for (index, stat, seen_ns) in found.into_iter().flatten() {
+        for (index, found) in found.into_iter().flatten() {
             if let Watched::File(path, _) = &watched[index] {
-                stated.insert(path.clone(), stat, seen_ns);
+                stated.insert(path.clone(), found);
             }
         }
         stated
@@ -240,7 +240,9 @@ fn check_in_shares(
         |_, share| {
             share
                 .iter()
-                .map(|(index, stat, _)| unchanged_on_a_second_look(&watched[*index], stat, listed))
+                .map(|(index, found)| {
+                    unchanged_on_a_second_look(&watched[*index], &found.stat, listed)
+                })
                 .collect::<Vec<bool>>()
         },
     );
@@ -248,7 +250,7 @@ fn check_in_shares(
         .iter()
         .zip(rechecked.into_iter().flatten())
         .partition(|(_, unchanged)| *unchanged);
-    if let Some(((index, _, _), _)) = changed.first() {
+    if let Some(((index, _), _)) = changed.first() {
         let why = format!("{} changed", watched[*index].path().display());
         found.push(held.into_iter().map(|(found, _)| *found).collect());
         return Checked::Fails {
@@ -257,7 +259,7 @@ fn check_in_shares(
         };
     }
     // Racy entries found unchanged are trusted from when they were seen.
-    for &(index, _, seen_ns) in &racy {
+    for &(index, Found { seen_ns, .. }) in &racy {
         match &mut watched[index] {
             Watched::File(_, entry) => entry.seen_ns = seen_ns,
             Watched::Dir(_, stat) => stat.seen_ns = seen_ns,
@@ -274,12 +276,12 @@ fn check_in_shares(
 struct Share {
     /// The share's first difference.
     differs: Option<String>,
-    /// Each file found as the proof saw it and not racy: its index, the
-    /// `stat` that found it so, and when that was taken.
-    stated: Vec<(usize, FileStat, i64)>,
+    /// Each file found as the proof saw it and not racy: its index, and
+    /// how it was found.
+    stated: Vec<(usize, Found)>,
     /// The same of each racy file or directory whose `stat` held, to be
     /// hashed or listed again.
-    racy: Vec<(usize, FileStat, i64)>,
+    racy: Vec<(usize, Found)>,
 }
 
 /// `stat`s each of `watched` (from index `first` of the proof's) in turn
@@ -298,9 +300,9 @@ fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share
         let failed = share.differs.is_some() || differs.load(Ordering::Relaxed);
         let seen_ns = now_ns();
         let changed = match watched {
-            Watched::File(path, entry) => match stat_in_dir(path, &mut dir) {
-                Ok(stat) if entry.matches_stat(&stat) => {
-                    let found = (index, stat, seen_ns);
+            Watched::File(path, entry) => match found_in_dir(path, &mut dir, seen_ns) {
+                Ok(found) if entry.matches_stat(&found.stat) => {
+                    let found = (index, found);
                     match entry.racy() {
                         true => share.racy.push(found),
                         false => share.stated.push(found),
@@ -313,7 +315,12 @@ fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share
             Watched::Dir(path, stat) => match std::fs::metadata(path) {
                 Ok(meta) if stat.matches(&meta) => {
                     if stat.racy() {
-                        share.racy.push((index, FileStat::from(&meta), seen_ns));
+                        let found = Found {
+                            stat: FileStat::from(&meta),
+                            seen_ns,
+                            link: false,
+                        };
+                        share.racy.push((index, found));
                     }
                     false
                 }
@@ -335,6 +342,21 @@ fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share
         }
     }
     share
+}
+
+/// How the file at `path` is found (by name in `dir`: see
+/// [`stat_in_dir`]): an `lstat`, which is its `stat` unless it is a
+/// symbolic link, then followed. (Whether it is a link is what the checks
+/// of a manifest's outputs ask.)
+fn found_in_dir(path: &Path, dir: &mut OpenDir, seen_ns: i64) -> std::io::Result<Found> {
+    let stat = lstat_in_dir(path, dir)?;
+    let link = stat.is_symlink();
+    let stat = if link { stat_in_dir(path, dir)? } else { stat };
+    Ok(Found {
+        stat,
+        seen_ns,
+        link,
+    })
 }
 
 /// Whether a racy entry whose `stat` held is unchanged: a file's bytes
@@ -1420,7 +1442,7 @@ mod tests {
         for other_differs in [false, true] {
             let share = check_share(&all, 0, &AtomicBool::new(other_differs));
             assert_eq!(share.differs, None);
-            let racy_found: Vec<usize> = share.racy.iter().map(|(n, _, _)| *n).collect();
+            let racy_found: Vec<usize> = share.racy.iter().map(|(n, _)| *n).collect();
             assert_eq!(racy_found, racy);
             assert_eq!(share.stated.len(), paths.len() - racy.len());
         }

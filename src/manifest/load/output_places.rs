@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use super::super::model::{ProjectPath, Stage, lock_path_of};
 use super::Checker;
-use crate::file_stat::{OpenDir, lstat_in_dir};
+use crate::file_stat::{OpenDir, Stated, lstat_in_dir};
 use crate::manifest::error::Problem;
 
 impl Checker<'_> {
@@ -42,6 +42,9 @@ pub(super) struct OutputPlaces<'r> {
     /// share them, and each is looked at once.
     plain_dirs: HashSet<PathBuf>,
     dir: OpenDir,
+    /// Files found moments ago (see [`Stated`]): one found as a file
+    /// itself is not a link, and is not looked at again.
+    stated: Option<&'r Stated>,
 }
 
 impl<'r> OutputPlaces<'r> {
@@ -56,6 +59,15 @@ impl<'r> OutputPlaces<'r> {
             lock,
             plain_dirs: HashSet::new(),
             dir: OpenDir::default(),
+            stated: None,
+        }
+    }
+
+    /// Takes the files in `stated` as found there.
+    pub(super) fn found(self, stated: &'r Stated) -> Self {
+        Self {
+            stated: Some(stated),
+            ..self
         }
     }
 
@@ -82,6 +94,7 @@ impl<'r> OutputPlaces<'r> {
                 output.as_str(),
                 &mut self.plain_dirs,
                 &mut self.dir,
+                self.stated,
             )
         }
     }
@@ -89,12 +102,15 @@ impl<'r> OutputPlaces<'r> {
 
 /// Why the output at `rel` (relative to `root`) would be written through a
 /// symbolic link, if it would.
-/// `plain_dirs`: directories (below `root`) known not to be links.
+/// `plain_dirs`: directories (below `root`) known not to be links;
+/// `stated`: files found moments ago (one found as a file itself is not a
+/// link; the directories it lies in are looked at all the same).
 fn through_link(
     root: &Path,
     rel: &str,
     plain_dirs: &mut HashSet<PathBuf>,
     dir: &mut OpenDir,
+    stated: Option<&Stated>,
 ) -> Option<(String, String)> {
     let mut current = PathBuf::from(root);
     let parts: Vec<&str> = rel.split('/').collect();
@@ -102,6 +118,9 @@ fn through_link(
         current.push(part);
         let last = n + 1 == parts.len();
         if !last && plain_dirs.contains(&current) {
+            continue;
+        }
+        if last && stated.is_some_and(|stated| stated.found_plain(&current)) {
             continue;
         }
         // (By name in its directory: the outputs of a thousand stages
@@ -138,4 +157,55 @@ fn through_link(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file_stat::{FileStat, Found};
+
+    fn found(path: &Path, link: bool) -> Found {
+        let meta = std::fs::metadata(path).unwrap();
+        Found {
+            stat: FileStat::from(&meta),
+            seen_ns: 0,
+            link,
+        }
+    }
+
+    /// A file found moments ago as a file itself is not looked at again,
+    /// but the directories it lies in are: one linked out of the root is
+    /// refused all the same, and a file found as a link is refused.
+    #[test]
+    fn a_file_found_plain_is_not_looked_at_again_but_its_directories_are() {
+        let outside = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::write(outside.path().join("1.txt"), "one").unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
+        std::fs::create_dir(root.join("plain")).unwrap();
+        std::fs::write(root.join("plain/2.txt"), "two").unwrap();
+        std::os::unix::fs::symlink(root.join("plain/2.txt"), root.join("plain/3.txt")).unwrap();
+        let mut stated = Stated::default();
+        stated.insert(
+            root.join("out/1.txt"),
+            found(&root.join("out/1.txt"), false),
+        );
+        stated.insert(
+            root.join("plain/2.txt"),
+            found(&root.join("plain/2.txt"), false),
+        );
+        stated.insert(
+            root.join("plain/3.txt"),
+            found(&root.join("plain/3.txt"), true),
+        );
+        let manifest = root.join("cairn.toml");
+        let mut places = OutputPlaces::new(&root, &manifest).found(&stated);
+        let path = |text: &str| ProjectPath::new(text.to_owned());
+        let (message, _) = places.refused(&path("out/1.txt")).expect("refused");
+        assert!(message.contains("leaves the project root"), "{message}");
+        assert_eq!(places.refused(&path("plain/2.txt")), None);
+        let (message, _) = places.refused(&path("plain/3.txt")).expect("refused");
+        assert!(message.contains("is a symbolic link"), "{message}");
+    }
 }
