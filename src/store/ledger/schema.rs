@@ -21,6 +21,7 @@
 //! | 16 | `kept_plans`: each pipeline's item plans, kept beside its last fresh proof for the run after it (see `schedule::kept_plans`) |
 //! | 17 | `kept_manifests`: each pipeline's validated manifest, kept beside its last fresh proof for the run after it (see `manifest::kept`) |
 //! | 18 | `kept_histories`: each pipeline's history as its last fresh proof's run left it, kept beside the proof for the run after it (see `schedule::kept_history`) |
+//! | 19 | `fresh_stage_runs`: a run's fresh stages in one row (`stage_runs` holds the others) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -28,7 +29,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 18;
+pub const LEDGER_SCHEMA_VERSION: i64 = 19;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -225,6 +226,15 @@ CREATE TABLE IF NOT EXISTS kept_histories (
     key BLOB NOT NULL,
     body BLOB NOT NULL
 );
+-- The stages a run found fresh (with no reason, message or hashing time),
+-- all in one row, beside its other stages in `stage_runs`: a no-op of a
+-- thousand stages wrote a thousand rows, most of its writes. `stages`:
+-- a JSON array of `[stage, executor, ready_ms, started_ms, finished_ms]`.
+CREATE TABLE IF NOT EXISTS fresh_stage_runs (
+    run_id INTEGER PRIMARY KEY,
+    host TEXT NOT NULL,
+    stages TEXT NOT NULL
+);
 ";
 
 /// The tables a stage's freshness is read from: a write to any of them
@@ -278,6 +288,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (16, kept_plans),
     (17, kept_manifests),
     (18, kept_histories),
+    (19, fresh_stage_runs),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -430,6 +441,12 @@ fn kept_manifests(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()
 
 /// 18: `kept_histories` ([`SCHEMA`] creates it).
 fn kept_histories(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
+}
+
+/// 19: `fresh_stage_runs` ([`SCHEMA`] creates it; the runs recorded
+/// before keep their fresh stages in `stage_runs`).
+fn fresh_stage_runs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
 }
 
