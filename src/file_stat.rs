@@ -172,8 +172,10 @@ fn stat_by_name(path: &Path, dir: &mut OpenDir, follow: bool) -> io::Result<File
 /// it points to): a fresh proof that failed leaves those of the files it
 /// found as the last run left them (see [`crate::schedule::fresh_proof`]).
 /// Each stands in once for the `stat` of its path a run would make next,
-/// so a path is `stat`ed once a run. A run that writes a path forgets its
-/// entry.
+/// so a path is `stat`ed once a run; they are taken only for paths no
+/// stage of the run writes before it looks (see
+/// `StatCache::content_with_stated`), and an entry the stat cache learns
+/// anew forgets its path's.
 #[derive(Debug, Default)]
 pub struct Stated(HashMap<OsString, Found, foldhash::fast::RandomState>);
 

@@ -357,10 +357,12 @@ fn a_run_after_a_proof_takes_up_the_history_kept_beside_it_while_the_lock_file_i
 
 /// A proof that fails is checked to its end, and hands the run the `stat`
 /// of each file it found as it saw it, for the run to take instead of its
-/// own. A file changed after the first difference (in the proof's order,
-/// `data/1.txt` before `in.txt`) is not among them: both changes are seen.
+/// own (which files, and how they are taken: the unit tests of
+/// `fresh_proof`, `StatCache` and `OutputPlaces`). Two files changed, the
+/// second after the first difference in the proof's order (`data/1.txt`
+/// before `in.txt`): the run sees both.
 #[test]
-fn a_failed_proof_hands_on_the_stats_of_the_files_it_found_unchanged_and_no_other() {
+fn a_proof_that_fails_is_checked_to_its_end_and_the_run_sees_every_change() {
     let p = project();
     run(&p, &[]);
     settle(&p);

@@ -115,8 +115,13 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
                 ledger.kept_manifest(&key).ok().flatten(),
                 ledger.kept_history(&key).ok().flatten(),
             );
+            // (A killed run's processes may still write: until they are
+            // found and killed, nothing found on disk is taken as it was.)
+            let quiet = matches!(ledger.has_open_runs(), Ok(false));
             let mut held = held(lock, ledger, Some(key), kept);
-            held.stated = stated;
+            if quiet {
+                held.stated = stated;
+            }
             return Ok(Asked::Decide(Some(held)));
         }
         Checked::Holds { renewed } => {

@@ -492,14 +492,15 @@ impl StatCache {
         self.content_as_stated(path, &FileStat::from(&meta), seen_ns)
     }
 
-    /// [`Self::content`], from the `stat` of `path` taken moments ago if
-    /// there is one (see [`Stated`]). For paths this run has not written
-    /// (and will not before it looks: a stage's sources, the outputs of a
-    /// stage as it is decided).
+    /// [`Self::content`], from the `stat` of `path` taken earlier in this
+    /// run if there is one (see [`Stated`]), and `path` is not a symbolic
+    /// link (which could lead to a path the run writes). For paths no stage
+    /// of the run writes before it looks: a stage's sources, a stage's
+    /// outputs as it is decided.
     pub fn content_with_stated(&mut self, path: &Path) -> io::Result<Content> {
         match self.stated.take(path) {
-            Some(found) => self.content_as_stated(path, &found.stat, found.seen_ns),
-            None => self.content(path),
+            Some(found) if !found.link => self.content_as_stated(path, &found.stat, found.seen_ns),
+            _ => self.content(path),
         }
     }
 
@@ -696,8 +697,42 @@ pub fn is_executable(meta: &Metadata) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::file_stat::Found;
 
     const MS: i64 = 1_000_000;
+
+    /// A `stat` handed on stands in once for the one a look would make:
+    /// the cache answers from it (here, for a file rewritten since, with
+    /// what it held then), and the next look `stat`s the file. One of a
+    /// symbolic link is not taken.
+    #[test]
+    fn a_stat_handed_on_stands_in_once_and_never_for_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.txt");
+        std::fs::write(&path, "before").unwrap();
+        let old = FileStat::from(&std::fs::metadata(&path).unwrap());
+        let settled = old.mtime_ns.max(old.ctime_ns) + 60_000 * MS;
+        let before = Digest::of(b"before");
+        let mut cache =
+            StatCache::from_entries([(path.clone(), StatEntry::of(&old, before, settled))]);
+        std::fs::write(&path, "after, longer").unwrap();
+        let found = |link| Found {
+            stat: old,
+            seen_ns: settled,
+            link,
+        };
+        let mut stated = Stated::default();
+        stated.insert(path.clone(), found(false));
+        cache.use_stated(stated);
+        let digest = |content: Content| content.digest();
+        assert_eq!(digest(cache.content_with_stated(&path).unwrap()), before);
+        let after = Digest::of(b"after, longer");
+        assert_eq!(digest(cache.content_with_stated(&path).unwrap()), after);
+        let mut stated = Stated::default();
+        stated.insert(path.clone(), found(true));
+        cache.use_stated(stated);
+        assert_eq!(digest(cache.content_with_stated(&path).unwrap()), after);
+    }
 
     #[test]
     fn paths_stated_side_by_side_come_back_in_order_with_their_errors_in_place() {

@@ -434,9 +434,10 @@ impl<'m> Context<'m> {
                 continue;
             }
             let abs = input.path.resolve(&self.manifest.root);
-            // A `stat` taken moments ago stands for one of a path no stage
-            // writes (see `content_with_stated`).
-            let content = if self.dag.input_is_made(i, n) {
+            // The `stat` the failed proof took stands for one of a path
+            // inside the root (whose directories the proof saw were no
+            // links) that no stage writes (see `content_with_stated`).
+            let content = if self.dag.input_is_made(i, n) || !abs.starts_with(&manifest.root) {
                 self.stat.content(&abs)
             } else {
                 self.stat.content_with_stated(&abs)

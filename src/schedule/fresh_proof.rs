@@ -211,8 +211,12 @@ fn check_in_shares(
     let shares = in_shares(watched, shares, "cairn-proof", |first, share| {
         check_share(share, first, &differs)
     });
-    // The first difference in the proof's order is the one reported.
+    // The first difference a share found, in the shares' order, is the
+    // one reported.
     let why = shares.iter().find_map(|share| share.differs.clone());
+    // A directory swapped (for a link, say) leaves nothing handed on: the
+    // files below it may not be where they were.
+    let moved = shares.iter().any(|share| share.place_differs);
     let (mut found, racy): (Vec<_>, Vec<_>) = shares
         .into_iter()
         .map(|share| (share.stated, share.racy))
@@ -220,7 +224,7 @@ fn check_in_shares(
     let racy: Vec<(usize, Found)> = racy.into_iter().flatten().collect();
     let stated = |found: Vec<Vec<(usize, Found)>>| {
         let mut stated = Stated::default();
-        for (index, found) in found.into_iter().flatten() {
+        for (index, found) in found.into_iter().flatten().filter(|_| !moved) {
             if let Watched::File(path, _) = &watched[index] {
                 stated.insert(path.clone(), found);
             }
@@ -282,12 +286,14 @@ struct Share {
     /// The same of each racy file or directory whose `stat` held, to be
     /// hashed or listed again.
     racy: Vec<(usize, Found)>,
+    /// A directory a path lies in is not the one the proof saw.
+    place_differs: bool,
 }
 
 /// `stat`s each of `watched` (from index `first` of the proof's) in turn
 /// (see [`Proof::check`]). Once a difference is found (here, or in another
-/// share: `differs`) the proof fails, and only the files are `stat`ed,
-/// for those found unchanged.
+/// share: `differs`) the proof fails, and only the files are `stat`ed (for
+/// those found unchanged) and the directories they lie in.
 fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share {
     let mut share = Share {
         stated: Vec::with_capacity(watched.len()),
@@ -311,6 +317,12 @@ fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share
                 }
                 _ => true,
             },
+            Watched::Place { path, dev, ino } => {
+                let moved = !std::fs::symlink_metadata(path)
+                    .is_ok_and(|meta| meta.is_dir() && meta.dev() == *dev && meta.ino() == *ino);
+                share.place_differs |= moved;
+                moved
+            }
             _ if failed => false,
             Watched::Dir(path, stat) => match std::fs::metadata(path) {
                 Ok(meta) if stat.matches(&meta) => {
@@ -326,8 +338,6 @@ fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share
                 }
                 _ => true,
             },
-            Watched::Place { path, dev, ino } => !std::fs::symlink_metadata(path)
-                .is_ok_and(|meta| meta.is_dir() && meta.dev() == *dev && meta.ino() == *ino),
             Watched::Object {
                 path,
                 dev,
@@ -1435,6 +1445,32 @@ mod tests {
                 assert_eq!(stated.len(), paths.len() - 1 - racy.len());
             }
         }
+        // A racy file whose `stat` held but whose bytes are not the ones
+        // the proof vouched for (written again within the tick): found on
+        // the second look, and not handed on; the other racy file, which
+        // held, is.
+        let mut all = watched();
+        if let Watched::File(_, entry) = &mut all[3] {
+            entry.digest = Digest::of(b"what it held before");
+        }
+        let Checked::Fails { why, stated } = check_in_shares(&mut all, &listed, 2) else {
+            panic!("the proof held with a racy file rewritten");
+        };
+        assert_eq!(why, format!("{} changed", paths[3].display()));
+        assert!(!stated.contains(&paths[3]) && stated.contains(&paths[1_999]));
+        assert_eq!(stated.len(), paths.len() - 1);
+        // A directory the files lie in that is not the one the proof saw:
+        // nothing is handed on.
+        let mut all = watched();
+        all.push(Watched::Place {
+            path: dir.path().to_owned(),
+            dev: 0,
+            ino: 0,
+        });
+        let Checked::Fails { stated, .. } = check_in_shares(&mut all, &listed, 2) else {
+            panic!("the proof held with its directory swapped");
+        };
+        assert!(stated.is_empty());
         // A share only `stat`s: its racy files whose `stat` held are left
         // for the second look, the others vouched for, also once another
         // share has found a difference.

@@ -207,5 +207,14 @@ mod tests {
         assert_eq!(places.refused(&path("plain/2.txt")), None);
         let (message, _) = places.refused(&path("plain/3.txt")).expect("refused");
         assert!(message.contains("is a symbolic link"), "{message}");
+        // (What was found is what is taken: the link had it been found
+        // plain is not looked at again.)
+        let mut plain = Stated::default();
+        plain.insert(
+            root.join("plain/3.txt"),
+            found(&root.join("plain/3.txt"), false),
+        );
+        let mut places = OutputPlaces::new(&root, &manifest).found(&plain);
+        assert_eq!(places.refused(&path("plain/3.txt")), None);
     }
 }

@@ -238,10 +238,10 @@ CREATE TABLE IF NOT EXISTS fresh_stage_runs (
 ";
 
 /// The tables a stage's freshness is read from: a write to any of them
-/// voids every fresh proof. (`runs`, `stage_runs` and `stat_cache` are
-/// not: a no-op writes the first two, and the stat cache is checked entry
-/// by entry; `pipelines` is rewritten by every command that opens the
-/// ledger and decides no result.)
+/// voids every fresh proof. (`runs`, `stage_runs`, `fresh_stage_runs` and
+/// `stat_cache` are not: a no-op writes the first three, and the stat cache
+/// is checked entry by entry; `pipelines` is rewritten by every command
+/// that opens the ledger and decides no result.)
 const VOIDING_TABLES: &[&str] = &[
     "results",
     "heads",
