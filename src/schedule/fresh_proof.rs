@@ -224,7 +224,10 @@ fn check_in_shares(
     let racy: Vec<(usize, Found)> = racy.into_iter().flatten().collect();
     let stated = |found: Vec<Vec<(usize, Found)>>| {
         let mut stated = Stated::default();
-        for (index, found) in found.into_iter().flatten().filter(|_| !moved) {
+        if moved {
+            return stated;
+        }
+        for (index, found) in found.into_iter().flatten() {
             if let Watched::File(path, _) = &watched[index] {
                 stated.insert(path.clone(), found);
             }
