@@ -102,12 +102,16 @@ impl LocalExecutor {
         // Close our copies of the pipe's write end, so the reader sees EOF.
         drop(command);
         let log_path = job.log.clone();
-        let receiver =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
-                .map_err(|e| ExecError::Log {
-                    path: job.log.clone(),
-                    source: e,
-                })?;
+        // Our end of the pipe is known to be a pipe's read end: it need
+        // only stop blocking (and its access mode not be asked for).
+        let reader = std::os::fd::OwnedFd::from(reader);
+        let receiver = rustix::fs::fcntl_setfl(&reader, rustix::fs::OFlags::NONBLOCK)
+            .map_err(std::io::Error::from)
+            .and_then(|()| tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(reader))
+            .map_err(|e| ExecError::Log {
+                path: job.log.clone(),
+                source: e,
+            })?;
         let drain = tokio::spawn(copy_to_log(receiver, log_path));
 
         Ok(LocalRunning {

@@ -653,19 +653,33 @@ pub fn refuse_special(path: &Path, meta: &Metadata) -> io::Result<()> {
 /// block (`O_NONBLOCK`, so a FIFO swapped in after a type check cannot hang
 /// it) and the type of what was opened is checked before any read.
 pub fn open_regular(path: &Path) -> io::Result<File> {
+    open_regular_sized(path).map(|(file, _)| file)
+}
+
+/// [`open_regular`], with the file's size when it was opened.
+fn open_regular_sized(path: &Path) -> io::Result<(File, u64)> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
-    refuse_special(path, &file.metadata()?)?;
-    Ok(file)
+    let meta = file.metadata()?;
+    refuse_special(path, &meta)?;
+    Ok((file, meta.len()))
 }
 
 /// The bytes of `path`, only if it is a regular file (see [`open_regular`]).
 pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    open_regular(path)?.read_to_end(&mut bytes)?;
+    let (file, size) = open_regular_sized(path)?;
+    read_sized(file, size)
+}
+
+/// `file` read to its end, into room made for `size` bytes (and the byte
+/// that finds the end). A `File`'s own `read_to_end` would ask the kernel
+/// for its size and position again.
+fn read_sized(file: File, size: u64) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).saturating_add(1));
+    file.take(u64::MAX).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 
@@ -682,10 +696,7 @@ pub fn hash_file(path: &Path, size: u64, parallel: bool) -> io::Result<Digest> {
             hasher.update_mmap(path)?;
         }
     } else {
-        let mut file = file;
-        let mut buf = Vec::with_capacity(size as usize + 1);
-        file.read_to_end(&mut buf)?;
-        hasher.update(&buf);
+        hasher.update(&read_sized(file, size)?);
     }
     Ok(Digest::from_hash(hasher.finalize()))
 }

@@ -19,8 +19,8 @@ use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex, is_per_item};
 use crate::store::{
-    COMMAND_ITEM, Draws, ItemOutcomes, Ledger, LockFile, ObjectStore, OutputRecord, ResultRecord,
-    ResultStatus, StoreError, current_ok,
+    COMMAND_ITEM, Draws, ItemOutcomes, Ledger, LockFile, ObjectStore, OrphanedJobs, OutputRecord,
+    ResultRecord, ResultStatus, StoreError, current_ok,
 };
 
 /// Why a stage must run (or why `status` calls it stale).
@@ -154,6 +154,8 @@ pub struct Context<'m> {
     /// Per-item stages: the handles of jobs a dead run left for items the
     /// current plan no longer wants (to cancel), as of the last `key_of`.
     pub orphans: HashMap<usize, Vec<String>>,
+    /// Every stage's jobs that dead runs left, once a stage asked.
+    orphaned: Option<OrphanedJobs>,
     /// Stages that run in one image: that image, pinned, as of the last
     /// `key_of` (per-item images are on each [`PlannedItem`]).
     pub images: HashMap<usize, PinnedImage>,
@@ -401,6 +403,7 @@ impl<'m> Context<'m> {
             item_codes: HashMap::new(),
             explain: true,
             orphans: HashMap::new(),
+            orphaned: None,
             images: HashMap::new(),
             resolver: std::sync::Arc::default(),
             listings: HashMap::new(),
@@ -668,8 +671,7 @@ impl<'m> Context<'m> {
                 })
                 .map(|p| (p.item.key.as_str(), p.fingerprint))
                 .collect();
-            let orphans = ledger
-                .orphaned_jobs(&stage.name)?
+            let orphans = orphaned_jobs(&mut self.orphaned, ledger, &stage.name)?
                 .into_iter()
                 .filter(|(key, fingerprint, _)| !wanted.contains(&(key.as_str(), *fingerprint)))
                 .map(|(_, _, handle)| handle)
@@ -918,8 +920,7 @@ impl<'m> Context<'m> {
             return Ok(Vec::new());
         };
         // One under the same fingerprint is the attempt this run adopts.
-        Ok(ledger
-            .orphaned_jobs(&stage.name)?
+        Ok(orphaned_jobs(&mut self.orphaned, ledger, &stage.name)?
             .into_iter()
             .filter(|(key, orphan, _)| key == COMMAND_ITEM && orphan != fingerprint)
             .map(|(_, _, handle)| handle)
@@ -1169,6 +1170,22 @@ struct ItemRead {
     item: Item,
     inputs: Vec<(String, Digest)>,
     tag: Option<String>,
+}
+
+/// The jobs dead runs left for stage `stage`, from every stage's, read from
+/// `ledger` the first time a stage asks (see [`Ledger::orphaned_jobs`]).
+/// No stage's change its own: a stage adopts or cancels its jobs after it
+/// asked, and no other run writes while this one holds the workspace.
+fn orphaned_jobs(
+    orphaned: &mut Option<OrphanedJobs>,
+    ledger: &Ledger,
+    stage: &str,
+) -> Result<Vec<(String, Digest, String)>, StoreError> {
+    let all = match orphaned {
+        Some(all) => all,
+        None => orphaned.insert(ledger.orphaned_jobs()?),
+    };
+    Ok(all.get(stage).cloned().unwrap_or_default())
 }
 
 /// An item (or sample) reading `inputs` as stage code `template` plans it,

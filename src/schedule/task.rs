@@ -32,7 +32,7 @@ use crate::fingerprint::{Digest, StatCache, StatEntry};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Retry, Stage};
 use crate::store::remote::{Producer, RemoteCache};
 use crate::store::{
-    INLINE_MAX, ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms, remove_path,
+    ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms, remove_path,
 };
 use attempt::ItemRunner;
 use classify::classify;
@@ -576,7 +576,11 @@ impl StageTask {
                 path: abs.clone(),
                 source,
             })?;
-            if let Some(parent) = abs.parent() {
+            // (Looked at first: `create_dir_all` tries `mkdir` first, and
+            // the directory is nearly always there.)
+            if let Some(parent) = abs.parent()
+                && !parent.is_dir()
+            {
                 std::fs::create_dir_all(parent).map_err(|source| ScheduleError::Io {
                     path: parent.to_owned(),
                     source,
@@ -611,13 +615,12 @@ impl StageTask {
         // Small files go inline into the ledger: a read of a few kilobytes,
         // not worth a trip to the blocking pool. Anything bigger is copied
         // and fsynced there.
-        let small = self.outputs.iter().all(|(_, _, abs)| {
-            std::fs::metadata(abs).is_ok_and(|m| m.is_file() && m.len() <= INLINE_MAX)
-        });
         let store = self.store;
         let outputs = self.outputs;
-        let (staged, listing) = if small {
-            (store.stage_listed(&outputs, &mut listing)?, listing)
+        let small = store.stage_small(&outputs)?;
+        let in_place = small.is_some();
+        let (staged, listing) = if let Some(staged) = small {
+            (staged, listing)
         } else {
             let staging_store = store.clone();
             tokio::task::spawn_blocking(move || {
@@ -631,7 +634,7 @@ impl StageTask {
         let _ = links
             .hashed
             .send((links.stage, staged.records.clone(), started.elapsed()));
-        let published = if small {
+        let published = if in_place {
             store.publish(staged)?
         } else {
             tokio::task::spawn_blocking(move || store.publish(staged))

@@ -34,7 +34,7 @@ mod writer;
 
 use damage::parse_outputs;
 pub use damage::{SET_ASIDE_REASON, UnreadableResult};
-pub use items::ClassCount;
+pub use items::{ClassCount, OrphanedJobs};
 use pipelines::Claim;
 pub use pipelines::PipelineId;
 pub use proofs::KeptBeside;

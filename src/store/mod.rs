@@ -24,9 +24,9 @@ pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
 pub use ledger::{
     COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemOutcomes, ItemRecord, KeptBeside,
-    LEDGER_SCHEMA_VERSION, Ledger, LedgerWriter, NewResult, PipelineId, RUNNING, Record, Recorded,
-    Redraw, ResultRecord, ResultRow, ResultStatus, RunCounts, RunRecord, SET_ASIDE_REASON,
-    StageRun, UnreadableResult, now_ms,
+    LEDGER_SCHEMA_VERSION, Ledger, LedgerWriter, NewResult, OrphanedJobs, PipelineId, RUNNING,
+    Record, Recorded, Redraw, ResultRecord, ResultRow, ResultStatus, RunCounts, RunRecord,
+    SET_ASIDE_REASON, StageRun, UnreadableResult, now_ms,
 };
 pub use live::live_outputs;
 pub use lockfile::{

@@ -19,7 +19,7 @@ use super::ledger::Ledger;
 use super::link::{self, Link};
 use crate::fingerprint::{
     Content, Digest, EntryKind, StatCache, StatEntry, TreeEntry, now_ns, open_regular,
-    refuse_special, tree_digest,
+    read_regular, refuse_special, tree_digest,
 };
 
 /// Files of one directory restored at once: restoring is mostly waiting for
@@ -45,6 +45,17 @@ pub struct Published {
     pub records: Vec<OutputRecord>,
     pub inline: Vec<(Digest, Vec<u8>)>,
     pub seen: Vec<(PathBuf, StatEntry)>,
+}
+
+impl Staged {
+    fn for_outputs(count: usize) -> Self {
+        Self {
+            records: Vec::with_capacity(count),
+            pending: Vec::new(),
+            inline: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
 }
 
 impl Drop for Staged {
@@ -272,36 +283,77 @@ impl ObjectStore {
         self.stage_with(outputs, false, &mut StatCache::default())
     }
 
+    /// [`Self::stage_listed`] if every output is a file small enough to go
+    /// inline (a read of a few kilobytes, made on the caller's thread);
+    /// `None`, with nothing staged, if one is not.
+    pub fn stage_small(
+        &self,
+        outputs: &[(String, String, PathBuf)],
+    ) -> Result<Option<Staged>, StoreError> {
+        let seen_ns = now_ns();
+        let Some(looked) = outputs
+            .iter()
+            .map(|(_, _, abs)| {
+                fs::metadata(abs)
+                    .ok()
+                    .filter(|meta| meta.is_file() && meta.len() <= INLINE_MAX)
+                    .map(|meta| (meta, seen_ns))
+            })
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        let mut staged = Staged::for_outputs(outputs.len());
+        for ((name, path, abs), looked) in outputs.iter().zip(looked) {
+            let record = self.stage_one(
+                name,
+                path,
+                abs,
+                Some(looked),
+                true,
+                &mut StatCache::default(),
+                &mut staged,
+            )?;
+            staged.records.push(record);
+        }
+        Ok(Some(staged))
+    }
+
     fn stage_with(
         &self,
         outputs: &[(String, String, PathBuf)],
         inline: bool,
         listing: &mut StatCache,
     ) -> Result<Staged, StoreError> {
-        let mut staged = Staged {
-            records: Vec::with_capacity(outputs.len()),
-            pending: Vec::new(),
-            inline: Vec::new(),
-            seen: Vec::new(),
-        };
+        let mut staged = Staged::for_outputs(outputs.len());
         for (name, path, abs) in outputs {
-            let record = self.stage_one(name, path, abs, inline, listing, &mut staged)?;
+            let record = self.stage_one(name, path, abs, None, inline, listing, &mut staged)?;
             staged.records.push(record);
         }
         Ok(staged)
     }
 
+    /// Stages output `name` (`path`, at `abs`); `looked` is its metadata
+    /// if it was just looked at, with the moment before that look.
+    #[allow(clippy::too_many_arguments)]
     fn stage_one(
         &self,
         name: &str,
         path: &str,
         abs: &Path,
+        looked: Option<(fs::Metadata, i64)>,
         inline: bool,
         listing: &mut StatCache,
         staged: &mut Staged,
     ) -> Result<OutputRecord, StoreError> {
-        let seen_ns = now_ns();
-        let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
+        let (meta, seen_ns) = match looked {
+            Some(looked) => looked,
+            None => {
+                let seen_ns = now_ns();
+                let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
+                (meta, seen_ns)
+            }
+        };
         let executable = meta.permissions().mode() & 0o111 != 0;
         if !meta.is_dir() {
             refuse_special(abs, &meta).map_err(|e| StoreError::io(abs, e))?;
@@ -373,7 +425,7 @@ impl ObjectStore {
         staged: &mut Staged,
     ) -> Result<(Digest, u64, bool), StoreError> {
         if inline && len <= INLINE_MAX {
-            let bytes = fs::read(abs).map_err(|e| StoreError::io(abs, e))?;
+            let bytes = read_regular(abs).map_err(|e| StoreError::io(abs, e))?;
             if bytes.len() as u64 <= INLINE_MAX {
                 let digest = Digest::of(&bytes);
                 let size = bytes.len() as u64;

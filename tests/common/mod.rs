@@ -206,6 +206,7 @@ pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
 pub fn downgrade_to_schema_10(db: &rusqlite::Connection) {
     db.execute_batch(
         "DROP INDEX item_attempts_by_fingerprint;
+         DROP INDEX item_attempts_stopped;
          CREATE TABLE stat_cache_v10 (path TEXT PRIMARY KEY, dev INTEGER NOT NULL,
              ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
              ctime_ns INTEGER NOT NULL, digest TEXT NOT NULL);
@@ -253,7 +254,6 @@ pub fn downgrade_to_schema_5(db: &rusqlite::Connection) {
         "BEGIN;
          DROP INDEX results_by_stage;
          DROP INDEX item_attempts_by_item;
-         DROP INDEX item_attempts_by_class;
          ALTER TABLE runs DROP COLUMN pipeline;
          ALTER TABLE results DROP COLUMN pipeline;
          ALTER TABLE item_attempts DROP COLUMN pipeline;

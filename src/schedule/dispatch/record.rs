@@ -44,8 +44,12 @@ impl Dispatcher<'_, '_> {
             finished_ms: now_ms(),
             // A rule may have accepted another exit status.
             exit_code: attempt.as_ref().map_or(Some(0), |a| a.exit_code),
-            // Quiet stages leave no log file; a path only if there is one.
-            log_path: log.exists().then(|| log.to_string_lossy().into_owned()),
+            // Quiet stages leave no log file; a path only if there is one
+            // (a command's last attempt looked once its checks were done).
+            log_path: match &attempt {
+                Some(attempt) => attempt.log_path.clone(),
+                None => log.exists().then(|| log.to_string_lossy().into_owned()),
+            },
             attempt,
             origin: None,
         };

@@ -39,8 +39,12 @@ impl StageTask {
             let started = Instant::now();
             let job = self.attempt_job(self.attempts_before + attempt);
             // All attempts share the stage's log; each is classified by
-            // what it added.
-            let log_start = std::fs::metadata(&job.log).map_or(0, |m| m.len());
+            // what it added (looked at only if a rule reads it).
+            let log_start = if self.classify.iter().any(|rule| rule.output.is_some()) {
+                std::fs::metadata(&job.log).map_or(0, |m| m.len())
+            } else {
+                0
+            };
             let started_job = start_job(executor.as_ref(), &job, || self.clear_outputs()).await?;
             // On record before it ends: a cairn that dies now leaves the
             // job's handle behind, for the next run to adopt or cancel.

@@ -4,8 +4,10 @@
 use super::*;
 
 /// Jobs abandoned by a run and never adopted since (see `orphaned_jobs`).
-const ORPHANED_JOBS: &str = "SELECT a.key, a.fingerprint, a.handle FROM item_attempts a
-  WHERE a.pipeline = ?1 AND a.stage = ?2 AND a.class = 'abandoned' AND a.handle IS NOT NULL
+const ORPHANED_JOBS: &str = "SELECT a.stage, a.key, a.fingerprint, a.handle
+  FROM item_attempts a INDEXED BY item_attempts_stopped
+  WHERE a.pipeline = ?1 AND a.class = 'abandoned' AND a.class IN ('cancelled', 'abandoned')
+    AND a.handle IS NOT NULL
     AND NOT EXISTS (SELECT 1 FROM item_attempts b
                      WHERE b.pipeline = a.pipeline AND b.stage = a.stage AND b.key = a.key
                        AND b.id > a.id AND b.handle = a.handle)
@@ -28,6 +30,9 @@ const COMMAND_ATTEMPTS: &str = "SELECT (SELECT COUNT(*) FROM item_attempts
 /// pipeline, and SQLite would pick it.)
 const CLOSE_RUNNING: &str = "UPDATE item_attempts INDEXED BY item_attempts_by_run SET class = ?1
   WHERE pipeline = ?2 AND run_id = ?3 AND class = 'running'";
+
+/// Orphaned jobs by stage (see [`Ledger::orphaned_jobs`]).
+pub type OrphanedJobs = HashMap<String, Vec<(String, Digest, String)>>;
 
 impl Ledger {
     /// The outcome of every item of `stage` under stage code `code` (or
@@ -296,20 +301,25 @@ impl Ledger {
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
     }
 
-    /// Jobs that a dead (or detached) run left on their engine for `stage`,
-    /// that no later attempt adopted: `(item key, item fingerprint, job
-    /// handle)`, oldest first.
-    pub fn orphaned_jobs(&self, stage: &str) -> Result<Vec<(String, Digest, String)>, StoreError> {
+    /// Jobs that a dead (or detached) run left on their engine, that no
+    /// later attempt adopted, by stage: `(item key, item fingerprint, job
+    /// handle)`, oldest first. Few or none: one query a run finds them all.
+    pub fn orphaned_jobs(&self) -> Result<OrphanedJobs, StoreError> {
         let mut statement = self
             .conn
             .prepare_cached(ORPHANED_JOBS)
             .map_err(|e| self.db(e))?;
-        let rows = statement
-            .query_map(params![self.pipeline.name, stage], |row| {
-                Ok((row.get(0)?, fingerprint_at(row, 1)?, row.get(2)?))
-            })
+        let mut rows = statement
+            .query(params![self.pipeline.name])
             .map_err(|e| self.db(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+        let mut orphans = OrphanedJobs::new();
+        while let Some(row) = rows.next().map_err(|e| self.db(e))? {
+            let job = (|| Ok((row.get(1)?, fingerprint_at(row, 2)?, row.get(3)?)))()
+                .map_err(|e| self.db(e))?;
+            let stage: String = row.get(0).map_err(|e| self.db(e))?;
+            orphans.entry(stage).or_default().push(job);
+        }
+        Ok(orphans)
     }
 
     /// How many attempts of plain stage `stage`'s command under
@@ -347,8 +357,9 @@ impl Ledger {
             .prepare_cached(
                 // Left to itself SQLite walks every attempt of the stage
                 // by `item_attempts_by_item`, for the order of the grouping.
-                "SELECT key, fingerprint, COUNT(*) FROM item_attempts INDEXED BY item_attempts_by_class
+                "SELECT key, fingerprint, COUNT(*) FROM item_attempts INDEXED BY item_attempts_stopped
                   WHERE pipeline = ?1 AND stage = ?2 AND class = 'cancelled'
+                    AND class IN ('cancelled', 'abandoned')
                   GROUP BY key, fingerprint",
             )
             .map_err(|e| self.db(e))?;
@@ -365,8 +376,9 @@ impl Ledger {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
         for handle in handles {
             tx.execute(
-                "UPDATE item_attempts SET class = 'cancelled'
-                  WHERE pipeline = ?1 AND stage = ?2 AND handle = ?3 AND class = 'abandoned'",
+                "UPDATE item_attempts INDEXED BY item_attempts_stopped SET class = 'cancelled'
+                  WHERE pipeline = ?1 AND stage = ?2 AND handle = ?3 AND class = 'abandoned'
+                    AND class IN ('cancelled', 'abandoned')",
                 params![self.pipeline.name, stage, handle],
             )
             .map_err(|e| self.db(e))?;
@@ -467,19 +479,48 @@ impl Ledger {
 mod tests {
     use super::*;
 
-    /// Every run asks this of every stage it starts: binding the next
-    /// stage's name must not make SQLite plan the query again.
+    /// A run finds the jobs dead runs left in one query, through the
+    /// index of stopped attempts alone: every stage's, none adopted since,
+    /// and none of an attempt that ended as most do.
     #[test]
-    fn a_cached_query_is_not_planned_again_for_each_stage() {
+    fn orphaned_jobs_are_found_among_the_stopped_attempts_alone() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::new_for_tests(dir.path());
-        for stage in ["a", "b", "c"] {
-            assert!(ledger.orphaned_jobs(stage).unwrap().is_empty());
-        }
-        let statement = ledger.conn.prepare_cached(ORPHANED_JOBS).unwrap();
+        let fingerprint = Digest::of(b"f");
+        let attempt = |stage: &str, key: &str, class: &str, handle: &str| ItemAttempt {
+            class: class.to_owned(),
+            handle: Some(handle.to_owned()),
+            ..ItemAttempt::started(1, stage, key, fingerprint, 1, 0)
+        };
+        ledger
+            .record_item_attempts(&[
+                attempt("a", "x", "abandoned", "job-1"),
+                attempt("a", "y", "abandoned", "job-2"),
+                attempt("b", "", "abandoned", "job-3"),
+                attempt("b", "z", "ok", "job-4"),
+                attempt("c", "w", "cancelled", "job-5"),
+                // job-2 adopted by a later attempt.
+                attempt("a", "y", "ok", "job-2"),
+            ])
+            .unwrap();
+        let mut orphans: Vec<_> = ledger
+            .orphaned_jobs()
+            .unwrap()
+            .into_iter()
+            .flat_map(|(stage, jobs)| jobs.into_iter().map(move |(_, _, h)| (stage.clone(), h)))
+            .collect();
+        orphans.sort();
         assert_eq!(
-            statement.get_status(rusqlite::StatementStatus::RePrepare),
-            0
+            orphans,
+            [
+                ("a".to_owned(), "job-1".to_owned()),
+                ("b".to_owned(), "job-3".to_owned())
+            ]
+        );
+        let finding = plan(&ledger, ORPHANED_JOBS);
+        assert!(
+            finding.contains("USING INDEX item_attempts_stopped (pipeline=?)"),
+            "{finding}"
         );
     }
 

@@ -22,6 +22,7 @@
 //! | 17 | `kept_manifests`: each pipeline's validated manifest, kept beside its last fresh proof for the run after it (see `manifest::kept`) |
 //! | 18 | `kept_histories`: each pipeline's history as its last fresh proof's run left it, kept beside the proof for the run after it (see `schedule::kept_history`) |
 //! | 19 | `fresh_stage_runs`: a run's fresh stages in one row (`stage_runs` holds the others) |
+//! | 20 | the index of cancelled and abandoned attempts holds only those (`item_attempts_stopped`, partial; it replaces `item_attempts_by_class`) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -29,7 +30,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 19;
+pub const LEDGER_SCHEMA_VERSION: i64 = 20;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -148,8 +149,11 @@ CREATE TABLE IF NOT EXISTS item_attempts (
 );
 CREATE INDEX IF NOT EXISTS item_attempts_by_item ON item_attempts(pipeline, stage, key, id);
 -- The few attempts cancelled or left abandoned, found without reading
--- every attempt of a stage (each run plans with them).
-CREATE INDEX IF NOT EXISTS item_attempts_by_class ON item_attempts(pipeline, stage, class);
+-- every attempt of a stage (each run plans with them). Partial: an attempt
+-- that starts and ends as most do (`running`, then its class) is never
+-- written to it. A query uses it only if it says the same `class IN (…)`.
+CREATE INDEX IF NOT EXISTS item_attempts_stopped ON item_attempts(pipeline, stage, class)
+    WHERE class IN ('cancelled', 'abandoned');
 -- A run's attempts, for its report.
 CREATE INDEX IF NOT EXISTS item_attempts_by_run ON item_attempts(pipeline, run_id);
 -- Attempts under one fingerprint, counted from the index alone as each
@@ -289,6 +293,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (17, kept_manifests),
     (18, kept_histories),
     (19, fresh_stage_runs),
+    (20, stopped_attempts),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -447,6 +452,13 @@ fn kept_histories(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()
 /// 19: `fresh_stage_runs` ([`SCHEMA`] creates it; the runs recorded
 /// before keep their fresh stages in `stage_runs`).
 fn fresh_stage_runs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch(SCHEMA)
+}
+
+/// 20: only stopped attempts are indexed by class ([`SCHEMA`] creates the
+/// partial index).
+fn stopped_attempts(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
+    tx.execute_batch("DROP INDEX IF EXISTS item_attempts_by_class;")?;
     tx.execute_batch(SCHEMA)
 }
 
