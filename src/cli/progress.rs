@@ -190,7 +190,8 @@ impl HumanReporter {
                 view.remove(&done.bar);
             }
         }
-        if self.ended.insert(stage.to_owned()) {
+        // (Without a view the footer shows nothing: nothing to count.)
+        if self.ended.insert(stage.to_owned()) && self.view.is_some() {
             self.footer.inc(1);
         }
         self.show_totals();

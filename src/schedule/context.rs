@@ -185,8 +185,9 @@ pub struct Context<'m> {
     /// The outcomes of stages with a kept plan, read ahead while the
     /// manifest was parsed, by stage, under the code they were read for.
     outcomes_read: OutcomesRead,
-    /// This checkout's own id, read (or made) by the first job named.
-    pub workspace_id: std::sync::OnceLock<String>,
+    /// This checkout's part of every job name (see `task::job_prefix`),
+    /// made when the first job is named.
+    pub workspace_tag: std::sync::OnceLock<String>,
 }
 
 /// What a run reads of its past before it decides anything: the lock
@@ -417,7 +418,7 @@ impl<'m> Context<'m> {
                 .collect(),
             planned_from_kept: Default::default(),
             outcomes_read,
-            workspace_id: std::sync::OnceLock::new(),
+            workspace_tag: std::sync::OnceLock::new(),
         }
     }
 

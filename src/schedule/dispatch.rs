@@ -250,6 +250,13 @@ struct Dispatcher<'a, 'm> {
 /// (each cancellation has its own, shorter, limit).
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 
+/// How many ready stages are weighed (found fresh, or started) before the
+/// run looks at what its running commands did. Each takes some
+/// microseconds: a thousand fresh ones weighed in one go would leave a
+/// command that ended meanwhile unseen for milliseconds, and the stage
+/// waiting on it unstarted.
+const WEIGHED_AT_A_TIME: usize = 32;
+
 impl<'a, 'm> Dispatcher<'a, 'm> {
     /// Reaps what a killed cairn left running, opens a run in the ledger.
     /// The receiver is where the ledger writer's answers arrive.
@@ -652,7 +659,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     /// resources. Returns after the first task it starts, `true` if stages
     /// are still ready: that task's command starts before the rest are
     /// weighed, which for a thousand ready stages takes tens of
-    /// milliseconds.
+    /// milliseconds. While commands run it also returns after
+    /// [`WEIGHED_AT_A_TIME`] stages.
     fn start_ready(
         &mut self,
         executors: &Executors,
@@ -662,7 +670,15 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
         attempts: &UnboundedSender<ItemAttempt>,
     ) -> Result<bool, ScheduleError> {
+        let mut weighed = 0;
         while !self.stop {
+            // While commands run, the rest are weighed a few at a time: a
+            // command that ends meanwhile is seen (and what it releases
+            // started) between them, not after them all.
+            if weighed == WEIGHED_AT_A_TIME && !running.is_empty() && !self.ready.is_empty() {
+                return Ok(true);
+            }
+            weighed += 1;
             let Some((_, i)) = self.ready.pop_first() else {
                 return Ok(false);
             };

@@ -276,18 +276,19 @@ pub struct StageTask {
 /// pipeline sharing a cluster never adopt each other's jobs, even at the
 /// same path on two machines.
 fn job_prefix(ctx: &Context<'_>, stage: &Stage) -> String {
-    let id = ctx
-        .workspace_id
-        .get_or_init(|| workspace_id(&ctx.manifest.cache_dir()));
-    let workspace = crate::fingerprint::Digest::of(
-        format!(
-            "{}\0{}\0{id}",
-            ctx.manifest.root.display(),
-            ctx.manifest.name
-        )
-        .as_bytes(),
-    );
-    format!("cairn-{}-{}", stage.name, &workspace.hex()[..8])
+    let workspace = ctx.workspace_tag.get_or_init(|| {
+        let id = workspace_id(&ctx.manifest.cache_dir());
+        let digest = crate::fingerprint::Digest::of(
+            format!(
+                "{}\0{}\0{id}",
+                ctx.manifest.root.display(),
+                ctx.manifest.name
+            )
+            .as_bytes(),
+        );
+        digest.hex()[..8].to_owned()
+    });
+    format!("cairn-{}-{workspace}", stage.name)
 }
 
 /// This checkout's own id: made by its first run (from the host, the
@@ -353,7 +354,8 @@ impl StageTask {
             (Some(ledger), None) => ledger.command_attempts(&stage.name, fingerprint)?,
             _ => 0,
         };
-        let job_name_stem = format!("{}-{}", job_prefix(ctx, stage), &fingerprint.hex()[..16]);
+        let job_prefix = job_prefix(ctx, stage);
+        let job_name_stem = format!("{job_prefix}-{}", &fingerprint.hex()[..16]);
         let outputs = stage
             .outputs
             .iter()
@@ -444,7 +446,7 @@ impl StageTask {
             holds,
             priority,
             items: None,
-            job_prefix: job_prefix(ctx, stage),
+            job_prefix,
             job_name_stem,
             fingerprint: *fingerprint,
             attempts_before,

@@ -239,8 +239,8 @@ pub struct Ledger {
 /// failing; commits are durable at checkpoints (the WAL keeps them
 /// atomic); and a cached statement keeps its plan when new values are
 /// bound. Without the last, SQLite plans some queries again at every
-/// execution (`orphaned_jobs`, asked of every stage a run starts, took
-/// five times as long).
+/// execution (the orphaned jobs, once asked of every stage a run started,
+/// took five times as long).
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(std::time::Duration::from_secs(30))?;
     conn.execute_batch("PRAGMA synchronous=NORMAL;")?;
