@@ -775,3 +775,43 @@ outputs = ["b.txt"]
     assert_eq!(p.read("a.txt"), "input, edited\nagain\n");
     settle(&p);
 }
+
+/// The file a failed proof found changed is the first thing the run
+/// weighs: the stages that read it start before the others, in whatever
+/// order they rank. Here `late` (last in the manifest) reads `m.txt`,
+/// which sorts before `z.txt`, so the proof finds it changed first.
+#[test]
+fn the_stages_reading_the_file_found_changed_start_first() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "first"
+
+[stages.early]
+run = "echo early >> log.txt; cat z.txt > early.txt"
+inputs = ["z.txt"]
+outputs = ["early.txt"]
+
+[stages.late]
+run = "echo late >> log.txt; cat m.txt > late.txt"
+inputs = ["m.txt"]
+outputs = ["late.txt"]
+"#,
+    )
+    .file("z.txt", "z\n")
+    .file("m.txt", "m\n");
+    let first = run(&p, &[]);
+    assert_eq!(first.stages, ["early", "late"], "{}", first.stderr);
+    settle(&p);
+    p.file("z.txt", "z, edited\n").file("m.txt", "m, edited\n");
+    let before = p.lines("log.txt").len();
+    let mut command = p.command(&["run", "-j", "1"]);
+    command.stdin(Stdio::null()).env("RUST_LOG", "cairn=debug");
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("m.txt changed"), "{stderr}");
+    assert_eq!(p.lines("log.txt")[before..], ["late", "early"], "{stderr}");
+}

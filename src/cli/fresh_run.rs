@@ -44,6 +44,8 @@ pub struct Held {
     /// The `stat`s the proof's check took of the files it found unchanged,
     /// while the lock was held.
     pub stated: Stated,
+    /// The file the proof found changed, if a file was what failed it.
+    pub changed: Option<PathBuf>,
 }
 
 /// Answers `cairn run` from the proof the last run kept, if it holds.
@@ -103,10 +105,15 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
             kept_manifest,
             kept_history,
             stated: Stated::default(),
+            changed: None,
         })
     };
     match proof.check() {
-        Checked::Fails { why, stated } => {
+        Checked::Fails {
+            why,
+            stated,
+            changed,
+        } => {
             tracing::debug!(
                 "the fresh proof does not hold: {why} ({} files found as it saw them)",
                 stated.len()
@@ -122,6 +129,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
             if quiet {
                 held.stated = stated;
             }
+            held.changed = changed;
             return Ok(Asked::Decide(Some(held)));
         }
         Checked::Holds { renewed } => {

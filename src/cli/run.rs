@@ -22,19 +22,20 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // proof.
     // The `stat`s the proof's check took stand for the run's own while the
     // workspace is held from then on.
-    let (early, kept, stated) = match fresh_run::run(global, args)? {
+    let (early, kept, stated, changed) = match fresh_run::run(global, args)? {
         Asked::Answered => return Ok(()),
-        Asked::Decide(None) => (None, None, Stated::default()),
+        Asked::Decide(None) => (None, None, Stated::default(), None),
         Asked::Decide(Some(mut held)) => {
             let kept = held.kept_manifest.take();
             let stated = std::mem::take(&mut held.stated);
+            let changed = held.changed.take();
             let early = EarlyHistory::start(*held);
             let stated = if early.is_some() {
                 stated
             } else {
                 Stated::default()
             };
-            (early, kept, stated)
+            (early, kept, stated, changed)
         }
     };
     let taken_up = match &kept {
@@ -141,6 +142,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         locked: args.locked,
         remote: super::remote::open(&loaded, &args.remote)?,
         kept_manifest_refused,
+        changed,
     };
 
     // One scheduler thread: it only waits on children and hands work out;
@@ -284,6 +286,7 @@ impl EarlyHistory {
             kept_manifest: _,
             kept_history,
             stated: _,
+            changed: _,
         } = held;
         let pipeline = ledger.pipeline().clone();
         let (name, path) = (pipeline.name.clone(), lock_path.clone());

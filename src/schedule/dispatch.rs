@@ -13,7 +13,7 @@ mod record;
 mod remote;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,10 @@ pub struct RunOptions {
     /// A manifest kept beside the proof was read and not taken up (see
     /// `manifest::kept`): the proof this run keeps gets the manifest anew.
     pub kept_manifest_refused: bool,
+    /// The file the last run's proof found changed, when it failed: the
+    /// stages that read it are weighed first (they are the likeliest to
+    /// run), the others after their commands started.
+    pub changed: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -250,6 +254,34 @@ struct Dispatcher<'a, 'm> {
 /// (each cancellation has its own, shorter, limit).
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 
+/// Each stage's rank among the stages ready at once (lower first): its
+/// place in the topological order, but the stages that read `changed` (a
+/// file the last run's proof found changed) before every other.
+fn ranks(ctx: &Context<'_>, changed: Option<&Path>) -> Vec<usize> {
+    let manifest = ctx.manifest;
+    // (As the proof named it: an input's path resolved in the root.)
+    let changed = changed.and_then(|path| path.strip_prefix(&manifest.root).ok());
+    let reads_changed = |i: usize| {
+        changed.is_some_and(|changed| {
+            manifest.stages[i]
+                .inputs
+                .iter()
+                .any(|input| changed.starts_with(input.path.as_str()))
+        })
+    };
+    let (first, rest): (Vec<usize>, Vec<usize>) = ctx
+        .dag
+        .order()
+        .iter()
+        .copied()
+        .partition(|&i| reads_changed(i));
+    let mut rank = vec![0; manifest.stages.len()];
+    for (r, &i) in first.iter().chain(&rest).enumerate() {
+        rank[i] = r;
+    }
+    rank
+}
+
 /// How many ready stages are weighed (found fresh, or started) before the
 /// run looks at what its running commands did. Each takes some
 /// microseconds: a thousand fresh ones weighed in one go would leave a
@@ -301,10 +333,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         })?;
 
         let n = ctx.manifest.stages.len();
-        let mut rank = vec![0; n];
-        for (r, &i) in ctx.dag.order().iter().enumerate() {
-            rank[i] = r;
-        }
+        let rank = ranks(ctx, options.changed.as_deref());
         let remaining: Vec<usize> = (0..n)
             .map(|i| {
                 ctx.dag

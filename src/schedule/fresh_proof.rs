@@ -184,8 +184,14 @@ pub enum Checked {
     Holds { renewed: bool },
     /// Something differs (`why`, named for `-v`): the stages must be
     /// decided. `stated`: the `stat` of each file found as the proof saw it,
-    /// for the run to take instead of `stat`ing it again.
-    Fails { why: String, stated: Stated },
+    /// for the run to take instead of `stat`ing it again. `changed`: the
+    /// file found changed, if a file was the difference (the stages that
+    /// read it are the likeliest to run).
+    Fails {
+        why: String,
+        stated: Stated,
+        changed: Option<PathBuf>,
+    },
 }
 
 /// Checks `watched` in a few shares side by side when there are many: a
@@ -213,7 +219,7 @@ fn check_in_shares(
     });
     // The first difference a share found, in the shares' order, is the
     // one reported.
-    let why = shares.iter().find_map(|share| share.differs.clone());
+    let first_difference = shares.iter().find_map(|share| share.differs);
     // A directory swapped (for a link, say) leaves nothing handed on: the
     // files below it may not be where they were.
     let moved = shares.iter().any(|share| share.place_differs);
@@ -234,11 +240,8 @@ fn check_in_shares(
         }
         stated
     };
-    if let Some(why) = why {
-        return Checked::Fails {
-            why,
-            stated: stated(found),
-        };
+    if let Some(index) = first_difference {
+        return failed_at(&watched[index], stated(found));
     }
     let rechecked = in_shares(
         &racy,
@@ -258,12 +261,8 @@ fn check_in_shares(
         .zip(rechecked.into_iter().flatten())
         .partition(|(_, unchanged)| *unchanged);
     if let Some(((index, _), _)) = changed.first() {
-        let why = format!("{} changed", watched[*index].path().display());
         found.push(held.into_iter().map(|(found, _)| *found).collect());
-        return Checked::Fails {
-            why,
-            stated: stated(found),
-        };
+        return failed_at(&watched[*index], stated(found));
     }
     // Racy entries found unchanged are trusted from when they were seen.
     for &(index, Found { seen_ns, .. }) in &racy {
@@ -278,11 +277,23 @@ fn check_in_shares(
     }
 }
 
+/// The proof failed at `watched`, handing on `stated`.
+fn failed_at(watched: &Watched, stated: Stated) -> Checked {
+    Checked::Fails {
+        why: format!("{} changed", watched.path().display()),
+        stated,
+        changed: match watched {
+            Watched::File(path, _) => Some(path.clone()),
+            _ => None,
+        },
+    }
+}
+
 /// What checking one share of a proof found.
 #[derive(Default)]
 struct Share {
-    /// The share's first difference.
-    differs: Option<String>,
+    /// The index of the share's first difference.
+    differs: Option<usize>,
     /// Each file found as the proof saw it and not racy: its index, and
     /// how it was found.
     stated: Vec<(usize, Found)>,
@@ -356,7 +367,7 @@ fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share
         };
         if changed && share.differs.is_none() {
             differs.store(true, Ordering::Relaxed);
-            share.differs = Some(format!("{} changed", watched.path().display()));
+            share.differs = Some(index);
         }
     }
     share
@@ -543,6 +554,7 @@ impl Proof {
                 return Checked::Fails {
                     why: format!("the variable {name} changed"),
                     stated: Stated::default(),
+                    changed: None,
                 };
             }
         }
@@ -1441,11 +1453,18 @@ mod tests {
             let mut all = watched();
             std::fs::write(&paths[changed], "a longer text than before").unwrap();
             for threads in [1, 2, 3] {
-                let Checked::Fails { why, stated } = check_in_shares(&mut all, &listed, threads)
+                let Checked::Fails {
+                    why,
+                    stated,
+                    changed: found_changed,
+                } = check_in_shares(&mut all, &listed, threads)
                 else {
                     panic!("the proof held after a change ({threads} shares)");
                 };
                 assert_eq!(why, format!("{} changed", paths[changed].display()));
+                // The file that changed is named, for its readers to be
+                // weighed first.
+                assert_eq!(found_changed.as_ref(), Some(&paths[changed]));
                 // Handed on: files found unchanged before the difference
                 // stopped the shares, never it nor a racy one; in one
                 // share, every one before it.
@@ -1470,10 +1489,16 @@ mod tests {
         if let Watched::File(_, entry) = &mut all[3] {
             entry.digest = Digest::of(b"what it held before");
         }
-        let Checked::Fails { why, stated } = check_in_shares(&mut all, &listed, 2) else {
+        let Checked::Fails {
+            why,
+            stated,
+            changed,
+        } = check_in_shares(&mut all, &listed, 2)
+        else {
             panic!("the proof held with a racy file rewritten");
         };
         assert_eq!(why, format!("{} changed", paths[3].display()));
+        assert_eq!(changed.as_ref(), Some(&paths[3]));
         assert!(!stated.contains(&paths[3]) && stated.contains(&paths[1_999]));
         assert_eq!(stated.len(), paths.len() - 1);
         // A directory the files lie in that is not the one the proof saw:
