@@ -1175,8 +1175,9 @@ struct ItemRead {
 
 /// The jobs dead runs left for stage `stage`, from every stage's, read from
 /// `ledger` the first time a stage asks (see [`Ledger::orphaned_jobs`]).
-/// No stage's change its own: a stage adopts or cancels its jobs after it
-/// asked, and no other run writes while this one holds the workspace.
+/// What was read stays true for each stage when it asks: a stage adopts or
+/// cancels only its own jobs, after it asked, and no other run writes while
+/// this one holds the workspace.
 fn orphaned_jobs(
     orphaned: &mut Option<OrphanedJobs>,
     ledger: &Ledger,

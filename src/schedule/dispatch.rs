@@ -704,7 +704,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // While commands run, the rest are weighed a few at a time: a
             // command that ends meanwhile is seen (and what it releases
             // started) between them, not after them all.
-            if weighed == WEIGHED_AT_A_TIME && !running.is_empty() && !self.ready.is_empty() {
+            if weighed >= WEIGHED_AT_A_TIME && !running.is_empty() && !self.ready.is_empty() {
                 return Ok(true);
             }
             weighed += 1;

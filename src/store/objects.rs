@@ -47,6 +47,14 @@ pub struct Published {
     pub seen: Vec<(PathBuf, StatEntry)>,
 }
 
+/// The metadata of the output at `abs`, with the moment before it was
+/// taken (what a stat-cache entry of it is trusted from).
+fn look_at(abs: &Path) -> Result<(fs::Metadata, i64), StoreError> {
+    let seen_ns = now_ns();
+    let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
+    Ok((meta, seen_ns))
+}
+
 impl Staged {
     fn for_outputs(count: usize) -> Self {
         Self {
@@ -290,33 +298,19 @@ impl ObjectStore {
         &self,
         outputs: &[(String, String, PathBuf)],
     ) -> Result<Option<Staged>, StoreError> {
-        let seen_ns = now_ns();
-        let Some(looked) = outputs
+        let Some(looks) = outputs
             .iter()
             .map(|(_, _, abs)| {
-                fs::metadata(abs)
+                look_at(abs)
                     .ok()
-                    .filter(|meta| meta.is_file() && meta.len() <= INLINE_MAX)
-                    .map(|meta| (meta, seen_ns))
+                    .filter(|(meta, _)| meta.is_file() && meta.len() <= INLINE_MAX)
             })
             .collect::<Option<Vec<_>>>()
         else {
             return Ok(None);
         };
-        let mut staged = Staged::for_outputs(outputs.len());
-        for ((name, path, abs), looked) in outputs.iter().zip(looked) {
-            let record = self.stage_one(
-                name,
-                path,
-                abs,
-                Some(looked),
-                true,
-                &mut StatCache::default(),
-                &mut staged,
-            )?;
-            staged.records.push(record);
-        }
-        Ok(Some(staged))
+        self.stage_looked(outputs, looks, true, &mut StatCache::default())
+            .map(Some)
     }
 
     fn stage_with(
@@ -325,35 +319,39 @@ impl ObjectStore {
         inline: bool,
         listing: &mut StatCache,
     ) -> Result<Staged, StoreError> {
+        let looks = outputs
+            .iter()
+            .map(|(_, _, abs)| look_at(abs))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.stage_looked(outputs, looks, inline, listing)
+    }
+
+    /// Stages each of `outputs`, as `looks` (one each) found it.
+    fn stage_looked(
+        &self,
+        outputs: &[(String, String, PathBuf)],
+        looks: Vec<(fs::Metadata, i64)>,
+        inline: bool,
+        listing: &mut StatCache,
+    ) -> Result<Staged, StoreError> {
         let mut staged = Staged::for_outputs(outputs.len());
-        for (name, path, abs) in outputs {
-            let record = self.stage_one(name, path, abs, None, inline, listing, &mut staged)?;
+        for (output, look) in outputs.iter().zip(looks) {
+            let record = self.stage_one(output, look, inline, listing, &mut staged)?;
             staged.records.push(record);
         }
         Ok(staged)
     }
 
-    /// Stages output `name` (`path`, at `abs`); `looked` is its metadata
-    /// if it was just looked at, with the moment before that look.
-    #[allow(clippy::too_many_arguments)]
+    /// Stages output `name` (`path`, at `abs`) from its metadata and the
+    /// moment before it was taken.
     fn stage_one(
         &self,
-        name: &str,
-        path: &str,
-        abs: &Path,
-        looked: Option<(fs::Metadata, i64)>,
+        (name, path, abs): &(String, String, PathBuf),
+        (meta, seen_ns): (fs::Metadata, i64),
         inline: bool,
         listing: &mut StatCache,
         staged: &mut Staged,
     ) -> Result<OutputRecord, StoreError> {
-        let (meta, seen_ns) = match looked {
-            Some(looked) => looked,
-            None => {
-                let seen_ns = now_ns();
-                let meta = fs::metadata(abs).map_err(|e| StoreError::io(abs, e))?;
-                (meta, seen_ns)
-            }
-        };
         let executable = meta.permissions().mode() & 0o111 != 0;
         if !meta.is_dir() {
             refuse_special(abs, &meta).map_err(|e| StoreError::io(abs, e))?;
