@@ -322,9 +322,10 @@ fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share
         let failed = share.differs.is_some() || differs.load(Ordering::Relaxed);
         let seen_ns = now_ns();
         let changed = match watched {
-            // (The directories are checked all the same: a file handed on
-            // was found in the directories the proof saw.)
-            Watched::File(..) if failed => false,
+            // Every file is looked at, after a difference too: the run
+            // then looks at each, and takes what was found here (see
+            // [`Stated`]). (The directories are checked all the same: a
+            // file handed on was found in the directories the proof saw.)
             Watched::File(path, entry) => match found_in_dir(path, &mut dir, seen_ns) {
                 Ok(found) if entry.matches_stat(&found.stat) => {
                     let found = (index, found);
@@ -1448,7 +1449,9 @@ mod tests {
         }
         // One file changed at a time, in the last share, then in the first:
         // the proof fails, and gives the `stat` of every other file but
-        // the racy ones, which are not hashed once a `stat` differs.
+        // the racy ones, which are not hashed once a `stat` differs. The
+        // files after the difference are looked at all the same: the run
+        // that follows looks at each.
         for changed in [1_990, 10] {
             let mut all = watched();
             std::fs::write(&paths[changed], "a longer text than before").unwrap();
@@ -1465,20 +1468,13 @@ mod tests {
                 // The file that changed is named, for its readers to be
                 // weighed first.
                 assert_eq!(found_changed.as_ref(), Some(&paths[changed]));
-                // Handed on: files found unchanged before the difference
-                // stopped the shares, never it nor a racy one; in one
-                // share, every one before it.
+                // Handed on: every file found unchanged, before the
+                // difference and after it, never it nor a racy one.
                 for (n, path) in paths.iter().enumerate() {
-                    if n == changed || racy.contains(&n) {
-                        assert!(!stated.contains(path), "{n} ({threads} shares)");
-                    } else if threads == 1 && n < changed {
-                        assert!(stated.contains(path), "{n}");
-                    }
+                    let handed_on = n != changed && !racy.contains(&n);
+                    assert_eq!(stated.contains(path), handed_on, "{n} ({threads} shares)");
                 }
-                if threads == 1 {
-                    let before = (0..changed).filter(|n| !racy.contains(n)).count();
-                    assert_eq!(stated.len(), before);
-                }
+                assert_eq!(stated.len(), paths.len() - 1 - racy.len());
             }
         }
         // A racy file whose `stat` held but whose bytes are not the ones
@@ -1515,7 +1511,8 @@ mod tests {
         assert!(stated.is_empty());
         // A share only `stat`s: its racy files whose `stat` held are left
         // for the second look, the others vouched for; once another share
-        // has found a difference, it looks at no more files.
+        // has found a difference, it still looks at every file (the run
+        // takes what it found) and at no directory.
         let all = watched();
         let share = check_share(&all, 0, &AtomicBool::new(false));
         assert_eq!(share.differs, None);
@@ -1523,6 +1520,7 @@ mod tests {
         assert_eq!(racy_found, racy);
         assert_eq!(share.stated.len(), paths.len() - racy.len());
         let stopped = check_share(&all, 0, &AtomicBool::new(true));
-        assert!(stopped.differs.is_none() && stopped.stated.is_empty() && stopped.racy.is_empty());
+        assert_eq!(stopped.differs, None);
+        assert_eq!(stopped.stated.len(), share.stated.len());
     }
 }
