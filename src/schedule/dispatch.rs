@@ -4,9 +4,11 @@
 //! report back through channels, and reporters see [`Event`]s.
 //!
 //! The loop is here; deciding each stage as its turn comes is in
-//! [`evaluate`], recording what ran (results, failures, the lock file) in
-//! [`record`], and the signals that interrupt a run in [`interrupts`].
+//! [`evaluate`], recording what ran (results, failures) in [`record`], the
+//! run's end (the lock file, the fresh proof) in [`end`], and the signals
+//! that interrupt a run in [`interrupts`].
 
+mod end;
 mod evaluate;
 mod interrupts;
 mod record;
@@ -205,6 +207,10 @@ struct Dispatcher<'a, 'm> {
     /// Each stage's rank in the topological order (ready stages start in it).
     rank: Vec<usize>,
     slots: Vec<Slot>,
+    /// How many selected stages are [`Slot::Waiting`].
+    waiting: usize,
+    /// The end of the run, made ahead while its last commands run.
+    end_draft: Option<end::EndDraft<'m>>,
     /// Unfinished selected upstream stages, per stage.
     remaining: Vec<usize>,
     ready: BTreeSet<(usize, usize)>,
@@ -405,6 +411,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             log_dir,
             rank,
             slots: vec![Slot::Waiting; n],
+            waiting: options.selected.iter().filter(|s| **s).count(),
+            end_draft: None,
             remaining,
             ready,
             limits,
@@ -474,6 +482,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             if running.is_empty() {
                 // Nothing ends meanwhile to share the writer's commit.
                 self.hurry_writer();
+            } else if self.waiting == 0 && self.end_draft.is_none() && !self.stop {
+                // Nothing is left to start: the end is made while the last
+                // commands run.
+                self.draft_end();
             }
             // In this order: releasing downstream stages first keeps the
             // critical path moving; recording results can wait a moment.
@@ -849,7 +861,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 .filter(|_| !self.options.forced.contains(&i)),
             self.uploads.clone(),
         );
-        self.slots[i] = Slot::Running;
+        self.set_slot(i, Slot::Running);
         let links = TaskLinks {
             stage: i,
             hashed: hashed.clone(),
@@ -897,7 +909,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         let task = match result {
             // The run stopped before this stage got a job slot.
             Ok(task) if !task.started => {
-                self.slots[i] = Slot::Waiting;
+                self.set_slot(i, Slot::Waiting);
                 return Ok(());
             }
             Ok(task) => {
@@ -915,7 +927,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
         };
         if let Some(message) = task.partial {
-            self.slots[i] = Slot::Partial;
+            self.set_slot(i, Slot::Partial);
             let name = &self.ctx.manifest.stages[i].name;
             self.summary.partial.push(name.clone());
             self.timeline
@@ -1043,9 +1055,19 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
+    /// Puts stage `i` in `slot`, counting the stages still waiting.
+    fn set_slot(&mut self, i: usize, slot: Slot) {
+        match (self.slots[i] == Slot::Waiting, slot == Slot::Waiting) {
+            (true, false) => self.waiting -= 1,
+            (false, true) => self.waiting += 1,
+            _ => {}
+        }
+        self.slots[i] = slot;
+    }
+
     /// Marks a stage done and readies the downstream stages it unblocks.
     fn complete(&mut self, i: usize) {
-        self.slots[i] = Slot::Ok;
+        self.set_slot(i, Slot::Ok);
         for &d in self.ctx.dag.downstream(i) {
             if self.options.selected[d] {
                 self.remaining[d] -= 1;
@@ -1085,7 +1107,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     }
 
     fn fail(&mut self, i: usize, message: &str, log: Option<PathBuf>) {
-        self.slots[i] = Slot::Failed;
+        self.set_slot(i, Slot::Failed);
         self.timeline
             .ended(i, StageState::Failed, Some(message.to_owned()));
         self.summary.counts.failed += 1;
@@ -1100,228 +1122,5 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             message,
             log: log.as_deref(),
         });
-    }
-
-    /// Settles the run (see [`Self::settle`]) and closes it (as failed if
-    /// settling fails).
-    fn end(mut self) -> Result<RunSummary, ScheduleError> {
-        if let Err(error) = self.settle() {
-            self.close_as_failed();
-            return Err(error);
-        }
-        let status = if self.summary.interrupted {
-            "interrupted"
-        } else if self.summary.failed.is_empty() {
-            "ok"
-        } else {
-            "failed"
-        };
-        self.close_run(status)?;
-        if status == "ok" {
-            self.keep_fresh_proof();
-        }
-        // Every stage's record is left for the process's exit to free, as
-        // `cli::run` leaves the context: freed one by one it took half a
-        // millisecond.
-        std::mem::forget(std::mem::take(&mut self.used));
-        Ok(self.summary)
-    }
-
-    /// Keeps what this run saw, if it left every stage valid, for the next
-    /// no-op to check by `stat` alone (see [`super::fresh_proof`]). Written
-    /// after everything else the run wrote; a proof is an optimisation, so
-    /// one that cannot be made or kept is only logged.
-    fn keep_fresh_proof(&self) {
-        let options = self.options;
-        let every_stage = options.selected.iter().all(|s| *s);
-        let clean = self.summary.failed.is_empty()
-            && self.summary.partial.is_empty()
-            && self.summary.blocked.is_empty()
-            && self.summary.stopped.is_empty()
-            && self.summary.cut_short.is_empty()
-            && self.summary.lock_differs.is_empty();
-        let ctx = &*self.ctx;
-        // (A manifest with a remote cache gets none even when a run goes
-        // without it: a run with it prints what the remote did.)
-        let remote = options.remote.is_some() || ctx.manifest.remote_cache.is_some();
-        if !every_stage || !clean || remote || options.only.is_some() {
-            return;
-        }
-        let (Some(ledger), Some(key)) = (
-            &ctx.ledger,
-            super::fresh_proof::key(
-                &ctx.manifest.path,
-                ctx.manifest.source.as_bytes(),
-                ctx.manifest.profile.as_deref(),
-            ),
-        ) else {
-            return;
-        };
-        let lock = match &self.lock_written {
-            Some(text) => std::borrow::Cow::Borrowed(text.as_str()),
-            None => std::borrow::Cow::Owned(new_lock_file(ctx, &self.used).render()),
-        };
-        let Some((proof, plans)) =
-            super::fresh_proof::Proof::make(ctx, &self.used, ctx.dag.order(), &lock)
-        else {
-            return;
-        };
-        let plans = plans.map(|plans| super::kept_plans::encode(&plans));
-        // (One kept under this key is kept, unless it was refused.)
-        let manifest = match ledger.keeps_manifest(&key) {
-            Ok(true) if !options.kept_manifest_refused => None,
-            _ => crate::manifest::kept::encode(ctx.manifest),
-        };
-        let history = self.kept_history(&lock);
-        let beside = KeptBeside {
-            plans: plans.as_deref(),
-            manifest: manifest.as_deref(),
-            history: history.as_deref(),
-        };
-        if let Err(error) = ledger.keep_fresh_proof(&key, &proof.encode(), beside) {
-            tracing::debug!("the fresh proof was not kept: {error}");
-        }
-    }
-
-    /// The history this run leaves, as the next run would read it (see
-    /// [`super::kept_history`]), encoded, with the lock file's text
-    /// (`lock`); `None` where that is not known here: some stage used a
-    /// result other than its current one, or the lock file read before the
-    /// run named a stage the manifest no longer has (whose current result
-    /// was the one it named, and is now its newest).
-    fn kept_history(&self, lock: &str) -> Option<Vec<u8>> {
-        let ctx = &*self.ctx;
-        let names: HashSet<&str> = ctx
-            .manifest
-            .stages
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect();
-        if ctx.lock.as_ref().is_some_and(|lock| {
-            lock.stages
-                .keys()
-                .any(|name| !names.contains(name.as_str()))
-        }) {
-            return None;
-        }
-        for (i, stage) in ctx.manifest.stages.iter().enumerate() {
-            let (fingerprint, outputs) = self.used.get(&i)?;
-            let current = ctx.latest_ok.get(&stage.name)?;
-            if current.fingerprint != *fingerprint || current.outputs != *outputs {
-                return None;
-            }
-        }
-        // The inline objects of the current results held when the history
-        // was read, and those this run recorded (in the same transaction).
-        let inline_held = ctx
-            .latest_ok
-            .values()
-            .flat_map(|record| {
-                let recorded_now = record.run_id == self.run_id;
-                record
-                    .outputs
-                    .iter()
-                    .filter(move |o| o.inline && (recorded_now || ctx.held_inline(&o.digest)))
-            })
-            .map(|output| output.digest)
-            .collect();
-        // (The lock file names every stage: each used a result.)
-        Some(super::kept_history::encode(
-            lock,
-            &ctx.manifest.name,
-            ctx.manifest.stages.iter().map(|stage| stage.name.as_str()),
-            &ctx.latest_ok,
-            &ctx.latest_failure,
-            &inline_held,
-        ))
-    }
-
-    /// Accounts for every selected stage never finished (blocked by a
-    /// failure, stopped before it started, or cut short by an interrupt),
-    /// persists the stat cache and the lock file.
-    fn settle(&mut self) -> Result<(), ScheduleError> {
-        let manifest = self.ctx.manifest;
-        for &i in self.ctx.dag.order() {
-            if !self.options.selected[i] {
-                continue;
-            }
-            let name = &manifest.stages[i].name;
-            match self.slots[i] {
-                Slot::Ok | Slot::Failed | Slot::Partial => continue,
-                Slot::Running => {
-                    // (Its timeline says so since the interrupt.)
-                    self.summary.cut_short.push(name.clone());
-                    self.reporter.event(Event::StageCutShort {
-                        stage: name,
-                        interrupted: true,
-                    });
-                    continue;
-                }
-                Slot::Waiting => {}
-            }
-            let blocked_by = self.ctx.dag.upstream(i).iter().copied().find(|&u| {
-                matches!(self.slots[u], Slot::Failed | Slot::Partial)
-                    || self.summary.blocked.contains(&manifest.stages[u].name)
-            });
-            match blocked_by {
-                Some(by) if !self.summary.interrupted => {
-                    self.summary.blocked.push(name.clone());
-                    self.timeline.ended(
-                        i,
-                        StageState::Blocked,
-                        Some(format!(
-                            "upstream `{}` did not complete",
-                            manifest.stages[by].name
-                        )),
-                    );
-                    self.reporter.event(Event::StageBlocked {
-                        stage: name,
-                        by: &manifest.stages[by].name,
-                    });
-                }
-                // Not started because a failure or an interrupt stopped the run.
-                _ if self.stop || self.summary.interrupted => {
-                    self.summary.stopped.push(name.clone());
-                    self.timeline.ended(i, StageState::Stopped, None);
-                    self.reporter.event(Event::StageCutShort {
-                        stage: name,
-                        interrupted: false,
-                    });
-                }
-                _ => {
-                    return Err(ScheduleError::Task(format!(
-                        "scheduler stopped before stage `{name}` could run"
-                    )));
-                }
-            }
-        }
-
-        // A run of every stage that looked at each of them knows every
-        // path the pipeline reads and writes now.
-        let looked_at_all = self.options.selected.iter().all(|s| *s)
-            && self.summary.blocked.is_empty()
-            && self.summary.stopped.is_empty()
-            && !self.summary.interrupted;
-        self.ctx.save_stat_cache(looked_at_all)?;
-        // When every stage used its newest result and the lock file is
-        // there, it already says what it would say now: a no-op run does not
-        // rewrite it.
-        if self.lock_changed || !self.ctx.manifest.lock_path().exists() {
-            let lock = new_lock_file(self.ctx, &self.used);
-            if self.options.locked {
-                // `--locked`: the committed lock file stays as it is; the
-                // stages whose entry would change are reported.
-                let committed = self.ctx.lock.as_ref().map(|l| &l.stages);
-                self.summary.lock_differs = lock
-                    .stages
-                    .iter()
-                    .filter(|(name, entry)| committed.and_then(|c| c.get(*name)) != Some(*entry))
-                    .map(|(name, _)| name.clone())
-                    .collect();
-            } else {
-                self.lock_written = Some(lock.write(&self.ctx.manifest.lock_path())?);
-            }
-        }
-        Ok(())
     }
 }

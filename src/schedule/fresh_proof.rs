@@ -444,103 +444,9 @@ impl Proof {
         order: &[usize],
         lock: &str,
     ) -> Result<(Proof, Option<Vec<KeptPlan>>), String> {
-        let manifest = ctx.manifest;
-        let root = &manifest.root;
-        // (Gathered as read, sorted once at the end; sized for every
-        // path read.)
-        let reads: usize = manifest
-            .stages
-            .iter()
-            .map(|stage| 2 * (stage.inputs.len() + stage.outputs.len()))
-            .chain(ctx.item_plans.values().flatten().map(|p| p.inputs.len()))
-            .chain(
-                ctx.item_reads
-                    .values()
-                    .flatten()
-                    .map(|(item, _)| item.paths.len()),
-            )
-            .sum();
-        let mut watching = Watching::new(root, reads + 16);
-        let mut stages = Vec::with_capacity(order.len());
-        // The item plans are kept anew unless every stage that can have one
-        // was planned from the one kept.
-        let mut plans = Vec::new();
-        let keep_plans = ctx.manifest.stages.iter().enumerate().any(|(i, stage)| {
-            stage.foreach.as_ref().is_some_and(|f| f.samples.is_none())
-                && !ctx.planned_from_kept.contains(&i)
-        });
-        for &i in order {
-            let stage = &manifest.stages[i];
-            if manifest.image_of(stage).is_some() {
-                return Err(format!("`{}` runs in an image", stage.name));
-            }
-            if let Some(uses) = &stage.uses
-                && crate::builtins::effect_output(&uses.name).is_some()
-            {
-                return Err(format!("`{}` does work beyond its outputs", stage.name));
-            }
-            let (_, outputs) = used
-                .get(&i)
-                .ok_or_else(|| format!("`{}` has no result of this run", stage.name))?;
-            let inputs = ctx
-                .input_digests
-                .get(&i)
-                .ok_or_else(|| format!("`{}` was not fingerprinted", stage.name))?;
-            for (input, expected) in stage.inputs.iter().zip(inputs) {
-                watching.read(ctx, input.path.resolve(root), expected)?;
-            }
-            for output in outputs {
-                watching.read(ctx, root.join(&output.path), &output.digest)?;
-                if output.kind == OutputKind::Dir {
-                    // The listing is read and checked against its digest
-                    // when the stage is decided: watched as a file, so an
-                    // edit in place is seen too.
-                    let listing = ctx.store.tree_path(&output.digest);
-                    let seen_ns = now_ns();
-                    let meta = std::fs::metadata(&listing)
-                        .map_err(|e| format!("{}: {e}", listing.display()))?;
-                    let bytes = std::fs::read(&listing)
-                        .map_err(|e| format!("{}: {e}", listing.display()))?;
-                    let entry = StatEntry::new(&meta, Digest::of(&bytes), seen_ns);
-                    watching.watched.push(Watched::File(listing, entry));
-                }
-                for (path, size) in stored_objects(ctx, output)? {
-                    let meta =
-                        std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                    if meta.len() != size {
-                        return Err(format!("{} is not {size} bytes", path.display()));
-                    }
-                    watching.watched.push(Watched::Object {
-                        path,
-                        dev: meta.dev(),
-                        ino: meta.ino(),
-                        size,
-                    });
-                }
-            }
-            if let Some(foreach) = &stage.foreach {
-                plans.extend(items_read(ctx, i, foreach, keep_plans, &mut watching)?);
-            }
-            stages.push((stage.name.clone(), stage.executor_name()));
-        }
-        // The lock file says what this run would write.
-        let lock_path = manifest.lock_path();
-        let seen_ns = now_ns();
-        let meta = std::fs::metadata(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
-        let text = std::fs::read(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
-        let after = std::fs::metadata(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
-        if text != lock.as_bytes() || !crate::fingerprint::unchanged(&meta, &after) {
-            return Err("the lock file is not what this run would write".to_owned());
-        }
-        let entry = StatEntry::new(&after, Digest::of(&text), seen_ns);
-        watching.watched.push(Watched::File(lock_path, entry));
-        let proof = Proof {
-            root: root.clone(),
-            stages,
-            env: ctx.env_read.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            watched: watching.finish()?,
-        };
-        Ok((proof, keep_plans.then_some(plans)))
+        let mut draft = ProofDraft::new(ctx, order);
+        draft.add_used(ctx, order.iter().copied(), used)?;
+        draft.finish(ctx, lock)
     }
 
     /// Checks every variable and path against what the proof saw: any
@@ -937,6 +843,11 @@ impl<'r> Watching<'r> {
         Ok(())
     }
 
+    /// Sorts what is watched so far (see [`sort_watched`]).
+    fn sort(&mut self) {
+        sort_watched(&mut self.watched);
+    }
+
     /// Everything watched, sorted by path bytes (the same run makes the
     /// same proof), each path once: a directory watched for its listing
     /// keeps that check (a place checks only that it is the same
@@ -945,13 +856,8 @@ impl<'r> Watching<'r> {
     fn finish(self) -> Result<Vec<Watched>, String> {
         let mut watched = self.watched;
         watched.extend(self.places.into_values());
+        sort_watched(&mut watched);
         let place = |w: &Watched| matches!(w, Watched::Place { .. });
-        watched.sort_by(|a, b| {
-            a.path()
-                .as_os_str()
-                .cmp(b.path().as_os_str())
-                .then_with(|| place(a).cmp(&place(b)))
-        });
         if let Some(pair) = watched.windows(2).find(|pair| {
             pair[0].path().as_os_str() == pair[1].path().as_os_str()
                 && !place(&pair[1])
@@ -965,6 +871,199 @@ impl<'r> Watching<'r> {
         watched.dedup_by(|later, first| later.path().as_os_str() == first.path().as_os_str());
         Ok(watched)
     }
+}
+
+/// A proof being made stage by stage: a run adds the stages whose results
+/// it knows while its last commands run, and the others at its end, when
+/// the lock file is written (see [`ProofDraft::finish`]). What a stage
+/// added early watches is as the run saw it then: a change after that
+/// fails the proof when it is checked, as any change does.
+pub struct ProofDraft<'m> {
+    watching: Watching<'m>,
+    /// Each stage added: its place in the order the run decided them, its
+    /// name and where its commands run.
+    stages: Vec<(usize, String, String)>,
+    /// Each stage's place in that order.
+    place_in_order: Vec<usize>,
+    /// The item plans of the stages added, each with its stage's place.
+    plans: Vec<(usize, KeptPlan)>,
+    /// The item plans are kept anew unless every stage that can have one
+    /// was planned from the one kept.
+    keep_plans: bool,
+}
+
+impl<'m> ProofDraft<'m> {
+    /// A draft of the proof of `ctx`'s run, whose stages were decided in
+    /// `order`.
+    pub fn new(ctx: &Context<'m>, order: &[usize]) -> Self {
+        let manifest = ctx.manifest;
+        // (Gathered as read, sorted at the end; sized for every path read.)
+        let reads: usize = manifest
+            .stages
+            .iter()
+            .map(|stage| 2 * (stage.inputs.len() + stage.outputs.len()))
+            .chain(ctx.item_plans.values().flatten().map(|p| p.inputs.len()))
+            .chain(
+                ctx.item_reads
+                    .values()
+                    .flatten()
+                    .map(|(item, _)| item.paths.len()),
+            )
+            .sum();
+        let mut place_in_order = vec![0; manifest.stages.len()];
+        for (place, &i) in order.iter().enumerate() {
+            place_in_order[i] = place;
+        }
+        let keep_plans = manifest.stages.iter().enumerate().any(|(i, stage)| {
+            stage.foreach.as_ref().is_some_and(|f| f.samples.is_none())
+                && !ctx.planned_from_kept.contains(&i)
+        });
+        Self {
+            watching: Watching::new(&manifest.root, reads + 16),
+            stages: Vec::with_capacity(order.len()),
+            place_in_order,
+            plans: Vec::new(),
+            keep_plans,
+        }
+    }
+
+    /// Adds each stage of `stages` with the result this run used for it
+    /// (`used`).
+    pub fn add_used(
+        &mut self,
+        ctx: &Context<'_>,
+        stages: impl Iterator<Item = usize>,
+        used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
+    ) -> Result<(), String> {
+        for i in stages {
+            let (_, outputs) = used.get(&i).ok_or_else(|| {
+                format!(
+                    "`{}` has no result of this run",
+                    ctx.manifest.stages[i].name
+                )
+            })?;
+            self.add(ctx, i, outputs)?;
+        }
+        Ok(())
+    }
+
+    /// Adds stage `i`, whose result this run used (`outputs`): every path
+    /// it read and wrote, and the stored objects it rests on.
+    fn add(&mut self, ctx: &Context<'_>, i: usize, outputs: &[OutputRecord]) -> Result<(), String> {
+        let manifest = ctx.manifest;
+        let root = &manifest.root;
+        let watching = &mut self.watching;
+        let stage = &manifest.stages[i];
+        if manifest.image_of(stage).is_some() {
+            return Err(format!("`{}` runs in an image", stage.name));
+        }
+        if let Some(uses) = &stage.uses
+            && crate::builtins::effect_output(&uses.name).is_some()
+        {
+            return Err(format!("`{}` does work beyond its outputs", stage.name));
+        }
+        let inputs = ctx
+            .input_digests
+            .get(&i)
+            .ok_or_else(|| format!("`{}` was not fingerprinted", stage.name))?;
+        for (input, expected) in stage.inputs.iter().zip(inputs) {
+            watching.read(ctx, input.path.resolve(root), expected)?;
+        }
+        for output in outputs {
+            watching.read(ctx, root.join(&output.path), &output.digest)?;
+            if output.kind == OutputKind::Dir {
+                // The listing is read and checked against its digest
+                // when the stage is decided: watched as a file, so an
+                // edit in place is seen too.
+                let listing = ctx.store.tree_path(&output.digest);
+                let seen_ns = now_ns();
+                let meta = std::fs::metadata(&listing)
+                    .map_err(|e| format!("{}: {e}", listing.display()))?;
+                let bytes =
+                    std::fs::read(&listing).map_err(|e| format!("{}: {e}", listing.display()))?;
+                let entry = StatEntry::new(&meta, Digest::of(&bytes), seen_ns);
+                watching.watched.push(Watched::File(listing, entry));
+            }
+            for (path, size) in stored_objects(ctx, output)? {
+                let meta =
+                    std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                if meta.len() != size {
+                    return Err(format!("{} is not {size} bytes", path.display()));
+                }
+                watching.watched.push(Watched::Object {
+                    path,
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                    size,
+                });
+            }
+        }
+        let place = self.place_in_order[i];
+        if let Some(foreach) = &stage.foreach {
+            let plan = items_read(ctx, i, foreach, self.keep_plans, watching)?;
+            self.plans.extend(plan.map(|plan| (place, plan)));
+        }
+        self.stages
+            .push((place, stage.name.clone(), stage.executor_name()));
+        Ok(())
+    }
+
+    /// Puts what the stages added so far watch in order: the stages added
+    /// after it are sorted in among them at the end for little more than
+    /// their own number.
+    pub fn sort(&mut self) {
+        self.watching.sort();
+    }
+
+    /// The proof, once every stage is added and the lock file written as
+    /// `lock` (which it checks), with the item plans to keep beside it
+    /// (`None`: those kept still hold).
+    pub fn finish(
+        mut self,
+        ctx: &Context<'_>,
+        lock: &str,
+    ) -> Result<(Proof, Option<Vec<KeptPlan>>), String> {
+        let manifest = ctx.manifest;
+        // The lock file says what this run would write.
+        let lock_path = manifest.lock_path();
+        let seen_ns = now_ns();
+        let meta = std::fs::metadata(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
+        let text = std::fs::read(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
+        let after = std::fs::metadata(&lock_path).map_err(|e| format!("the lock file: {e}"))?;
+        if text != lock.as_bytes() || !crate::fingerprint::unchanged(&meta, &after) {
+            return Err("the lock file is not what this run would write".to_owned());
+        }
+        let entry = StatEntry::new(&after, Digest::of(&text), seen_ns);
+        self.watching.watched.push(Watched::File(lock_path, entry));
+        // (In the order the stages were decided, however they were added.)
+        self.stages.sort_unstable_by_key(|(place, ..)| *place);
+        self.plans.sort_unstable_by_key(|(place, _)| *place);
+        let plans = self.plans.into_iter().map(|(_, plan)| plan).collect();
+        let proof = Proof {
+            root: manifest.root.clone(),
+            stages: self
+                .stages
+                .into_iter()
+                .map(|(_, name, executor)| (name, executor))
+                .collect(),
+            env: ctx.env_read.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            watched: self.watching.finish()?,
+        };
+        Ok((proof, self.keep_plans.then_some(plans)))
+    }
+}
+
+/// Sorts `watched` by path, a directory's place after what is watched of
+/// the directory itself. (A stable sort: a part sorted before costs little
+/// more to sort again with more added.)
+fn sort_watched(watched: &mut [Watched]) {
+    let place = |w: &Watched| matches!(w, Watched::Place { .. });
+    watched.sort_by(|a, b| {
+        a.path()
+            .as_os_str()
+            .cmp(b.path().as_os_str())
+            .then_with(|| place(a).cmp(&place(b)))
+    });
 }
 
 /// The stored objects `output` needs, with their sizes (as the freshness

@@ -192,31 +192,9 @@ impl LockFile {
     }
 
     fn render_stages(&self) -> String {
-        use std::fmt::Write;
         let mut out = String::with_capacity(self.stages.len() * 320);
-        // (Written piece by piece: a thousand stages' keys and paths are
-        // not each made a string of their own first.)
         for (name, stage) in &self.stages {
-            out.push_str("\n[stages.");
-            push_key(&mut out, name);
-            let _ = writeln!(out, "]\nfingerprint = \"{}\"", stage.fingerprint);
-            for (output, locked) in &stage.outputs {
-                let kind = match locked.kind {
-                    OutputKind::File => "file",
-                    OutputKind::Dir => "dir",
-                };
-                out.push_str("\n[stages.");
-                push_key(&mut out, name);
-                out.push_str(".outputs.");
-                push_key(&mut out, output);
-                out.push_str("]\npath = ");
-                push_quoted(&mut out, &locked.path);
-                let _ = writeln!(
-                    out,
-                    "\nkind = \"{kind}\"\ndigest = \"{}\"\nsize = {}",
-                    locked.digest, locked.size
-                );
-            }
+            render_stage(&mut out, name, stage);
         }
         out
     }
@@ -311,7 +289,11 @@ impl LockFile {
     /// Writes the lock file if its content changed (temp file + rename);
     /// returns its text.
     pub fn write(&self, path: &Path) -> Result<String, StoreError> {
-        let text = self.render();
+        Self::write_text(path, self.render())
+    }
+
+    /// Writes `text`, this lock file rendered, as [`Self::write`] does.
+    pub fn write_text(path: &Path, text: String) -> Result<String, StoreError> {
         if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
             return Ok(text);
         }
@@ -319,6 +301,89 @@ impl LockFile {
         std::fs::write(&temp, text.as_bytes()).map_err(|e| StoreError::io(&temp, e))?;
         std::fs::rename(&temp, path).map_err(|e| StoreError::io(path, e))?;
         Ok(text)
+    }
+}
+
+/// The lines of some stages of a lock file, rendered ahead and joined in
+/// name order: the lock file with more stages is rendered by putting
+/// theirs in their places ([`Self::render_with`]). A run renders those of
+/// the stages it has done while its last commands run.
+#[derive(Debug, Default)]
+pub struct RenderedStages {
+    text: String,
+    /// Each stage's name and where its lines end in `text`, in name order.
+    ends: Vec<(String, usize)>,
+}
+
+impl RenderedStages {
+    /// The lines of every stage of `lock`.
+    pub fn of(lock: &LockFile) -> Self {
+        let mut text = String::with_capacity(lock.stages.len() * 320);
+        let ends = lock
+            .stages
+            .iter()
+            .map(|(name, stage)| {
+                render_stage(&mut text, name, stage);
+                (name.clone(), text.len())
+            })
+            .collect();
+        Self { text, ends }
+    }
+
+    /// The text of `lock`, which holds the stages rendered here, each with
+    /// the entry it was rendered from, and of `others` those it holds: the
+    /// lines of these are rendered now and put in their places.
+    pub fn render_with(&self, lock: &LockFile, others: &[&str]) -> String {
+        let mut others: Vec<(&str, &LockedStage)> = others
+            .iter()
+            .filter_map(|name| lock.stages.get_key_value(*name))
+            .map(|(name, stage)| (name.as_str(), stage))
+            .collect();
+        others.sort_unstable_by_key(|(name, _)| *name);
+        let mut stages = String::with_capacity(self.text.len() + others.len() * 320);
+        let mut copied = 0;
+        for (name, stage) in others {
+            // After the last stage rendered ahead whose name sorts before.
+            let before = self
+                .ends
+                .partition_point(|(ahead, _)| ahead.as_str() < name);
+            let at = before.checked_sub(1).map_or(0, |last| self.ends[last].1);
+            stages.push_str(&self.text[copied..at]);
+            copied = at;
+            render_stage(&mut stages, name, stage);
+        }
+        stages.push_str(&self.text[copied..]);
+        let mut out = lock.render_head(Some(lock.checksum_of(&stages)));
+        out.push_str(&stages);
+        debug_assert_eq!(out, lock.render(), "a lock file rendered ahead in part");
+        out
+    }
+}
+
+/// Appends the lines of stage `name`: its table and each output's.
+/// (Written piece by piece: a thousand stages' keys and paths are not each
+/// made a string of their own first.)
+fn render_stage(out: &mut String, name: &str, stage: &LockedStage) {
+    use std::fmt::Write;
+    out.push_str("\n[stages.");
+    push_key(out, name);
+    let _ = writeln!(out, "]\nfingerprint = \"{}\"", stage.fingerprint);
+    for (output, locked) in &stage.outputs {
+        let kind = match locked.kind {
+            OutputKind::File => "file",
+            OutputKind::Dir => "dir",
+        };
+        out.push_str("\n[stages.");
+        push_key(out, name);
+        out.push_str(".outputs.");
+        push_key(out, output);
+        out.push_str("]\npath = ");
+        push_quoted(out, &locked.path);
+        let _ = writeln!(
+            out,
+            "\nkind = \"{kind}\"\ndigest = \"{}\"\nsize = {}",
+            locked.digest, locked.size
+        );
     }
 }
 
@@ -505,6 +570,50 @@ mod tests {
             }),
             Ok(lock)
         );
+    }
+
+    #[test]
+    fn a_lock_file_rendered_ahead_in_part_is_the_lock_file_rendered_whole() {
+        let output = |name: &str| OutputRecord {
+            name: "out".into(),
+            path: format!("out/{name}.txt"),
+            kind: OutputKind::File,
+            digest: Digest::of(name.as_bytes()),
+            size: name.len() as u64,
+            executable: false,
+            inline: false,
+        };
+        let enter = |lock: &mut LockFile, names: &[&str]| {
+            for name in names {
+                lock.insert(name, Digest::of(name.as_bytes()), &[output(name)]);
+            }
+        };
+        // Ahead: some stages; then the others, before, between and after
+        // them (one of which has no entry), or none.
+        for (ahead, others) in [
+            (&["b", "d"][..], &["a", "c", "e", "gone"][..]),
+            (&["b", "d"][..], &[][..]),
+            (&[][..], &["a", "c"][..]),
+            (&["a.b", "a-b", "ab"][..], &["a", "a.c", "b"][..]),
+        ] {
+            let mut drafted = LockFile::new("p");
+            enter(&mut drafted, ahead);
+            let rendered = RenderedStages::of(&drafted);
+            let mut lock = drafted.clone();
+            enter(
+                &mut lock,
+                &others
+                    .iter()
+                    .filter(|n| **n != "gone")
+                    .copied()
+                    .collect::<Vec<_>>(),
+            );
+            assert_eq!(
+                rendered.render_with(&lock, others),
+                lock.render(),
+                "{ahead:?} then {others:?}"
+            );
+        }
     }
 
     #[test]

@@ -30,7 +30,8 @@ pub use ledger::{
 };
 pub use live::live_outputs;
 pub use lockfile::{
-    LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage, recorded_checksum,
+    LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage, RenderedStages,
+    recorded_checksum,
 };
 pub use objects::{
     INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,

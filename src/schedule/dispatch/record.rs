@@ -211,12 +211,25 @@ pub(crate) fn new_lock_file(
     used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
 ) -> LockFile {
     let mut lock = LockFile::new(&ctx.manifest.name);
+    enter_in_lock(&mut lock, ctx, used, |_| true);
+    lock
+}
+
+/// Enters in `lock` each stage `which` takes, as [`new_lock_file`] does.
+pub(super) fn enter_in_lock(
+    lock: &mut LockFile,
+    ctx: &Context<'_>,
+    used: &HashMap<usize, (Digest, Vec<OutputRecord>)>,
+    which: impl Fn(usize) -> bool,
+) {
     for (i, stage) in ctx.manifest.stages.iter().enumerate() {
+        if !which(i) {
+            continue;
+        }
         if let Some((fingerprint, outputs)) = used.get(&i) {
             lock.insert(&stage.name, *fingerprint, outputs);
         } else if let Some(record) = ctx.latest_ok.get(&stage.name) {
             lock.insert(&stage.name, record.fingerprint, &record.outputs);
         }
     }
-    lock
 }
