@@ -394,6 +394,10 @@ impl StatCache {
     /// Takes back what a [`Self::subset_under`] learned and looked at.
     pub fn absorb(&mut self, subset: StatCache) {
         for (path, theirs) in subset.slots {
+            // (What the task learned anew it looked at after the run began.)
+            if theirs.updated.is_some() {
+                self.stated.take(Path::new(&path));
+            }
             let ours = self.slots.entry(path).or_default();
             if let Some(entry) = theirs.updated {
                 ours.learn(entry);
@@ -498,10 +502,18 @@ impl StatCache {
     /// of the run writes before it looks: a stage's sources, a stage's
     /// outputs as it is decided.
     pub fn content_with_stated(&mut self, path: &Path) -> io::Result<Content> {
-        match self.stated.take(path) {
-            Some(found) if !found.link => self.content_as_stated(path, &found.stat, found.seen_ns),
-            _ => self.content(path),
+        match self.take_stated(path) {
+            Some((stat, seen_ns)) => self.content_as_stated(path, &stat, seen_ns),
+            None => self.content(path),
         }
+    }
+
+    /// The `stat` of `path` taken earlier in this run, with when it was
+    /// taken, if there is one and `path` is not a symbolic link (see
+    /// [`Self::content_with_stated`]): once.
+    pub fn take_stated(&mut self, path: &Path) -> Option<(FileStat, i64)> {
+        let found = self.stated.take(path).filter(|found| !found.link)?;
+        Some((found.stat, found.seen_ns))
     }
 
     /// [`Self::content`] of a path `stat`ed already (`stat`, taken after

@@ -11,13 +11,14 @@ use super::item_fields::FieldCheck;
 use super::items::{Fields, Item, PlannedItem, fill, fill_fields, for_each_item, load_items};
 use super::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
 use crate::exec::{ImageResolver, PinnedImage};
+use crate::file_stat::FileStat;
 use crate::fingerprint::{
     Change, Component, Digest, DigestMap, EntryKind, StageKey, StatCache, TreeEntry,
     item_fingerprint, stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
-use crate::manifest::{Manifest, OutputIndex, is_per_item};
+use crate::manifest::{Manifest, OutputIndex, ProjectPath, is_per_item};
 use crate::store::{
     COMMAND_ITEM, Draws, ItemOutcomes, Ledger, LockFile, ObjectStore, OrphanedJobs, OutputRecord,
     ResultRecord, ResultStatus, StoreError, current_ok,
@@ -1043,7 +1044,8 @@ impl<'m> Context<'m> {
 
     /// What each listed item of `stage` reads, by digest: a path an
     /// upstream stage wrote by the digest it recorded, any other as the
-    /// stat cache vouches for it, all of those `stat`ed first, side by side.
+    /// stat cache vouches for it, by the `stat` a failed proof took of it
+    /// or else `stat`ed first, side by side.
     fn read_item_inputs(
         &mut self,
         stage: &str,
@@ -1051,6 +1053,9 @@ impl<'m> Context<'m> {
     ) -> Result<Vec<ItemRead>, ScheduleError> {
         enum Read {
             Upstream(Digest),
+            /// `stat`ed earlier in this run (by a fresh proof's check):
+            /// the path, its `stat` and when it was taken.
+            Stated(PathBuf, FileStat, i64),
             /// Its place among the paths stat'ed.
             Stat(usize),
         }
@@ -1060,8 +1065,29 @@ impl<'m> Context<'m> {
             reads.push(match self.upstream_digest(path) {
                 Some(digest) => Read::Upstream(digest),
                 None => {
-                    to_stat.push(self.manifest.root.join(path));
-                    Read::Stat(to_stat.len() - 1)
+                    let abs = self.manifest.root.join(path);
+                    // The `stat` the failed proof took stands for one of a
+                    // path no stage writes, as the key's inputs take it:
+                    // here only of a plain path below the root (an item's
+                    // path is as the item spells it) that no output is or
+                    // holds.
+                    let plain = path.split('/').all(|part| !matches!(part, "" | "." | ".."));
+                    let stated = match plain
+                        && self
+                            .outputs
+                            .producer_of(&ProjectPath::new(path.clone()))
+                            .is_none()
+                    {
+                        true => self.stat.take_stated(&abs),
+                        false => None,
+                    };
+                    match stated {
+                        Some((stat, seen_ns)) => Read::Stated(abs, stat, seen_ns),
+                        None => {
+                            to_stat.push(abs);
+                            Read::Stat(to_stat.len() - 1)
+                        }
+                    }
                 }
             });
         }
@@ -1075,20 +1101,30 @@ impl<'m> Context<'m> {
         for ListedItem { item, paths, tag } in listed {
             let mut inputs = Vec::with_capacity(paths.len());
             for (path, read) in paths.into_iter().zip(&mut reads) {
-                let digest = match read {
-                    Read::Upstream(digest) => digest,
+                let (abs, content) = match read {
+                    Read::Upstream(digest) => {
+                        inputs.push((path, digest));
+                        continue;
+                    }
+                    Read::Stated(abs, stat, seen_ns) => {
+                        let content = self.stat.content_as_stated(&abs, &stat, seen_ns);
+                        (abs, content)
+                    }
                     Read::Stat(n) => {
-                        let abs = &to_stat[n];
+                        let abs = std::mem::take(&mut to_stat[n]);
                         let stat = stats[n].take().expect("each path is stat'ed for one read");
-                        stat.and_then(|meta| self.stat.content_as_stated(abs, &meta, seen_ns))
-                            .map_err(|source| ScheduleError::Input {
-                                stage: format!("{stage} (item `{}`)", item.key),
-                                path: abs.clone(),
-                                source,
-                            })?
-                            .digest()
+                        let content =
+                            stat.and_then(|meta| self.stat.content_as_stated(&abs, &meta, seen_ns));
+                        (abs, content)
                     }
                 };
+                let digest = content
+                    .map_err(|source| ScheduleError::Input {
+                        stage: format!("{stage} (item `{}`)", item.key),
+                        path: abs,
+                        source,
+                    })?
+                    .digest();
                 inputs.push((path, digest));
             }
             out.push(ItemRead { item, inputs, tag });
@@ -1218,5 +1254,60 @@ fn planned_item(
         outcome: None,
         result: None,
         inputs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file_stat::{Found, Stated};
+    use crate::fingerprint::StatEntry;
+
+    /// An item's input that a failed proof's check found as it saw it is
+    /// read by that `stat`, not looked at again: here a file rewritten
+    /// since reads as what it held then. Once: the next look `stat`s it.
+    #[test]
+    fn an_item_input_a_failed_proof_found_is_read_by_its_stat_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(root.join("in")).unwrap();
+        std::fs::write(
+            root.join("items.jsonl"),
+            "{\"id\": \"a\", \"src\": \"in/a.txt\"}\n",
+        )
+        .unwrap();
+        let input = root.join("in/a.txt");
+        std::fs::write(&input, "before").unwrap();
+        let source = "[pipeline]\nname = \"items\"\n[stages.copy]\n\
+            foreach = { items = \"items.jsonl\", key = \"id\" }\n\
+            item_inputs = [\"{item.src}\"]\nrun = \"cat {item.src}\"\n\
+            outputs = { results = \"state/results.jsonl\" }\n";
+        let path = root.join("cairn.toml");
+        std::fs::write(&path, source).unwrap();
+        let manifest = crate::manifest::load_str(&path, source.to_owned(), None).unwrap();
+        let dag = Dag::build(&manifest).unwrap();
+        let mut ctx = Context::new(&manifest, &dag, None).unwrap();
+        let seen = FileStat::from(&std::fs::metadata(&input).unwrap());
+        // (Seen long after it was written: not racy.)
+        let seen_ns = seen.mtime_ns.max(seen.ctime_ns) + 60_000_000_000;
+        let before = Digest::of(b"before");
+        ctx.stat =
+            StatCache::from_entries([(input.clone(), StatEntry::of(&seen, before, seen_ns))]);
+        std::fs::write(&input, "after, longer").unwrap();
+        let mut stated = Stated::default();
+        let found = Found {
+            stat: seen,
+            seen_ns,
+            link: false,
+        };
+        stated.insert(input.clone(), found);
+        ctx.stat.use_stated(stated);
+        let read = |ctx: &mut Context<'_>| {
+            ctx.key_of(0).unwrap();
+            ctx.item_plans[&0][0].inputs.clone()
+        };
+        assert_eq!(read(&mut ctx), vec![("in/a.txt".to_owned(), before)]);
+        let after = Digest::of(b"after, longer");
+        assert_eq!(read(&mut ctx), vec![("in/a.txt".to_owned(), after)]);
     }
 }

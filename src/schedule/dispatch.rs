@@ -222,8 +222,9 @@ struct Dispatcher<'a, 'm> {
     used: HashMap<usize, (Digest, Vec<OutputRecord>)>,
     /// Some stage used a result other than its newest one (or made one).
     lock_changed: bool,
-    /// The lock file's text as this run wrote it.
-    lock_written: Option<String>,
+    /// The lock file's text as this run leaves it: written, or under
+    /// `--locked` the text it would write.
+    lock_text: Option<String>,
     stop: bool,
     summary: RunSummary,
     /// The connection item attempts are written through, on the blocking
@@ -419,7 +420,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             holds,
             used: HashMap::new(),
             lock_changed,
-            lock_written: None,
+            lock_text: None,
             stop: false,
             summary: RunSummary {
                 run_id,
@@ -482,11 +483,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             if running.is_empty() {
                 // Nothing ends meanwhile to share the writer's commit.
                 self.hurry_writer();
-            } else if self.waiting == 0 && self.end_draft.is_none() && !self.stop {
-                // Nothing is left to start: the end is made while the last
-                // commands run.
-                self.draft_end();
             }
+            // Nothing is left to start: the end is drafted while the last
+            // commands run, once they have started.
+            let draft_due =
+                !running.is_empty() && self.waiting == 0 && self.end_draft.is_none() && !self.stop;
             // In this order: releasing downstream stages first keeps the
             // critical path moving; recording results can wait a moment.
             tokio::select! {
@@ -584,6 +585,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 // next ready stage is weighed (this loop and the tasks
                 // share one thread).
                 () = tokio::task::yield_now(), if more_ready => {}
+                () = tokio::task::yield_now(), if draft_due => self.draft_end(),
             }
         }
     }
@@ -1055,9 +1057,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
-    /// Puts stage `i` in `slot`, counting the stages still waiting.
+    /// Puts stage `i` in `slot`, counting the selected stages still
+    /// waiting.
     fn set_slot(&mut self, i: usize, slot: Slot) {
-        match (self.slots[i] == Slot::Waiting, slot == Slot::Waiting) {
+        let selected = self.options.selected[i];
+        match (
+            selected && self.slots[i] == Slot::Waiting,
+            selected && slot == Slot::Waiting,
+        ) {
             (true, false) => self.waiting -= 1,
             (false, true) => self.waiting += 1,
             _ => {}

@@ -306,10 +306,10 @@ struct Share {
 
 /// `stat`s each of `watched` (from index `first` of the proof's) in turn
 /// (see [`Proof::check`]). Once a difference is found (here, or in another
-/// share: `differs`) the proof fails, and only the directories the paths
-/// lie in are looked at: the files found unchanged until then are handed
-/// on (the others, and many of a per-item stage's, the run looks at as it
-/// needs them).
+/// share: `differs`) the proof fails: the files are still looked at, for
+/// each found unchanged to be handed on (the run looks at every one), and
+/// the directories the paths lie in, but no other directory or stored
+/// object.
 fn check_share(watched: &[Watched], first: usize, differs: &AtomicBool) -> Share {
     let mut share = Share {
         stated: Vec::with_capacity(watched.len()),
@@ -857,10 +857,9 @@ impl<'r> Watching<'r> {
         let mut watched = self.watched;
         watched.extend(self.places.into_values());
         sort_watched(&mut watched);
-        let place = |w: &Watched| matches!(w, Watched::Place { .. });
         if let Some(pair) = watched.windows(2).find(|pair| {
             pair[0].path().as_os_str() == pair[1].path().as_os_str()
-                && !place(&pair[1])
+                && !is_place(&pair[1])
                 && !pair[0].same_state(&pair[1])
         }) {
             return Err(format!(
@@ -890,6 +889,8 @@ pub struct ProofDraft<'m> {
     /// The item plans are kept anew unless every stage that can have one
     /// was planned from the one kept.
     keep_plans: bool,
+    /// How many of the entries watched were drafted (see [`Self::sort`]).
+    drafted: usize,
 }
 
 impl<'m> ProofDraft<'m> {
@@ -924,6 +925,7 @@ impl<'m> ProofDraft<'m> {
             place_in_order,
             plans: Vec::new(),
             keep_plans,
+            drafted: 0,
         }
     }
 
@@ -1008,11 +1010,35 @@ impl<'m> ProofDraft<'m> {
         Ok(())
     }
 
-    /// Puts what the stages added so far watch in order: the stages added
-    /// after it are sorted in among them at the end for little more than
-    /// their own number.
+    /// Puts what the stages added so far watch in order, as a draft: the
+    /// stages added after it are sorted in among them at the end for
+    /// little more than their own number.
     pub fn sort(&mut self) {
         self.watching.sort();
+        self.drafted = self.watching.watched.len();
+    }
+
+    /// Takes, for each file the draft watches, the moment the stat cache
+    /// knows it as it was by now: the run's end saves the cache, and a
+    /// saved entry is seen as of then (see `StatCache::take_updates`), so
+    /// a file written moments before the draft is not racy in the proof.
+    fn seen_as_saved(&mut self, ctx: &Context<'_>) {
+        let unseen = |entry: StatEntry| StatEntry {
+            seen_ns: 0,
+            ..entry
+        };
+        let drafted = &mut self.watching.watched[..self.drafted];
+        for watched in drafted {
+            let Watched::File(path, entry) = watched else {
+                continue;
+            };
+            let Some(now) = ctx.stat.entry(path) else {
+                continue;
+            };
+            if unseen(now) == unseen(*entry) {
+                entry.seen_ns = entry.seen_ns.max(now.seen_ns);
+            }
+        }
     }
 
     /// The proof, once every stage is added and the lock file written as
@@ -1034,6 +1060,7 @@ impl<'m> ProofDraft<'m> {
             return Err("the lock file is not what this run would write".to_owned());
         }
         let entry = StatEntry::new(&after, Digest::of(&text), seen_ns);
+        self.seen_as_saved(ctx);
         self.watching.watched.push(Watched::File(lock_path, entry));
         // (In the order the stages were decided, however they were added.)
         self.stages.sort_unstable_by_key(|(place, ..)| *place);
@@ -1057,13 +1084,17 @@ impl<'m> ProofDraft<'m> {
 /// the directory itself. (A stable sort: a part sorted before costs little
 /// more to sort again with more added.)
 fn sort_watched(watched: &mut [Watched]) {
-    let place = |w: &Watched| matches!(w, Watched::Place { .. });
     watched.sort_by(|a, b| {
         a.path()
             .as_os_str()
             .cmp(b.path().as_os_str())
-            .then_with(|| place(a).cmp(&place(b)))
+            .then_with(|| is_place(a).cmp(&is_place(b)))
     });
+}
+
+/// Whether `watched` is the place of a directory paths lie in.
+fn is_place(watched: &Watched) -> bool {
+    matches!(watched, Watched::Place { .. })
 }
 
 /// The stored objects `output` needs, with their sizes (as the freshness
@@ -1253,6 +1284,60 @@ impl<'b> Decoder<'b> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stage drafted into a proof while the last commands run watches
+    /// its files as the stat cache has them once the run's end saves it:
+    /// an output written moments before the draft is not left racy.
+    #[test]
+    fn a_drafted_stage_watches_its_files_as_the_end_saved_them() {
+        use crate::fingerprint::StatCache;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let source = "[pipeline]\nname = \"draft\"\n[stages.a]\nrun = \"true\"\n\
+            inputs = [\"in.txt\"]\noutputs = [\"out.txt\"]\n";
+        let path = root.join("cairn.toml");
+        std::fs::write(&path, source).unwrap();
+        let (input, output) = (root.join("in.txt"), root.join("out.txt"));
+        std::fs::write(&input, "in").unwrap();
+        std::fs::write(&output, "out").unwrap();
+        let manifest = crate::manifest::load_str(&path, source.to_owned(), None).unwrap();
+        let dag = crate::graph::Dag::build(&manifest).unwrap();
+        let mut ctx = Context::new(&manifest, &dag, None).unwrap();
+        // Both hashed the moment they were written: racy.
+        let entry = |path: &Path, bytes: &[u8]| {
+            let stat = FileStat::from(&std::fs::metadata(path).unwrap());
+            StatEntry::of(&stat, Digest::of(bytes), stat.mtime_ns.max(stat.ctime_ns))
+        };
+        ctx.stat = StatCache::from_entries([]);
+        ctx.stat.learn(input.clone(), entry(&input, b"in"));
+        ctx.stat.learn(output.clone(), entry(&output, b"out"));
+        ctx.input_digests.insert(0, vec![Digest::of(b"in")]);
+        let record = OutputRecord {
+            name: "out.txt".into(),
+            path: "out.txt".into(),
+            kind: OutputKind::File,
+            digest: Digest::of(b"out"),
+            size: 3,
+            executable: false,
+            inline: true,
+        };
+        let used = HashMap::from([(0, (Digest::of(b"key"), vec![record]))]);
+        let mut draft = ProofDraft::new(&ctx, dag.order());
+        draft.add_used(&ctx, [0].into_iter(), &used).unwrap();
+        draft.sort();
+        // The end saves the cache a minute on.
+        let saved_ns = now_ns() + 60_000_000_000;
+        ctx.stat.take_updates(saved_ns);
+        std::fs::write(manifest.lock_path(), "the lock").unwrap();
+        let (proof, _) = draft.finish(&ctx, "the lock").unwrap();
+        for file in [&input, &output] {
+            let seen = proof.watched.iter().find_map(|watched| match watched {
+                Watched::File(path, entry) if path == file => Some(entry.seen_ns),
+                _ => None,
+            });
+            assert_eq!(seen, Some(saved_ns), "{}", file.display());
+        }
+    }
 
     #[test]
     fn the_root_hint_reads_root_in_the_pipeline_table_only() {

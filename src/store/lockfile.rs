@@ -292,7 +292,7 @@ impl LockFile {
         Self::write_text(path, self.render())
     }
 
-    /// Writes `text`, this lock file rendered, as [`Self::write`] does.
+    /// Writes `text`, a lock file as rendered, as [`Self::write`] does.
     pub fn write_text(path: &Path, text: String) -> Result<String, StoreError> {
         if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
             return Ok(text);

@@ -19,8 +19,9 @@ pub(super) struct EndDraft<'m> {
     /// rendered.
     lock: Option<LockFile>,
     rendered: RenderedStages,
-    /// Their part of the proof, unless this run keeps none (why not, then).
-    proof: Result<ProofDraft<'m>, String>,
+    /// Their part of the proof, if this run may keep one and it could be
+    /// drafted.
+    proof: Option<ProofDraft<'m>>,
 }
 
 impl Dispatcher<'_, '_> {
@@ -63,7 +64,7 @@ impl Dispatcher<'_, '_> {
         if !clean || !self.may_keep_proof() {
             return;
         }
-        let lock = match self.lock_written.take() {
+        let lock = match self.lock_text.take() {
             Some(text) => text,
             None => self.lock_to_leave().1,
         };
@@ -123,18 +124,24 @@ impl Dispatcher<'_, '_> {
         let mut lock = LockFile::new(&ctx.manifest.name);
         record::enter_in_lock(&mut lock, ctx, &self.used, |i| drafted[i]);
         let rendered = RenderedStages::of(&lock);
-        let proof = match self.may_keep_proof() {
-            true => {
+        let proof = self
+            .may_keep_proof()
+            .then(|| {
                 let order = ctx.dag.order();
                 let mut proof = ProofDraft::new(ctx, order);
                 let known = order.iter().copied().filter(|&i| drafted[i]);
-                proof.add_used(ctx, known, &self.used).map(|()| {
-                    proof.sort();
-                    proof
-                })
-            }
-            false => Err("this run keeps none".to_owned()),
-        };
+                match proof.add_used(ctx, known, &self.used) {
+                    Ok(()) => {
+                        proof.sort();
+                        Some(proof)
+                    }
+                    Err(why) => {
+                        tracing::debug!("no proof drafted: {why}");
+                        None
+                    }
+                }
+            })
+            .flatten();
         self.end_draft = Some(EndDraft {
             drafted,
             lock: Some(lock),
@@ -173,23 +180,21 @@ impl Dispatcher<'_, '_> {
     fn proof(&mut self, lock: &str) -> Option<(fresh_proof::Proof, Option<Vec<KeptPlan>>)> {
         let ctx = &*self.ctx;
         let order = ctx.dag.order();
-        let made = match self.end_draft.take() {
-            None => return fresh_proof::Proof::make(ctx, &self.used, order, lock),
-            Some(EndDraft {
-                proof: Err(why), ..
-            }) => Err(why),
-            Some(EndDraft {
-                proof: Ok(mut proof),
-                drafted,
-                ..
-            }) => {
-                let rest = order.iter().copied().filter(|&i| !drafted[i]);
-                proof
-                    .add_used(ctx, rest, &self.used)
-                    .and_then(|()| proof.finish(ctx, lock))
-            }
+        // (Without a draft, or with one that failed, perhaps for what held
+        // no more by the end, the proof is made whole.)
+        let Some(EndDraft {
+            proof: Some(mut proof),
+            drafted,
+            ..
+        }) = self.end_draft.take()
+        else {
+            return fresh_proof::Proof::make(ctx, &self.used, order, lock);
         };
-        made.map_err(|why| tracing::debug!("no fresh proof: {why}"))
+        let rest = order.iter().copied().filter(|&i| !drafted[i]);
+        proof
+            .add_used(ctx, rest, &self.used)
+            .and_then(|()| proof.finish(ctx, lock))
+            .map_err(|why| tracing::debug!("no fresh proof: {why}"))
             .ok()
     }
 
@@ -328,9 +333,10 @@ impl Dispatcher<'_, '_> {
                     .filter(|(name, entry)| committed.and_then(|c| c.get(*name)) != Some(*entry))
                     .map(|(name, _)| name.clone())
                     .collect();
+                self.lock_text = Some(text);
             } else {
                 let path = self.ctx.manifest.lock_path();
-                self.lock_written = Some(LockFile::write_text(&path, text)?);
+                self.lock_text = Some(LockFile::write_text(&path, text)?);
             }
         }
         Ok(())
