@@ -739,7 +739,7 @@ impl<'m> Context<'m> {
                 tag: None,
             })
             .collect();
-        let read = match self.read_item_inputs(&stage.name, listed) {
+        let read = match self.read_item_inputs(i, listed) {
             Ok(read) => read,
             Err(error) => return Some(Err(error)),
         };
@@ -852,7 +852,7 @@ impl<'m> Context<'m> {
             let tag = image.map(|(template, _)| fill(template)).transpose()?;
             block.push(ListedItem { item, paths, tag });
             if block.len() == BLOCK {
-                let read = self.read_item_inputs(&stage.name, std::mem::take(&mut block));
+                let read = self.read_item_inputs(i, std::mem::take(&mut block));
                 match read {
                     Ok(read) => read
                         .into_iter()
@@ -869,7 +869,7 @@ impl<'m> Context<'m> {
             return Err(error);
         }
         listed.map_err(bad)?;
-        for read in self.read_item_inputs(&stage.name, block)? {
+        for read in self.read_item_inputs(i, block)? {
             place(read.item, read.inputs, read.tag);
         }
         let after = std::fs::metadata(&list).ok();
@@ -1048,9 +1048,14 @@ impl<'m> Context<'m> {
     /// or else `stat`ed first, side by side.
     fn read_item_inputs(
         &mut self,
-        stage: &str,
+        i: usize,
         listed: Vec<ListedItem>,
     ) -> Result<Vec<ItemRead>, ScheduleError> {
+        let manifest = self.manifest;
+        let stage = manifest.stages[i].name.as_str();
+        // (A stage with none upstream reads nothing a stage writes before
+        // it is planned.)
+        let after_writers = !self.dag.upstream(i).is_empty();
         enum Read {
             Upstream(Digest),
             /// `stat`ed earlier in this run (by a fresh proof's check):
@@ -1067,17 +1072,17 @@ impl<'m> Context<'m> {
                 None => {
                     let abs = self.manifest.root.join(path);
                     // The `stat` the failed proof took stands for one of a
-                    // path no stage writes, as the key's inputs take it:
-                    // here only of a plain path below the root (an item's
-                    // path is as the item spells it) that no output is or
-                    // holds.
+                    // path no stage writes before it is read, as the key's
+                    // inputs take it: here only of a plain path below the
+                    // root (an item's path is as the item spells it) that
+                    // no output is or holds, where a stage may have run
+                    // before.
                     let plain = path.split('/').all(|part| !matches!(part, "" | "." | ".."));
-                    let stated = match plain
-                        && self
-                            .outputs
-                            .producer_of(&ProjectPath::new(path.clone()))
-                            .is_none()
-                    {
+                    let written = || {
+                        let path = ProjectPath::new(path.clone());
+                        self.outputs.producer_of(&path).is_some()
+                    };
+                    let stated = match plain && !(after_writers && written()) {
                         true => self.stat.take_stated(&abs),
                         false => None,
                     };
@@ -1309,5 +1314,67 @@ mod tests {
         assert_eq!(read(&mut ctx), vec![("in/a.txt".to_owned(), before)]);
         let after = Digest::of(b"after, longer");
         assert_eq!(read(&mut ctx), vec![("in/a.txt".to_owned(), after)]);
+    }
+
+    /// One a stage that may have run before writes (`chunk`, which makes
+    /// the item list too), or that the item spells otherwise than plainly,
+    /// is looked at anew.
+    #[test]
+    fn an_item_input_a_stage_writes_is_looked_at_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(root.join("chunks")).unwrap();
+        let items = "{\"id\": \"a\", \"src\": \"chunks/a.txt\"}\n\
+            {\"id\": \"b\", \"src\": \"./in.txt\"}\n";
+        std::fs::write(root.join("items.jsonl"), items).unwrap();
+        let (chunk, input) = (root.join("chunks/a.txt"), root.join("in.txt"));
+        std::fs::write(&chunk, "before").unwrap();
+        std::fs::write(&input, "before").unwrap();
+        let source = "[pipeline]\nname = \"items\"\n\
+            [stages.chunk]\nrun = \"true\"\noutputs = [\"chunks\", \"items.jsonl\"]\n\
+            [stages.copy]\nforeach = { items = \"items.jsonl\", key = \"id\" }\n\
+            item_inputs = [\"{item.src}\"]\n\
+            run = \"cat {item.src}\"\noutputs = { results = \"state/results.jsonl\" }\n";
+        let path = root.join("cairn.toml");
+        std::fs::write(&path, source).unwrap();
+        let manifest = crate::manifest::load_str(&path, source.to_owned(), None).unwrap();
+        let dag = Dag::build(&manifest).unwrap();
+        let mut ctx = Context::new(&manifest, &dag, None).unwrap();
+        let before = Digest::of(b"before");
+        let mut stated = Stated::default();
+        let mut entries = Vec::new();
+        for file in [&chunk, &input] {
+            let seen = FileStat::from(&std::fs::metadata(file).unwrap());
+            let seen_ns = seen.mtime_ns.max(seen.ctime_ns) + 60_000_000_000;
+            entries.push((file.clone(), StatEntry::of(&seen, before, seen_ns)));
+            let found = Found {
+                stat: seen,
+                seen_ns,
+                link: false,
+            };
+            stated.insert(file.clone(), found);
+        }
+        ctx.stat = StatCache::from_entries(entries);
+        ctx.stat.use_stated(stated);
+        std::fs::write(&chunk, "after, longer").unwrap();
+        std::fs::write(&input, "after, longer").unwrap();
+        let copy = manifest
+            .stages
+            .iter()
+            .position(|s| s.name == "copy")
+            .unwrap();
+        ctx.key_of(copy).unwrap();
+        let after = Digest::of(b"after, longer");
+        let inputs: Vec<_> = ctx.item_plans[&copy]
+            .iter()
+            .map(|planned| planned.inputs.clone())
+            .collect();
+        assert_eq!(
+            inputs,
+            [
+                vec![("chunks/a.txt".to_owned(), after)],
+                vec![("./in.txt".to_owned(), after)]
+            ]
+        );
     }
 }
