@@ -843,11 +843,6 @@ impl<'r> Watching<'r> {
         Ok(())
     }
 
-    /// Sorts what is watched so far (see [`sort_watched`]).
-    fn sort(&mut self) {
-        sort_watched(&mut self.watched);
-    }
-
     /// Everything watched, sorted by path bytes (the same run makes the
     /// same proof), each path once: a directory watched for its listing
     /// keeps that check (a place checks only that it is the same
@@ -1014,7 +1009,7 @@ impl<'m> ProofDraft<'m> {
     /// stages added after it are sorted in among them at the end for
     /// little more than their own number.
     pub fn sort(&mut self) {
-        self.watching.sort();
+        sort_watched(&mut self.watching.watched);
         self.drafted = self.watching.watched.len();
     }
 

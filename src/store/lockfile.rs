@@ -286,13 +286,8 @@ impl LockFile {
         Some(lock)
     }
 
-    /// Writes the lock file if its content changed (temp file + rename);
-    /// returns its text.
-    pub fn write(&self, path: &Path) -> Result<String, StoreError> {
-        Self::write_text(path, self.render())
-    }
-
-    /// Writes `text`, a lock file as rendered, as [`Self::write`] does.
+    /// Writes `text`, a lock file as rendered, if it is not what the file
+    /// holds (temp file + rename); returns it.
     pub fn write_text(path: &Path, text: String) -> Result<String, StoreError> {
         if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
             return Ok(text);
@@ -308,7 +303,7 @@ impl LockFile {
 /// name order: the lock file with more stages is rendered by putting
 /// theirs in their places ([`Self::render_with`]). A run renders those of
 /// the stages it has done while its last commands run.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RenderedStages {
     text: String,
     /// Each stage's name and where its lines end in `text`, in name order.
