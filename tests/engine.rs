@@ -574,6 +574,20 @@ fn gc_drops_only_unreferenced_objects() {
     assert_eq!(p.read("state/other.txt"), "b2\n");
 }
 
+/// A run killed while it cleared a stale output directory out of the way
+/// leaves it in the store's temporary area: `gc` removes it.
+#[test]
+fn gc_removes_a_directory_left_in_the_temporary_area() {
+    let p = diamond();
+    p.cairn(&["run"]).success();
+    p.file("cache/tmp/999-0/deep/part.txt", "stale\n");
+    p.file("cache/tmp/999-1", "stale\n");
+    let gc = p.cairn(&["gc"]);
+    gc.success();
+    assert!(!p.exists("cache/tmp/999-0"), "{}", gc.stderr());
+    assert!(!p.exists("cache/tmp/999-1"));
+}
+
 #[test]
 fn dag_renders_dot_and_mermaid() {
     let p = diamond();

@@ -180,7 +180,7 @@ pub async fn run(
             _ = tokio::signal::ctrl_c() => usize::MAX,
         };
     }
-    match driven {
+    let ended = match driven {
         Ok(()) => dispatcher.end(),
         Err(error) => {
             // What the ledger writer was sent is written before the run is
@@ -193,7 +193,11 @@ pub async fn run(
             dispatcher.close_as_failed();
             Err(error)
         }
-    }
+    };
+    // The stale outputs cleared out of the way meanwhile are gone before
+    // the run returns.
+    crate::store::wait_cleared();
+    ended
 }
 
 struct Dispatcher<'a, 'm> {

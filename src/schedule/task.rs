@@ -31,9 +31,7 @@ use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environme
 use crate::fingerprint::{Digest, StatCache, StatEntry};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Retry, Stage};
 use crate::store::remote::{Producer, RemoteCache};
-use crate::store::{
-    ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms, remove_path,
-};
+use crate::store::{ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms};
 use attempt::ItemRunner;
 use classify::classify;
 use item_window::cancel_orphans;
@@ -574,10 +572,12 @@ impl StageTask {
     /// [`Self::clear_outputs`] for the outputs whose name passes `wanted`.
     fn clear_outputs_where(&self, wanted: impl Fn(&str) -> bool) -> Result<(), ScheduleError> {
         for (_, _, abs) in self.outputs.iter().filter(|(name, _, _)| wanted(name)) {
-            remove_path(abs).map_err(|source| ScheduleError::Io {
-                path: abs.clone(),
-                source,
-            })?;
+            self.store
+                .clear_away(abs)
+                .map_err(|source| ScheduleError::Io {
+                    path: abs.clone(),
+                    source,
+                })?;
             // (Looked at first: `create_dir_all` tries `mkdir` first, and
             // the directory is nearly always there.)
             if let Some(parent) = abs.parent()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use super::StoreError;
 use super::ledger::Ledger;
 use super::live::live_outputs;
-use super::objects::{ObjectStore, OutputKind};
+use super::objects::{ObjectStore, OutputKind, remove_path};
 use crate::fingerprint::Digest;
 use crate::manifest::Manifest;
 
@@ -85,7 +85,9 @@ pub fn collect_garbage(
     let (inline_objects, inline_bytes) = ledger.drop_inline_objects(&live_inline, dry_run)?;
     if !dry_run {
         for (path, _) in &dead {
-            std::fs::remove_file(path).map_err(|e| StoreError::io(path, e))?;
+            // (A directory only in the temporary area: a stale output
+            // cleared out of the way by a run killed before it removed it.)
+            remove_path(path).map_err(|e| StoreError::io(path, e))?;
         }
     }
     Ok(Collected {
@@ -109,6 +111,13 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     }
 }
 
+/// The bytes of a file, or of every file under a directory.
 fn size(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.len())
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => std::fs::read_dir(path)
+            .map(|entries| entries.flatten().map(|entry| size(&entry.path())).sum())
+            .unwrap_or(0),
+        Ok(meta) => meta.len(),
+        Err(_) => 0,
+    }
 }

@@ -176,6 +176,15 @@ impl ObjectStore {
         fs::rename(temp, dest).map_err(|e| StoreError::io(dest, e))
     }
 
+    /// Makes a stale output `path` no longer there, without waiting for
+    /// its bytes to be freed (see [`super::clearing`]).
+    pub fn clear_away(&self, path: &Path) -> io::Result<()> {
+        let tmp = self.tmp_dir();
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let aside = tmp.join(format!("{}-{n}", std::process::id()));
+        super::clearing::clear_away(path, &tmp, aside)
+    }
+
     /// A path in the store's temporary area no one else uses (its
     /// directory made), for bytes arriving from elsewhere.
     pub fn fresh_temp_path(&self) -> PathBuf {
