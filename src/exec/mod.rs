@@ -62,6 +62,10 @@ pub fn kill_marked_processes(token: &str) -> usize {
         return 0;
     };
     let mut killed = 0;
+    // One buffer, large enough for most environments: `std::fs::read`
+    // would start from a few bytes (a `/proc` file has no size) and read
+    // a typical environment in eight calls.
+    let mut environ = Vec::with_capacity(16 * 1024);
     for entry in entries.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -73,9 +77,12 @@ pub fn kill_marked_processes(token: &str) -> usize {
         if pid <= 1 || pid == std::process::id() as i32 {
             continue;
         }
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+        environ.clear();
+        let read = std::fs::File::open(entry.path().join("environ"))
+            .and_then(|mut file| std::io::Read::read_to_end(&mut file, &mut environ));
+        if read.is_err() {
             continue;
-        };
+        }
         if environ
             .split(|b| *b == 0)
             .any(|var| var == needle.as_bytes())
@@ -401,4 +408,57 @@ fn redact_log_now(log: &std::path::Path, secrets: &[(String, String)]) -> std::i
         std::fs::rename(&temp, log)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// Waits until process `pid` runs with `needle` in its environment
+    /// (after its `exec`; before, it has its parent's).
+    fn wait_for_environment(pid: u32, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            if environ
+                .split(|b| *b == 0)
+                .any(|var| var == needle.as_bytes())
+            {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        panic!("process {pid} never ran with `{needle}`");
+    }
+
+    #[test]
+    fn only_the_processes_carrying_the_runs_mark_are_killed_however_large_their_environment() {
+        let token = format!("mark-test-{}", std::process::id());
+        // Larger than the buffer the environments are read into.
+        let large = "x".repeat(40_000);
+        let spawn = |mark: &str| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .env(RUN_MARKER, mark)
+                .env("LARGE", &large)
+                .spawn()
+                .unwrap()
+        };
+        let mut marked = spawn(&token);
+        let mut other = spawn("another-run");
+        wait_for_environment(marked.id(), &format!("{RUN_MARKER}={token}"));
+        wait_for_environment(other.id(), &format!("{RUN_MARKER}=another-run"));
+
+        assert_eq!(kill_marked_processes(&token), 1);
+        assert_eq!(marked.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "the other run's process was killed"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+    }
 }
