@@ -150,16 +150,16 @@ pub async fn run(
     let driven = dispatcher.drive(&mut answered).await;
     dispatcher.services.stop_all().await;
     // Whatever a command or a service started that left its process group
-    // (a daemon) and still carries this run's marker. A run that started
-    // no task (a no-op) has none, and is spared reading all of `/proc`.
-    let leaked = if dispatcher.launched {
-        kill_marked_processes(&dispatcher.token)
-    } else {
-        0
-    };
-    if leaked > 0 {
-        tracing::warn!("killed {leaked} process(es) this run left behind");
-    }
+    // (a daemon) and still carries this run's marker, looked for in all of
+    // `/proc` while the run's end is made (half a millisecond). A run that
+    // started no task (a no-op) has none, and is spared the search.
+    let leaked = dispatcher.launched.then(|| {
+        let token = dispatcher.token.clone();
+        std::thread::Builder::new()
+            .name("cairn-leftovers".to_owned())
+            .spawn(move || kill_marked_processes(&token))
+            .map_err(|_| kill_marked_processes(&dispatcher.token))
+    });
     // A run that ended early (an error) dropped its tasks: their remote
     // jobs are being cancelled on this runtime; let that finish.
     if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {
@@ -197,6 +197,14 @@ pub async fn run(
     // The stale outputs cleared out of the way meanwhile are gone before
     // the run returns.
     crate::store::wait_cleared();
+    let leaked = match leaked {
+        Some(Ok(search)) => search.join().unwrap_or(0),
+        Some(Err(killed)) => killed,
+        None => 0,
+    };
+    if leaked > 0 {
+        tracing::warn!("killed {leaked} process(es) this run left behind");
+    }
     ended
 }
 
