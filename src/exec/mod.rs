@@ -429,7 +429,7 @@ mod tests {
             {
                 return;
             }
-            std::thread::yield_now();
+            std::thread::sleep(Duration::from_millis(1));
         }
         panic!("process {pid} never ran with `{needle}`");
     }
