@@ -181,6 +181,10 @@ fn serve(
             // Each alone: the answer says which write could not be made.
             Err(_) => group.iter().map(|write| ledger.write_one(write)).collect(),
         };
+        // Known before the answers go: a run that has its last answer
+        // then finds the copy under way, and waits for it.
+        let copy = log.frames.load(Ordering::Relaxed) >= CHECKPOINT_FRAMES;
+        log.copying.store(copy, Ordering::Release);
         for (write, outcome) in group.into_iter().zip(outcomes) {
             let written = match write {
                 Record::Result { stage, row } => Recorded::Result {
@@ -193,8 +197,7 @@ fn serve(
             // (The run gone, nothing waits for the answer.)
             let _ = answers.send(written);
         }
-        if log.frames.load(Ordering::Relaxed) >= CHECKPOINT_FRAMES {
-            log.copying.store(true, Ordering::Release);
+        if copy {
             // Whatever a reader still needs stays in the log for a later
             // copy; a copy that fails is only a longer log.
             if let Err(error) = ledger
