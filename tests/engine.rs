@@ -588,6 +588,52 @@ fn gc_removes_a_directory_left_in_the_temporary_area() {
     assert!(!p.exists("cache/tmp/999-1"));
 }
 
+/// A file made immutable (`chattr +i`) for as long as it lives: not even
+/// root can remove it.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn set(path: &std::path::Path) -> Self {
+        let set = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(set.success(), "chattr +i {} failed", path.display());
+        Self(path.to_owned())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// What `gc` cannot remove from the temporary area (a file another user
+/// owns in a directory a stale output held, say; here an immutable one)
+/// is reported and passed over: the rest is collected, and `gc` does not
+/// fail on it every time after.
+#[test]
+fn gc_passes_over_what_it_cannot_remove_from_the_temporary_area() {
+    let p = diamond();
+    p.cairn(&["run"]).success();
+    p.file("cache/tmp/cleared-999-0/stuck.txt", "stale\n");
+    p.file("cache/tmp/999-1", "stale\n");
+    let _stuck = Immutable::set(&p.path("cache/tmp/cleared-999-0/stuck.txt"));
+    let gc = p.cairn(&["gc"]);
+    gc.success();
+    assert!(!p.exists("cache/tmp/999-1"));
+    assert!(
+        gc.stderr().contains("could not remove") && gc.stderr().contains("cleared-999-0"),
+        "{}",
+        gc.stderr()
+    );
+}
+
 #[test]
 fn dag_renders_dot_and_mermaid() {
     let p = diamond();

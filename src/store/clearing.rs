@@ -6,6 +6,9 @@
 //! about 0.1 ms here against 0.015 ms for the rename, and a large
 //! directory takes seconds. A run waits for the removals before it returns
 //! ([`wait_cleared`]); what a killed run leaves there, `cairn gc` removes.
+//! A removal that fails is a warning, and what it left stays there until
+//! `cairn gc` (which reports what it cannot remove either): the output is
+//! gone from its path all the same.
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -17,7 +17,8 @@ use crate::manifest::Manifest;
 /// What a collection removed (or, dry, would remove).
 #[derive(Debug, Default)]
 pub struct Collected {
-    /// Files in `objects/`, `trees/` and `tmp/`, with their sizes.
+    /// Files in `objects/`, `trees/` and `tmp/` (there, directories too),
+    /// with their sizes.
     pub files: Vec<(PathBuf, u64)>,
     pub inline_objects: usize,
     /// Bytes of the files and the inline objects.
@@ -84,11 +85,23 @@ pub fn collect_garbage(
 
     let (inline_objects, inline_bytes) = ledger.drop_inline_objects(&live_inline, dry_run)?;
     if !dry_run {
-        for (path, _) in &dead {
+        let tmp = store.tmp_dir();
+        let mut removed = Vec::with_capacity(dead.len());
+        for (path, size) in dead {
             // (A directory only in the temporary area: a stale output
             // cleared out of the way by a run killed before it removed it.)
-            remove_path(path).map_err(|e| StoreError::io(path, e))?;
+            match remove_path(&path) {
+                Ok(()) => removed.push((path, size)),
+                // What cannot be removed there (a file another user owns in
+                // a directory a stale output held, say) is left, and
+                // reported: the rest is still collected, now and next time.
+                Err(e) if path.starts_with(&tmp) => {
+                    tracing::warn!("could not remove `{}`: {e}", path.display());
+                }
+                Err(e) => return Err(StoreError::io(&path, e)),
+            }
         }
+        dead = removed;
     }
     Ok(Collected {
         bytes: dead.iter().map(|(_, s)| s).sum::<u64>() + inline_bytes,

@@ -181,7 +181,9 @@ impl ObjectStore {
     pub fn clear_away(&self, path: &Path) -> io::Result<()> {
         let tmp = self.tmp_dir();
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let aside = tmp.join(format!("{}-{n}", std::process::id()));
+        // (Named apart from the store's own temporary files: one a killed
+        // run left here is never in their way.)
+        let aside = tmp.join(format!("cleared-{}-{n}", std::process::id()));
         super::clearing::clear_away(path, &tmp, aside)
     }
 
