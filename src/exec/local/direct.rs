@@ -202,8 +202,9 @@ fn redirect(fd: Option<usize>, chars: &mut Chars<'_>) -> Option<(usize, Target)>
             '2' => 2,
             _ => return None,
         };
-        // The copy's end: `2>&1 x` and `2>&1>x`, not `2>&12`.
-        if fd == 0 || !matches!(chars.peek(), None | Some(' ' | '\t' | '<' | '>')) {
+        // The copy's end: `2>&1 x`, not `2>&12`, nor `2>&1>x` (where the
+        // `1` would be the next redirection's descriptor).
+        if fd == 0 || !matches!(chars.peek(), None | Some(' ' | '\t')) {
             return None;
         }
         return Some((fd, Target::Copy(from)));
@@ -333,6 +334,8 @@ mod tests {
             "cat >&x",
             "cat 0>&1",
             "cat 2>&12",
+            "cat >&2>&2",
+            "cat 2>&1>out",
             "cat >",
             "no-such-program-anywhere x",
         ] {
