@@ -242,7 +242,9 @@ struct Dispatcher<'a, 'm> {
     /// The connection item attempts are written through, on the blocking
     /// pool: hundreds of items ending keep the event loop (remote waits,
     /// log streams, Ctrl-C) free while SQLite writes.
-    attempts_ledger: Arc<std::sync::Mutex<Ledger>>,
+    /// (Opened by the first items to record: a run of plain stages has
+    /// none.)
+    attempts_ledger: Option<Arc<std::sync::Mutex<Ledger>>>,
     /// The thread results and a plain stage's attempts are written on
     /// (started by the first), answering on `answers`; how many of its
     /// answers are still to come.
@@ -339,7 +341,6 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             &manifest_digest,
         )?;
         reserve::keep(&ctx.manifest.cache_dir());
-        let attempts_ledger = Arc::new(std::sync::Mutex::new(ledger.another_connection()?));
         let (answers, answered) = unbounded_channel();
         let log_dir = ctx
             .manifest
@@ -438,7 +439,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 run_id,
                 ..Default::default()
             },
-            attempts_ledger,
+            attempts_ledger: None,
             writer: None,
             answers: Some(answers),
             unanswered: 0,
@@ -1035,7 +1036,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
         }
         if !items.is_empty() {
-            let ledger = self.attempts_ledger.clone();
+            let ledger = match &self.attempts_ledger {
+                Some(ledger) => Arc::clone(ledger),
+                None => {
+                    let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+                    let ledger = Arc::new(std::sync::Mutex::new(ledger.another_connection()?));
+                    self.attempts_ledger.insert(ledger).clone()
+                }
+            };
             let items = tokio::task::spawn_blocking(move || {
                 let ledger = ledger
                     .lock()
