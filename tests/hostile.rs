@@ -109,6 +109,30 @@ outputs = ["bare", "double", "single"]
     }
 }
 
+/// Text beyond ASCII in a command, in and out of quotes, beside
+/// placeholders, is the script's own: it loads and runs as written (cairn
+/// read the script byte by byte and stopped inside a character).
+#[test]
+fn a_command_holding_text_beyond_ascii_runs_as_written() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        r#"
+[pipeline]
+name = "unicode"
+
+[params]
+name = "wörld"
+
+[stages.greet]
+run = "printf '%s %s\\n' 'héllo' {params.name} > out.txt; echo ünïcode → {params.name}… >> out.txt"
+outputs = ["out.txt"]
+"#,
+    );
+    p.cairn(&["run"]).success();
+    assert_eq!(p.read("out.txt"), "héllo wörld\nünïcode → wörld…\n");
+}
+
 #[test]
 fn a_list_param_expands_to_one_quoted_word_per_element() {
     let p = Project::new();

@@ -109,6 +109,10 @@ pub fn unclosed(text: &str) -> Vec<std::ops::Range<usize>> {
 
 /// The placeholder starting at byte `start` of `text`, if one does.
 pub(crate) fn placeholder_at(text: &str, start: usize) -> Option<Placeholder<'_>> {
+    // (After a `{`, one byte, the rest starts on a character's boundary.)
+    if text.as_bytes().get(start) != Some(&b'{') {
+        return None;
+    }
     let rest = &text[start + 1..];
     let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))?;
     if rest.as_bytes()[end] != b'}' {
