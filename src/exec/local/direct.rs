@@ -16,9 +16,20 @@
 //!   first word: that would be an assignment);
 //! - redirections of the standard descriptors to files: `<`, `>`, `>>`
 //!   (optionally after `0`, `1` or `2`), and `>&1` / `>&2` after `1` or `2`;
-//! - a first word that is not a shell builtin or keyword (`true` and
-//!   `false` without arguments excepted: the builtin and the program agree),
-//!   naming a program found on the command's `PATH`.
+//! - a first word that is not a shell builtin or keyword, naming a program
+//!   the shell would execute by the same path: a path written with a `/`,
+//!   or one found in an absolute directory of the command's `PATH` (a
+//!   script gets that path as its `$0`);
+//! - an environment the shell would pass on unchanged (it sets `PWD`,
+//!   `PPID`, `OPTIND` and `IFS` itself and drops names that are not shell
+//!   names).
+//!
+//! `setsid` is left to the shell: cairn starts a command as the leader of
+//! its own process group, which the shell is when it runs one, and
+//! `setsid` forks when it leads a group (so returns at once). A program
+//! that itself calls `setsid()` fails as a group's leader; one that
+//! signals its whole group does not kill the shell that would report it.
+//! These are the differences left.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -62,8 +73,13 @@ const SHELL_WORDS: &[&str] = &[
     "pwd", "read", "readonly", "return", "set", "shift", "test", "times", "trap", "type", "ulimit",
     "umask", "unalias", "unset", "wait", "if", "then", "else", "elif", "fi", "for", "while",
     "until", "do", "done", "case", "esac", "function", "select", "time", "!", "source", "{", "}",
-    "in",
+    "in", "true", "false", // (Not a builtin: see the module documentation.)
+    "setsid",
 ];
+
+/// Variables the shell sets whatever the environment says (besides `PWD`,
+/// which it sets from the working directory when none is declared).
+const SHELL_VARIABLES: &[&str] = &["PWD", "PPID", "OPTIND", "IFS"];
 
 /// What the shell would do with `script`, run in `cwd` with the
 /// environment `env`, if it is a simple command (see the module
@@ -74,16 +90,18 @@ pub fn parse(script: &str, env: &[(String, String)], cwd: &Path) -> Option<Direc
     if program.contains('=') || SHELL_WORDS.contains(&program.as_str()) {
         return None;
     }
-    if matches!(program.as_str(), "true" | "false") && argv.len() > 1 {
-        return None;
-    }
-    // The shell exports `PWD`; one the command declares it would check
-    // against the working directory first.
-    if env.iter().any(|(k, _)| k == "PWD") {
+    let shell_name = |name: &str| {
+        name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    if env
+        .iter()
+        .any(|(name, _)| SHELL_VARIABLES.contains(&name.as_str()) || !shell_name(name))
+    {
         return None;
     }
     let pwd = std::fs::canonicalize(cwd).ok()?.into_os_string();
-    let program = resolve_program(program, env, cwd)?;
+    let program = program_as_the_shell_finds_it(program, env, cwd)?;
     let redirects = redirects
         .into_iter()
         .map(|(fd, to)| Redirect {
@@ -230,23 +248,42 @@ fn redirect(fd: Option<usize>, chars: &mut Chars<'_>) -> Option<(usize, Target)>
     })
 }
 
-/// The file a program name runs, looked up on the command's own `PATH` as
-/// the shell looks it up (an empty entry is the working directory).
-/// Spawning an absolute path lets the standard library use `posix_spawn`
-/// (a program to look up on a changed `PATH` makes it fork instead, which
-/// costs a copy of cairn's page tables per command).
-pub fn resolve_program(program: &str, env: &[(String, String)], cwd: &Path) -> Option<PathBuf> {
+/// The path the shell would execute `program` by: as written if it holds
+/// a `/`, else its first executable file in the directories of the
+/// command's own `PATH`, as `DIR/program`. `None` if the shell would find
+/// none, or would find it through an empty or relative entry of `PATH`
+/// (a path to execute relative to the working directory, which the
+/// standard library would look up on `PATH` again).
+///
+/// Spawning a path lets the standard library use `posix_spawn` (a program
+/// to look up on a changed `PATH` makes it fork instead, which costs a
+/// copy of cairn's page tables per command).
+pub fn program_as_the_shell_finds_it(
+    program: &str,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> Option<PathBuf> {
     if program.contains('/') {
-        let path = cwd.join(program);
-        return is_executable_file(&path).then_some(path);
+        return is_executable_file(&cwd.join(program)).then(|| PathBuf::from(program));
     }
     let path = env
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str())?;
-    path.split(':')
-        .map(|dir| cwd.join(dir).join(program))
-        .find(|candidate| is_executable_file(candidate))
+    for dir in path.split(':') {
+        // (An empty entry is the working directory.)
+        let candidate = if dir.is_empty() {
+            program.to_owned()
+        } else {
+            format!("{dir}/{program}")
+        };
+        if is_executable_file(&cwd.join(&candidate)) {
+            return Path::new(dir)
+                .is_absolute()
+                .then(|| PathBuf::from(candidate));
+        }
+    }
+    None
 }
 
 fn is_executable_file(path: &Path) -> bool {
@@ -321,7 +358,9 @@ mod tests {
             "exit 3",
             "echo plain words",
             "printf x",
-            "true x",
+            "true",
+            "false > out",
+            "setsid sleep 1",
             "X=1 env",
             "> out",
             "cat >2>x",
@@ -344,9 +383,30 @@ mod tests {
     }
 
     #[test]
-    fn a_declared_pwd_keeps_the_shell() {
-        let mut env = env();
-        env.push(("PWD".to_owned(), "/".to_owned()));
-        assert_eq!(parse("cat x", &env, Path::new("/")), None);
+    fn variables_the_shell_sets_or_drops_keep_the_shell() {
+        for name in ["PWD", "PPID", "OPTIND", "IFS", "A-B", "1X", "a.b", "é"] {
+            let mut env = env();
+            env.push((name.to_owned(), "/".to_owned()));
+            assert_eq!(parse("cat x", &env, Path::new("/")), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn programs_are_executed_by_the_path_the_shell_would_use() {
+        let found = |program: &str, path: &str| {
+            let env = vec![("PATH".to_owned(), path.to_owned())];
+            program_as_the_shell_finds_it(program, &env, Path::new("/"))
+        };
+        assert_eq!(
+            found("cat", "/usr/bin/:/bin"),
+            Some(PathBuf::from("/usr/bin//cat"))
+        );
+        assert_eq!(
+            found("usr/bin/cat", "/nowhere"),
+            Some(PathBuf::from("usr/bin/cat"))
+        );
+        assert_eq!(found("cat", "/nowhere:usr/bin:/bin"), None);
+        assert_eq!(found("cat", "/nowhere"), None);
+        assert_eq!(found("cat", ":/bin"), Some(PathBuf::from("/bin/cat")));
     }
 }

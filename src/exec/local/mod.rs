@@ -282,8 +282,8 @@ fn spawn_exec(
             ),
         });
     };
-    let program =
-        direct::resolve_program(first, &job.env, &job.cwd).unwrap_or_else(|| first.clone().into());
+    let program = direct::program_as_the_shell_finds_it(first, &job.env, &job.cwd)
+        .unwrap_or_else(|| first.clone().into());
     let mut command = tokio::process::Command::new(program);
     command.arg0(first).args(args);
     configure(&mut command, job, standard(job, log)?);
@@ -302,6 +302,7 @@ fn spawn_direct(
     direct: &Direct,
     log: &std::io::PipeWriter,
 ) -> std::io::Result<tokio::process::Child> {
+    use rustix::fs::OFlags;
     /// Where a standard descriptor points.
     enum Points {
         Null,
@@ -311,17 +312,17 @@ fn spawn_direct(
     let mut fds = [Points::Null, Points::Log, Points::Log];
     for redirect in &direct.redirects {
         fds[redirect.fd] = match &redirect.to {
-            Target::Read(path) => {
-                Points::File(open_redirected(path, OpenOptions::new().read(true))?)
-            }
+            Target::Read(path) => Points::File(open_redirected(path, OFlags::RDONLY)?),
             Target::Write { path, append } => {
-                let mut options = OpenOptions::new();
-                if *append {
-                    options.append(true).create(true);
+                let how = if *append {
+                    OFlags::APPEND
                 } else {
-                    options.write(true).create(true).truncate(true);
-                }
-                Points::File(open_redirected(path, &options)?)
+                    OFlags::TRUNC
+                };
+                Points::File(open_redirected(
+                    path,
+                    OFlags::WRONLY | OFlags::CREATE | how,
+                )?)
             }
             Target::Copy(from) => match &fds[*from] {
                 Points::Null => Points::Null,
@@ -348,30 +349,43 @@ fn spawn_direct(
     command.env("PWD", &direct.pwd).spawn()
 }
 
-/// Opens a file a command is redirected to or from, as the shell would:
-/// a regular file (or `/dev/null`) only, so that nothing cairn opens can
-/// block it (a FIFO waits for its other end) or notice the opening.
+/// Opens a file a command is redirected to or from, as the shell would
+/// (with `flags`, mode `0666` less the umask), or fails for the shell to
+/// open it instead:
+/// - a file that is not a plain file (or `/dev/null`): a FIFO would block
+///   cairn, a terminal would notice;
+/// - a path through a "magic" link (`/dev/stderr`, `/dev/fd/N`,
+///   `/proc/self/fd/N`) or into `/proc`: those name the process that opens
+///   them, cairn rather than the command.
 fn open_redirected(
     path: &std::path::Path,
-    options: &OpenOptions,
+    flags: rustix::fs::OFlags,
 ) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let openable =
+    use rustix::fs::{CWD, Mode, OFlags, ResolveFlags};
+    let plain =
         |meta: &std::fs::Metadata| meta.is_file() || path == std::path::Path::new("/dev/null");
     match std::fs::metadata(path) {
-        Ok(meta) if !openable(&meta) => return Err(std::io::ErrorKind::Unsupported.into()),
+        Ok(meta) if !plain(&meta) => return Err(std::io::ErrorKind::Unsupported.into()),
         Ok(_) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
         Err(error) => return Err(error),
     }
     // Not blocking, in case a FIFO took the file's place meanwhile; the
     // flag is taken off again once the file is known to be plain.
-    let file = options.clone().custom_flags(libc::O_NONBLOCK).open(path)?;
-    if !openable(&file.metadata()?) {
+    let file: std::fs::File = rustix::fs::openat2(
+        CWD,
+        path,
+        flags | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::from_raw_mode(0o666),
+        ResolveFlags::NO_MAGICLINKS,
+    )?
+    .into();
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    let in_proc = rustix::fs::fstatfs(&file)?.f_type as i64 == PROC_SUPER_MAGIC;
+    if in_proc || !plain(&file.metadata()?) {
         return Err(std::io::ErrorKind::Unsupported.into());
     }
-    let flags = rustix::fs::fcntl_getfl(&file)?;
-    rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK)?;
+    rustix::fs::fcntl_setfl(&file, rustix::fs::fcntl_getfl(&file)? - OFlags::NONBLOCK)?;
     Ok(file)
 }
 
@@ -432,6 +446,7 @@ mod tests {
         for (name, text) in [
             ("no-line", "echo run by the shell: $0\n"),
             ("cat", "#!/bin/sh\necho the local cat \"$@\"\n"),
+            ("show-0", "#!/bin/sh\necho \"$0\"\n"),
         ] {
             let path = dir.path().join(name);
             std::fs::write(&path, text).unwrap();
@@ -460,7 +475,7 @@ mod tests {
     }
 
     /// Runs `script` as a local job in a fresh working directory.
-    async fn through_cairn(script: &str, path: &str) -> Effects {
+    async fn through_cairn(script: &str, env: Vec<(String, String)>) -> Effects {
         let dir = workdir();
         let logs = tempfile::tempdir().unwrap();
         let job = Job {
@@ -469,7 +484,7 @@ mod tests {
             stage: "stage".to_owned(),
             command: Command::Shell(script.to_owned()),
             cwd: dir.path().to_owned(),
-            env: env(path),
+            env,
             timeout: None,
             log: logs.path().join("job.log"),
             redact: Vec::new(),
@@ -496,14 +511,14 @@ mod tests {
     /// Runs `script` with `/bin/sh -c` in a fresh working directory, as
     /// the executor runs a command (its environment, stdin `/dev/null`,
     /// stdout and stderr on one pipe).
-    fn through_sh(script: &str, path: &str) -> Effects {
+    fn through_sh(script: &str, env: Vec<(String, String)>) -> Effects {
         let dir = workdir();
         let (mut reader, writer) = std::io::pipe().unwrap();
         let mut child = std::process::Command::new("/bin/sh")
             .arg("-c")
             .arg(script)
             .env_clear()
-            .envs(env(path))
+            .envs(env)
             .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(writer.try_clone().unwrap())
@@ -522,15 +537,19 @@ mod tests {
     }
 
     fn same_effects(script: &str, path: &str) {
+        same_effects_in(script, env(path));
+    }
+
+    fn same_effects_in(script: &str, env: Vec<(String, String)>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        let cairn = runtime.block_on(through_cairn(script, path));
+        let cairn = runtime.block_on(through_cairn(script, env.clone()));
         assert_eq!(
             cairn,
-            through_sh(script, path),
-            "`{script}` with PATH={path}"
+            through_sh(script, env.clone()),
+            "`{script}` with {env:?}"
         );
     }
 
@@ -545,6 +564,17 @@ mod tests {
             "true",
             "false",
             "true --version",
+            // A script started by its path gets that path as `$0`.
+            "./show-0",
+            "./show-0 > out.txt",
+            // Leading its own process group, `setsid` would fork.
+            "setsid false",
+            // Paths that name the process opening them.
+            "cat a.txt > /dev/stderr",
+            "cat a.txt > /dev/fd/1",
+            "cat a.txt 2>/dev/stdout",
+            "cat < /proc/self/cmdline",
+            "cat 'é.txt' a.txt",
             // A program without a `#!` line is run by the shell.
             "./no-line",
             "./no-line > out.txt",
@@ -602,7 +632,7 @@ mod tests {
             .unwrap();
         let effects = runtime.block_on(through_cairn(
             "cat /proc/self/stat > out.txt",
-            "/usr/bin:/bin",
+            env("/usr/bin:/bin"),
         ));
         assert_eq!(effects.status, 0);
         // pid (comm) state ppid …
@@ -618,6 +648,37 @@ mod tests {
         for path in [":/usr/bin:/bin", "/usr/bin:/bin:", "/nowhere::/usr/bin"] {
             same_effects("cat a.txt", path);
             same_effects("cat a.txt > out.txt", path);
+        }
+    }
+
+    /// Variables the shell sets or drops whatever the environment says.
+    #[test]
+    fn variables_the_shell_replaces_are_the_shells() {
+        for (name, value) in [
+            ("PPID", "5"),
+            ("OPTIND", "7"),
+            ("IFS", "x"),
+            ("A-B", "1"),
+            ("é", "2"),
+        ] {
+            let mut env = env("/usr/bin:/bin");
+            env.push((name.to_owned(), value.to_owned()));
+            same_effects_in(&format!("printenv {name}"), env);
+        }
+    }
+
+    /// `true` and `false` are the shell's own, whatever `PATH` holds.
+    #[test]
+    fn true_and_false_are_the_shells() {
+        let bin = tempfile::tempdir().unwrap();
+        for name in ["true", "false"] {
+            let path = bin.path().join(name);
+            std::fs::write(&path, "#!/bin/sh\nexit 7\n").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let path = format!("{}:/usr/bin:/bin", bin.path().display());
+        for script in ["true", "false", "true > out.txt"] {
+            same_effects(script, &path);
         }
     }
 
@@ -644,6 +705,7 @@ mod tests {
             ">&2",
             "1>&2",
             "x=y",
+            "'é'",
             "\\'",
             "'>'",
             "a.txt'2'",
