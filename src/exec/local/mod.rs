@@ -376,7 +376,12 @@ fn open_redirected(
         CWD,
         path,
         flags | OFlags::CLOEXEC | OFlags::NONBLOCK,
-        Mode::from_raw_mode(0o666),
+        // (A mode only with `O_CREAT`: openat2 refuses one otherwise.)
+        if flags.contains(OFlags::CREATE) {
+            Mode::from_raw_mode(0o666)
+        } else {
+            Mode::empty()
+        },
         ResolveFlags::NO_MAGICLINKS,
     )?
     .into();
@@ -622,23 +627,43 @@ mod tests {
         }
     }
 
-    /// A simple command is the executor's own child: no shell stands
-    /// between them.
+    /// A path naming the process that opens it is the command's, not
+    /// cairn's: a descriptor cairn holds open is no file to the command.
     #[test]
-    fn a_simple_command_starts_no_shell() {
+    fn a_descriptor_of_cairns_is_not_the_commands() {
+        let held = tempfile::tempfile().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&held);
+        for script in [
+            format!("cat a.txt > /dev/fd/{fd}"),
+            format!("cat < /proc/self/fd/{fd}"),
+        ] {
+            same_effects(&script, "/usr/bin:/bin");
+        }
+        assert_eq!(
+            held.metadata().unwrap().len(),
+            0,
+            "cairn's file was written"
+        );
+    }
+
+    /// A redirected file is opened by cairn itself: no shell is started.
+    #[test]
+    fn redirections_start_no_shell() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        let effects = runtime.block_on(through_cairn(
+        for script in [
             "cat /proc/self/stat > out.txt",
-            env("/usr/bin:/bin"),
-        ));
-        assert_eq!(effects.status, 0);
-        // pid (comm) state ppid …
-        let stat = &effects.files["out.txt"];
-        let ppid = stat.rsplit(") ").next().unwrap().split(' ').nth(1).unwrap();
-        assert_eq!(ppid, std::process::id().to_string(), "{stat}");
+            "cat < a.txt /proc/self/stat >> out.txt 2>&1",
+        ] {
+            let effects = runtime.block_on(through_cairn(script, env("/usr/bin:/bin")));
+            assert_eq!(effects.status, 0);
+            // pid (comm) state ppid …
+            let stat = &effects.files["out.txt"];
+            let ppid = stat.rsplit(") ").next().unwrap().split(' ').nth(1).unwrap();
+            assert_eq!(ppid, std::process::id().to_string(), "{script}: {stat}");
+        }
     }
 
     /// An empty entry of `PATH` is the working directory, which holds a
