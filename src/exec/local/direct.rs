@@ -73,9 +73,12 @@ const SHELL_WORDS: &[&str] = &[
     "pwd", "read", "readonly", "return", "set", "shift", "test", "times", "trap", "type", "ulimit",
     "umask", "unalias", "unset", "wait", "if", "then", "else", "elif", "fi", "for", "while",
     "until", "do", "done", "case", "esac", "function", "select", "time", "!", "source", "{", "}",
-    "in", "true", "false", // (Not a builtin: see the module documentation.)
-    "setsid",
+    "in", "true", "false",
 ];
+
+/// Programs left to the shell though they are not its own (see the module
+/// documentation).
+const LEFT_TO_THE_SHELL: &[&str] = &["setsid"];
 
 /// Variables the shell sets whatever the environment says (besides `PWD`,
 /// which it sets from the working directory when none is declared).
@@ -87,7 +90,10 @@ const SHELL_VARIABLES: &[&str] = &["PWD", "PPID", "OPTIND", "IFS"];
 pub fn parse(script: &str, env: &[(String, String)], cwd: &Path) -> Option<Direct> {
     let (argv, redirects) = lex(script)?;
     let program = argv.first()?;
-    if program.contains('=') || SHELL_WORDS.contains(&program.as_str()) {
+    if program.contains('=')
+        || SHELL_WORDS.contains(&program.as_str())
+        || LEFT_TO_THE_SHELL.contains(&program.as_str())
+    {
         return None;
     }
     let shell_name = |name: &str| {
