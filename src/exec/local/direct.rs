@@ -80,8 +80,9 @@ const SHELL_WORDS: &[&str] = &[
 /// documentation).
 const LEFT_TO_THE_SHELL: &[&str] = &["setsid"];
 
-/// Variables the shell sets whatever the environment says (besides `PWD`,
-/// which it sets from the working directory when none is declared).
+/// Variables the shell sets whatever the environment says (`PWD` only
+/// when the declared one names another directory: cairn leaves that check
+/// to the shell).
 const SHELL_VARIABLES: &[&str] = &["PWD", "PPID", "OPTIND", "IFS"];
 
 /// What the shell would do with `script`, run in `cwd` with the
@@ -106,8 +107,8 @@ pub fn parse(script: &str, env: &[(String, String)], cwd: &Path) -> Option<Direc
     {
         return None;
     }
-    let pwd = std::fs::canonicalize(cwd).ok()?.into_os_string();
     let program = program_as_the_shell_finds_it(program, env, cwd)?;
+    let pwd = std::fs::canonicalize(cwd).ok()?.into_os_string();
     let redirects = redirects
         .into_iter()
         .map(|(fd, to)| Redirect {

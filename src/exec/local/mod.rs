@@ -183,26 +183,27 @@ impl LocalRunning {
             .map_err(|e| ExecError::Wait(std::io::Error::other(e)))?
             .map_err(log_error)?;
         use std::os::unix::process::ExitStatusExt;
-        if as_the_shell && let Some(signal) = status.signal() {
-            // The shell's own line about it, and its status.
-            if let Some(line) = shell_signal_line(signal, status.core_dumped()) {
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&job.log)
-                    .and_then(|mut log| std::io::Write::write_all(&mut log, line.as_bytes()))
-                    .map_err(log_error)?;
-            }
-            redact_log(&job.log, &job.redact).await.map_err(log_error)?;
-            return Ok(Outcome::Exit(128 + signal));
-        }
-        redact_log(&job.log, &job.redact).await.map_err(log_error)?;
-        Ok(match (status.code(), status.signal()) {
+        let outcome = match (status.code(), status.signal()) {
             (Some(0), _) => Outcome::Success,
             (Some(code), _) => Outcome::Exit(code),
+            // A command run for the shell ends as the shell would report
+            // it: its line about the signal, and its status.
+            (None, Some(signal)) if as_the_shell => {
+                if let Some(line) = shell_signal_line(signal, status.core_dumped()) {
+                    OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&job.log)
+                        .and_then(|mut log| std::io::Write::write_all(&mut log, line.as_bytes()))
+                        .map_err(log_error)?;
+                }
+                Outcome::Exit(128 + signal)
+            }
             (None, Some(signal)) => Outcome::Signal(signal),
             (None, None) => Outcome::Exit(-1),
-        })
+        };
+        redact_log(&job.log, &job.redact).await.map_err(log_error)?;
+        Ok(outcome)
     }
 }
 
