@@ -31,14 +31,20 @@ pub struct Dag {
     order: Vec<usize>,
     /// `(stage, input)` for each input that is a stage's output or lies in
     /// one: the inputs a run may write before it reads them.
-    made_inputs: HashSet<(usize, usize)>,
+    made_inputs: FastSet<(usize, usize)>,
 }
+
+/// The graph's sets and maps are keyed by indices and paths of the
+/// manifest: hashed with foldhash (a thousand-stage graph is built at the
+/// start of every command, in about a millisecond).
+type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 impl Dag {
     /// Builds the graph; a cycle is reported as a located manifest error.
     pub fn build(manifest: &Manifest) -> Result<Self, ManifestErrors> {
         let n = manifest.stages.len();
-        let by_name: HashMap<&str, usize> = manifest
+        let by_name: FastMap<&str, usize> = manifest
             .stages
             .iter()
             .enumerate()
@@ -46,15 +52,24 @@ impl Dag {
             .collect();
         let outputs = OutputIndex::new(&manifest.stages);
 
-        let mut edges: Vec<(usize, usize, EdgeKind)> = Vec::new();
-        let mut seen: HashSet<(usize, usize)> = HashSet::new();
+        // Sized for an edge per input and need, the most there can be
+        // (but for directories holding outputs).
+        let reads: usize = manifest
+            .stages
+            .iter()
+            .map(|s| s.inputs.len() + s.needs.len() + usize::from(s.foreach.is_some()))
+            .sum();
+        let mut edges: Vec<(usize, usize, EdgeKind)> = Vec::with_capacity(reads);
+        let mut seen: FastSet<(usize, usize)> =
+            FastSet::with_capacity_and_hasher(reads, Default::default());
         let mut add = |from: usize, to: usize, kind: EdgeKind, edges: &mut Vec<_>| {
             if seen.insert((from, to)) {
                 edges.push((from, to, kind));
             }
         };
-        let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
-        let mut made_inputs = HashSet::new();
+        let mut readers: FastMap<&str, Vec<usize>> =
+            FastMap::with_capacity_and_hasher(reads, Default::default());
+        let mut made_inputs = FastSet::with_capacity_and_hasher(reads, Default::default());
         for (i, stage) in manifest.stages.iter().enumerate() {
             for need in &stage.needs {
                 if let Some(&j) = by_name.get(need.name.as_str()) {

@@ -720,14 +720,15 @@ pub fn lock_path_of(manifest: &Path) -> PathBuf {
 /// Which stage writes which path: `(stage index, output index)` by path.
 #[derive(Debug, Default)]
 pub struct OutputIndex {
-    by_path: HashMap<String, (usize, usize)>,
+    by_path: HashMap<String, (usize, usize), foldhash::fast::RandomState>,
 }
 
 impl OutputIndex {
     /// Indexes every output; the first writer of a path wins (duplicates are
     /// reported by validation).
     pub fn new(stages: &[Stage]) -> Self {
-        let mut by_path = HashMap::new();
+        let outputs = stages.iter().map(|stage| stage.outputs.len()).sum();
+        let mut by_path = HashMap::with_capacity_and_hasher(outputs, Default::default());
         for (s, stage) in stages.iter().enumerate() {
             for (o, output) in stage.outputs.iter().enumerate() {
                 by_path
