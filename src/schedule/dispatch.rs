@@ -884,7 +884,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         };
         let executor = executors.of_stage(i);
         self.launched = true;
-        running.spawn(async move { (i, key, task.run(executor, links).await) });
+        // The stage's run is boxed: as a future of its own it is some 12 KiB
+        // (all it may wait on, items included), and the task that spawns it
+        // moves what it holds into place several times.
+        running.spawn(async move { (i, key, Box::pin(task.run(executor, links)).await) });
     }
 
     /// A task's output digests are final: the stage is done for everything
