@@ -6,6 +6,7 @@
 //! it ([`LedgerWriter::hurry`]). Every write is answered, in the order it
 //! was sent.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -236,10 +237,12 @@ fn wait_for_company(hurried: &AtomicBool) {
 impl Ledger {
     /// Makes every write of `group` in one transaction: a result's id each.
     fn write_group(&self, group: &[Record]) -> Result<Vec<Option<i64>>, StoreError> {
+        let ended = ended_later(group);
         let tx = self.conn.unchecked_transaction().map_err(|e| self.db(e))?;
         let ids = group
             .iter()
-            .map(|write| self.write_in(&tx, write))
+            .zip(&ended)
+            .map(|(write, ended)| self.write_in(&tx, write, ended))
             .collect::<Result<Vec<_>, _>>()?;
         tx.commit().map_err(|e| self.db(e))?;
         Ok(ids)
@@ -255,18 +258,60 @@ impl Ledger {
             .map(|ids| ids.into_iter().next().flatten())
     }
 
+    /// Writes `write` within `tx`, leaving out the attempts in `ended`
+    /// (by their place in it).
     fn write_in(
         &self,
         tx: &rusqlite::Transaction<'_>,
         write: &Record,
+        ended: &[usize],
     ) -> Result<Option<i64>, StoreError> {
         match write {
             Record::Result { row, .. } => {
                 self.insert_result(tx, &row.as_new(), &row.inline).map(Some)
             }
-            Record::Attempts(attempts) => self.insert_attempts(tx, attempts).map(|()| None),
+            Record::Attempts(attempts) if ended.is_empty() => {
+                self.insert_attempts(tx, attempts).map(|()| None)
+            }
+            Record::Attempts(attempts) => {
+                let left: Vec<ItemAttempt> = (0..attempts.len())
+                    .filter(|n| !ended.contains(n))
+                    .map(|n| attempts[n].clone())
+                    .collect();
+                self.insert_attempts(tx, &left).map(|()| None)
+            }
         }
     }
+}
+
+/// For each write of `group`, the places of its `running` attempts that a
+/// later write of the group ends. Such a record would be inserted and
+/// deleted again in one transaction, never seen: a command shorter than
+/// the writer's window (nearly every one) starts and ends in one group,
+/// and its start's row cost a row and four index entries written, then
+/// deleted.
+fn ended_later(group: &[Record]) -> Vec<Vec<usize>> {
+    /// Which attempt of which command an attempt record is of.
+    fn which(a: &ItemAttempt) -> (i64, &str, &str, Digest, u32) {
+        (a.run_id, &a.stage, &a.key, a.fingerprint, a.attempt)
+    }
+    let mut ends = HashSet::new();
+    let mut ended = vec![Vec::new(); group.len()];
+    for (place, write) in group.iter().enumerate().rev() {
+        match write {
+            Record::Result { row, .. } => ends.extend(row.attempt.iter().map(which)),
+            Record::Attempts(attempts) => {
+                for (n, attempt) in attempts.iter().enumerate().rev() {
+                    if attempt.class != RUNNING {
+                        ends.insert(which(attempt));
+                    } else if ends.contains(&which(attempt)) {
+                        ended[place].push(n);
+                    }
+                }
+            }
+        }
+    }
+    ended
 }
 
 #[cfg(test)]
@@ -300,6 +345,93 @@ mod tests {
             .map(|attempt| attempt.stage)
             .collect();
         assert_eq!(stages, ["a", "b", "c"]);
+    }
+
+    /// A command's start and its end in one group: the start's record,
+    /// which its end would delete in the same transaction, is not written
+    /// at all; the end is recorded as when the two are written apart, by a
+    /// retry's record or with the result.
+    #[test]
+    fn a_start_ended_in_the_same_group_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::new_for_tests(dir.path());
+        let run = ledger.begin_run("run", None, "t", "m").unwrap();
+        let fingerprint = Digest::of(b"f");
+        let started = |stage: &str| ItemAttempt {
+            handle: Some("pid:4242".to_owned()),
+            ..ItemAttempt::started(run, stage, COMMAND_ITEM, fingerprint, 1, 10)
+        };
+        let ended = |stage: &str| ItemAttempt {
+            class: "ok".to_owned(),
+            finished_ms: 20,
+            exit_code: Some(0),
+            ..started(stage)
+        };
+        let result = |stage: &str| Record::Result {
+            stage: 0,
+            row: Box::new(ResultRow {
+                record: ResultRecord {
+                    id: 0,
+                    run_id: run,
+                    stage: stage.to_owned(),
+                    fingerprint,
+                    status: ResultStatus::Ok,
+                    outputs: Vec::new(),
+                    command: "true".to_owned(),
+                    started_ms: 10,
+                    finished_ms: 20,
+                    exit_code: Some(0),
+                    log_path: None,
+                    error: None,
+                    origin: None,
+                },
+                key: StageKey::default(),
+                attempt: Some(ended(stage)),
+                inline: Vec::new(),
+            }),
+        };
+        let changes = |groups: Vec<Vec<Record>>| {
+            let before = ledger.conn.total_changes();
+            for group in groups {
+                ledger.write_group(&group).unwrap();
+            }
+            ledger.conn.total_changes() - before
+        };
+
+        // A retry's end, apart and together.
+        let apart = changes(vec![
+            vec![Record::Attempts(vec![started("a")])],
+            vec![Record::Attempts(vec![ended("a")])],
+        ]);
+        let together = changes(vec![vec![
+            Record::Attempts(vec![started("b")]),
+            Record::Attempts(vec![ended("b")]),
+        ]]);
+        assert_eq!(together + 2, apart, "the start's insert and delete are left out");
+        // The last attempt, with the result.
+        let apart = changes(vec![
+            vec![Record::Attempts(vec![started("c")])],
+            vec![result("c")],
+        ]);
+        let together = changes(vec![vec![Record::Attempts(vec![started("d")]), result("d")]]);
+        assert_eq!(together + 2, apart);
+
+        // Each command has its end on record, once, as if written apart.
+        let attempts = ledger.run_attempts(run).unwrap();
+        let ends: Vec<(&str, &str, Option<&str>)> = attempts
+            .iter()
+            .map(|a| (a.stage.as_str(), a.class.as_str(), a.handle.as_deref()))
+            .collect();
+        assert_eq!(
+            ends,
+            ["a", "b", "c", "d"].map(|stage| (stage, "ok", Some("pid:4242")))
+        );
+        // A start no later write of its group ends stays on record.
+        changes(vec![vec![
+            Record::Attempts(vec![started("e")]),
+            Record::Attempts(vec![ended("a")]),
+        ]]);
+        assert!(ledger.run_attempts(run).unwrap().iter().any(|a| a.stage == "e" && a.class == RUNNING));
     }
 
     /// The writer checkpoints as it goes, so the log the next command
