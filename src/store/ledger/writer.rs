@@ -407,13 +407,20 @@ mod tests {
             Record::Attempts(vec![started("b")]),
             Record::Attempts(vec![ended("b")]),
         ]]);
-        assert_eq!(together + 2, apart, "the start's insert and delete are left out");
+        assert_eq!(
+            together + 2,
+            apart,
+            "the start's insert and delete are left out"
+        );
         // The last attempt, with the result.
         let apart = changes(vec![
             vec![Record::Attempts(vec![started("c")])],
             vec![result("c")],
         ]);
-        let together = changes(vec![vec![Record::Attempts(vec![started("d")]), result("d")]]);
+        let together = changes(vec![vec![
+            Record::Attempts(vec![started("d")]),
+            result("d"),
+        ]]);
         assert_eq!(together + 2, apart);
 
         // Each command has its end on record, once, as if written apart.
@@ -431,7 +438,13 @@ mod tests {
             Record::Attempts(vec![started("e")]),
             Record::Attempts(vec![ended("a")]),
         ]]);
-        assert!(ledger.run_attempts(run).unwrap().iter().any(|a| a.stage == "e" && a.class == RUNNING));
+        assert!(
+            ledger
+                .run_attempts(run)
+                .unwrap()
+                .iter()
+                .any(|a| a.stage == "e" && a.class == RUNNING)
+        );
     }
 
     /// The writer checkpoints as it goes, so the log the next command
