@@ -127,7 +127,10 @@ pub(super) fn holds_on_disk(manifest: &Manifest, stated: &Stated) -> bool {
     let mut places = OutputPlaces::new(root, &manifest.path).found(stated);
     stages.iter().all(|stage| {
         stage.inputs.iter().all(|input| {
-            stated.contains(&input.path.resolve(root))
+            // (One another stage writes holds as it is: no path is made
+            // for it.)
+            index.producer_of(&input.path).is_some()
+                || stated.contains(&input.path.resolve(root))
                 || !input_missing(&input.path, stages, &index, root, &mut dir)
         }) && stage
             .foreach
