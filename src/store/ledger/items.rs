@@ -122,10 +122,10 @@ impl Ledger {
 
     /// Records `attempts` (each replacing its record of having started)
     /// and the outcomes of those that ended, within `tx`.
-    pub(super) fn insert_attempts(
+    pub(super) fn insert_attempts<'a>(
         &self,
         tx: &rusqlite::Transaction<'_>,
-        attempts: &[ItemAttempt],
+        attempts: impl IntoIterator<Item = &'a ItemAttempt>,
     ) -> Result<(), StoreError> {
         {
             let mut insert = tx

@@ -270,15 +270,13 @@ impl Ledger {
             Record::Result { row, .. } => {
                 self.insert_result(tx, &row.as_new(), &row.inline).map(Some)
             }
-            Record::Attempts(attempts) if ended.is_empty() => {
-                self.insert_attempts(tx, attempts).map(|()| None)
-            }
             Record::Attempts(attempts) => {
-                let left: Vec<ItemAttempt> = (0..attempts.len())
-                    .filter(|n| !ended.contains(n))
-                    .map(|n| attempts[n].clone())
-                    .collect();
-                self.insert_attempts(tx, &left).map(|()| None)
+                let left = attempts
+                    .iter()
+                    .enumerate()
+                    .filter(|(n, _)| !ended.contains(n))
+                    .map(|(_, attempt)| attempt);
+                self.insert_attempts(tx, left).map(|()| None)
             }
         }
     }
