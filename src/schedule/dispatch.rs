@@ -180,6 +180,9 @@ pub async fn run(
             _ = tokio::signal::ctrl_c() => usize::MAX,
         };
     }
+    // The stale outputs cleared out of the way meanwhile are gone before
+    // the run returns: their removal ends while the run's end is made.
+    let cleared = crate::store::cleared();
     let ended = match driven {
         Ok(()) => dispatcher.end(),
         Err(error) => {
@@ -194,9 +197,7 @@ pub async fn run(
             Err(error)
         }
     };
-    // The stale outputs cleared out of the way meanwhile are gone before
-    // the run returns.
-    crate::store::wait_cleared();
+    cleared.wait();
     let leaked = match leaked {
         Some(Ok(search)) => search.join().unwrap_or(0),
         Some(Err(killed)) => killed,

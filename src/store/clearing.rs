@@ -5,7 +5,7 @@
 //! waiting for the file system to free the old bytes: removing a file took
 //! about 0.1 ms here against 0.015 ms for the rename, and a large
 //! directory takes seconds. A run waits for the removals before it returns
-//! ([`wait_cleared`]); what a killed run leaves there, `cairn gc` removes.
+//! ([`cleared`]); what a killed run leaves there, `cairn gc` removes.
 //! A removal that fails is a warning, and what it left stays there until
 //! `cairn gc` (which reports what it cannot remove either): the output is
 //! gone from its path all the same.
@@ -54,18 +54,28 @@ pub fn clear_away(path: &Path, tmp: &Path, aside: PathBuf) -> io::Result<()> {
     }
 }
 
-/// Waits until everything cleared away so far is removed.
-pub fn wait_cleared() {
+/// Everything cleared away so far, being removed: [`Cleared::wait`] waits
+/// until it is, so that what else there is to do is done meanwhile.
+pub fn cleared() -> Cleared {
     let Some(Some(remover)) = REMOVER.get() else {
-        return;
+        return Cleared(None);
     };
     let (done, removed) = mpsc::sync_channel(1);
     let sent = remover
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .send(Work::Done(done));
-    if sent.is_ok() {
-        let _ = removed.recv();
+    Cleared(sent.is_ok().then_some(removed))
+}
+
+/// What [`cleared`] was asked about (see there).
+pub struct Cleared(Option<mpsc::Receiver<()>>);
+
+impl Cleared {
+    pub fn wait(self) {
+        if let Some(removed) = self.0 {
+            let _ = removed.recv();
+        }
     }
 }
 
@@ -120,7 +130,7 @@ mod tests {
         clear_away(&dir.path().join("absent"), &tmp, tmp.join("c")).unwrap();
         assert!(!file.exists() && !tree.exists());
 
-        wait_cleared();
+        cleared().wait();
         let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
     }

@@ -21,7 +21,7 @@ pub use attestation::{
     AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, items_by_content, statement,
 };
 pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
-pub use clearing::wait_cleared;
+pub use clearing::{Cleared, cleared};
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
 pub use ledger::{
