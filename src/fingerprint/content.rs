@@ -32,13 +32,21 @@ pub enum EntryKind {
 }
 
 impl EntryKind {
-    fn tag(self) -> u8 {
+    /// The byte that stands for the kind in a tree's digest and listing.
+    pub fn tag(self) -> u8 {
         match self {
             EntryKind::File => b'f',
             EntryKind::Executable => b'x',
             EntryKind::Symlink => b'l',
             EntryKind::Dir => b'd',
         }
+    }
+
+    /// The kind `tag` stands for ([`Self::tag`]).
+    pub fn from_tag(tag: u8) -> Option<Self> {
+        [Self::File, Self::Executable, Self::Symlink, Self::Dir]
+            .into_iter()
+            .find(|kind| kind.tag() == tag)
     }
 }
 

@@ -68,10 +68,11 @@ pub fn cleared() -> Cleared {
     Cleared(sent.is_ok().then_some(removed))
 }
 
-/// What [`cleared`] was asked about (see there).
+/// The removal of everything cleared away before [`cleared`] was called.
 pub struct Cleared(Option<mpsc::Receiver<()>>);
 
 impl Cleared {
+    /// Waits until that removal is done.
     pub fn wait(self) {
         if let Some(removed) = self.0 {
             let _ = removed.recv();

@@ -15,6 +15,7 @@ mod objects;
 mod provenance;
 pub mod remote;
 pub mod reserve;
+mod tree_listing;
 mod workspace_lock;
 
 pub use attestation::{

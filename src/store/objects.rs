@@ -3,8 +3,9 @@
 //! Every write goes to a temporary file in `cache/tmp/`, is fsynced, then
 //! renamed to its digest's name: an object either exists whole or not at
 //! all. Directory outputs are stored file by file, plus a tree listing under
-//! `cache/trees/<digest>.json`. Restores verify every byte against its
-//! digest before they replace anything in the workspace.
+//! `cache/trees/<digest>.tree` (see [`super::tree_listing`]). Restores
+//! verify every byte against its digest before they replace anything in
+//! the workspace.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::StoreError;
 use super::ledger::Ledger;
 use super::link::{self, Link};
+use super::tree_listing;
 use crate::fingerprint::{
     Content, Digest, EntryKind, StatCache, StatEntry, TreeEntry, now_ns, open_regular,
     read_regular, refuse_special, tree_digest,
@@ -134,10 +136,27 @@ impl ObjectStore {
         self.cache.join("objects").join(&hex[..2]).join(&hex[2..])
     }
 
+    /// Where the listing of stored directory `digest` is: the compact
+    /// listing cairn writes, or else the JSON one an older cairn wrote, if
+    /// that is there.
     pub fn tree_path(&self, digest: &Digest) -> PathBuf {
+        let compact = self.compact_tree_path(digest);
+        if compact.exists() {
+            return compact;
+        }
+        let older = compact.with_extension("json");
+        match older.exists() {
+            true => older,
+            false => compact,
+        }
+    }
+
+    /// Where the listing of stored directory `digest` is written (see
+    /// [`super::tree_listing`]).
+    pub fn compact_tree_path(&self, digest: &Digest) -> PathBuf {
         self.cache
             .join("trees")
-            .join(format!("{}.json", digest.hex()))
+            .join(format!("{}.tree", digest.hex()))
     }
 
     pub fn objects_dir(&self) -> PathBuf {
@@ -408,11 +427,11 @@ impl ObjectStore {
         // Files that changed while copied no longer match their entries.
         staged.seen.extend(listing.take_updates(0));
         let digest = tree_digest(&mut entries);
-        let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
+        let listing = tree_listing::encode(&entries);
         let (temp, mut out) = self.temp_file()?;
         out.write_all(&listing)
             .map_err(|e| StoreError::io(&temp, e))?;
-        staged.pending.push((temp, self.tree_path(&digest)));
+        staged.pending.push((temp, self.compact_tree_path(&digest)));
         Ok(OutputRecord {
             name: name.to_owned(),
             path: path.to_owned(),
@@ -469,11 +488,10 @@ impl ObjectStore {
     pub fn tree(&self, digest: &Digest) -> Result<Vec<TreeEntry>, StoreError> {
         let path = self.tree_path(digest);
         let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
-        let mut entries: Vec<TreeEntry> =
-            serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-                path: path.clone(),
-                detail: e.to_string(),
-            })?;
+        let mut entries = tree_listing::decode(&bytes).map_err(|detail| StoreError::Corrupt {
+            path: path.clone(),
+            detail,
+        })?;
         if tree_digest(&mut entries) != *digest {
             return Err(StoreError::Corrupt {
                 path,
@@ -719,12 +737,12 @@ impl ObjectStore {
         if tree_digest(&mut entries) != *digest {
             return Ok(false);
         }
-        let listing = serde_json::to_vec_pretty(&entries).expect("tree entries serialise");
+        let listing = tree_listing::encode(&entries);
         let (temp, mut out) = self.temp_file()?;
         out.write_all(&listing)
             .and_then(|()| out.sync_all())
             .map_err(|e| StoreError::io(&temp, e))?;
-        self.rename_into_place(&temp, &self.tree_path(digest))?;
+        self.rename_into_place(&temp, &self.compact_tree_path(digest))?;
         Ok(true)
     }
 
@@ -933,5 +951,57 @@ pub fn remove_path(path: &Path) -> io::Result<()> {
         Err(e) => Err(e),
         Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
         Ok(_) => fs::remove_file(path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory stored now gets a compact listing; one an older cairn
+    /// stored, with a JSON listing, is still read, found stored whole and
+    /// restored; a damaged listing makes the directory incomplete.
+    #[test]
+    fn a_directory_is_listed_compactly_and_an_older_json_listing_still_serves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStore::new(&dir.path().join("cache"));
+        let out = dir.path().join("out");
+        fs::create_dir_all(out.join("sub")).unwrap();
+        fs::write(out.join("a.txt"), "a\n").unwrap();
+        fs::write(out.join("sub/b.txt"), "b\n").unwrap();
+        let staged = store
+            .stage(&[("out".to_owned(), "out".to_owned(), out.clone())])
+            .unwrap();
+        let record = store.publish(staged).unwrap().records.remove(0);
+        assert_eq!(record.kind, OutputKind::Dir);
+
+        let compact = store.tree_path(&record.digest);
+        assert_eq!(compact.extension().unwrap(), "tree");
+        assert!(fs::read(&compact).unwrap().starts_with(b"cairn-tree\0"));
+        let entries = store.tree(&record.digest).unwrap();
+        let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["a.txt", "sub", "sub/b.txt"]);
+        assert!(store.is_complete(&record));
+
+        // As an older cairn left it.
+        let json = compact.with_extension("json");
+        fs::write(&json, serde_json::to_vec_pretty(&entries).unwrap()).unwrap();
+        fs::remove_file(&compact).unwrap();
+        assert_eq!(store.tree_path(&record.digest), json);
+        assert_eq!(store.tree(&record.digest).unwrap(), entries);
+        assert!(store.is_complete(&record));
+        let back = dir.path().join("back");
+        store.restore(&record, &back, None).unwrap();
+        assert_eq!(fs::read_to_string(back.join("sub/b.txt")).unwrap(), "b\n");
+
+        // Edited: refused (the digest it is named by no longer matches),
+        // so the directory is not taken for stored.
+        let text = fs::read_to_string(&json).unwrap();
+        fs::write(&json, text.replace("\"a.txt\"", "\"z.txt\"")).unwrap();
+        assert!(matches!(
+            store.tree(&record.digest),
+            Err(StoreError::Corrupt { .. })
+        ));
+        assert!(!store.is_complete(&record));
     }
 }

@@ -249,7 +249,8 @@ impl RemoteCache {
                             }
                             match read_listing(&temp, &output.digest) {
                                 Ok(entries) => {
-                                    placing.publish_as(temp, store.tree_path(&output.digest));
+                                    placing
+                                        .publish_as(temp, store.compact_tree_path(&output.digest));
                                     entries
                                 }
                                 Err(detail) => {
@@ -595,8 +596,7 @@ fn digests_of_file(path: &Path) -> std::io::Result<(String, Digest, u64)> {
 /// A downloaded tree listing, checked against its digest.
 fn read_listing(path: &Path, digest: &Digest) -> Result<Vec<TreeEntry>, String> {
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let mut entries: Vec<TreeEntry> =
-        serde_json::from_slice(&bytes).map_err(|e| format!("not a tree listing: {e}"))?;
+    let mut entries = super::tree_listing::decode(&bytes)?;
     if crate::fingerprint::tree_digest(&mut entries) != *digest {
         return Err("the listing does not match its digest".to_owned());
     }
