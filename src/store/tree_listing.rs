@@ -55,8 +55,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<TreeEntry>, String> {
     let mut reader = Reader { bytes: body };
     let count = reader.varint()?;
     // (A count is not trusted for more room than the bytes could hold:
-    // the smallest entry is five bytes and a digest.)
-    let fits = body.len() / (5 + 32);
+    // the smallest entry is four bytes and a digest.)
+    let fits = body.len() / (4 + 32);
     let mut entries = Vec::with_capacity(usize::try_from(count).map_or(fits, |c| c.min(fits)));
     let mut path: Vec<u8> = Vec::new();
     for _ in 0..count {
