@@ -34,7 +34,7 @@ pub use content::{
     is_executable, now_ns, open_regular, read_regular, refuse_special, stat_side_by_side,
     tree_digest, unchanged,
 };
-pub use digest::{Digest, DigestMap, ParseDigestError, hex};
+pub use digest::{Digest, DigestHashed, DigestMap, ParseDigestError, hex};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};
 
 use crate::manifest::{Command, EnvValue, Stage};

@@ -8,20 +8,22 @@ use serde::Serialize;
 
 use super::ScheduleError;
 use super::item_fields::FieldCheck;
-use super::items::{Fields, Item, PlannedItem, fill, fill_fields, for_each_item, load_items};
+use super::items::{
+    Fields, Item, PlanIndex, PlannedItem, fill, fill_fields, for_each_item, load_items,
+};
 use super::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::file_stat::FileStat;
 use crate::fingerprint::{
-    Change, Component, Digest, DigestMap, EntryKind, StageKey, StatCache, TreeEntry,
-    item_fingerprint, stage_key, tree_digest,
+    Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
+    stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex, ProjectPath, is_per_item};
 use crate::store::{
     COMMAND_ITEM, Draws, ItemOutcomes, Ledger, LockFile, ObjectStore, OrphanedJobs, OutputRecord,
-    ResultRecord, ResultStatus, StoreError, current_ok,
+    ResultRecord, ResultStatus, StoreError, current_ok, key_hash,
 };
 
 /// Why a stage must run (or why `status` calls it stale).
@@ -637,28 +639,23 @@ impl<'m> Context<'m> {
         if !outcomes.is_empty() {
             // Matched by fingerprint (with none recorded, no index of the
             // plan is built).
-            let by_fingerprint: DigestMap<usize> = planned
-                .iter()
-                .enumerate()
-                .map(|(n, p)| (p.fingerprint, n))
-                .collect();
-            for (key, fingerprint, outcome) in outcomes {
+            let by_fingerprint = PlanIndex::of(&planned);
+            for outcome in outcomes.iter() {
                 let Some(n) = by_fingerprint
-                    .get(&fingerprint)
-                    .copied()
-                    .filter(|&n| planned[n].item.key == key)
+                    .find(&planned, &outcome.fingerprint)
+                    .filter(|&n| key_hash(&planned[n].item.key) == outcome.key)
                 else {
                     continue;
                 };
                 let p = &mut planned[n];
-                p.outcome = Some((ItemClass::parse(&outcome.class), outcome.attempts));
+                p.outcome = Some((ItemClass::parse(outcome.class), outcome.attempts));
                 p.attempts_before += outcome.attempts;
                 p.result = outcome
                     .result
-                    .and_then(|text| serde_json::from_str(&text).ok());
+                    .and_then(|text| serde_json::from_str(text).ok());
                 p.outputs = outcome
                     .outputs
-                    .and_then(|text| serde_json::from_str(&text).ok());
+                    .and_then(|text| serde_json::from_str(text).ok());
             }
         }
         if let Some(ledger) = &self.ledger {
@@ -1253,12 +1250,12 @@ fn planned_item(
         item,
         fingerprint,
         attempts_before,
-        image,
+        image: image.map(String::into_boxed_str),
         code: *template,
         outputs: None,
         outcome: None,
         result: None,
-        inputs,
+        inputs: inputs.into_boxed_slice(),
     }
 }
 
@@ -1309,7 +1306,7 @@ mod tests {
         ctx.stat.use_stated(stated);
         let read = |ctx: &mut Context<'_>| {
             ctx.key_of(0).unwrap();
-            ctx.item_plans[&0][0].inputs.clone()
+            ctx.item_plans[&0][0].inputs.to_vec()
         };
         assert_eq!(read(&mut ctx), vec![("in/a.txt".to_owned(), before)]);
         let after = Digest::of(b"after, longer");
@@ -1367,7 +1364,7 @@ mod tests {
         let after = Digest::of(b"after, longer");
         let inputs: Vec<_> = ctx.item_plans[&copy]
             .iter()
-            .map(|planned| planned.inputs.clone())
+            .map(|planned| planned.inputs.to_vec())
             .collect();
         assert_eq!(
             inputs,

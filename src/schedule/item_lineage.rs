@@ -204,11 +204,15 @@ impl<'c> ItemTracer<'c> {
             started_ms: attempt.as_ref().map(|a| a.started_ms),
             finished_ms: attempt.as_ref().map(|a| a.finished_ms),
             log: attempt.and_then(|a| a.log_path),
-            image: planned.image.clone(),
+            image: planned.image.as_deref().map(str::to_owned),
             fields: planned.item.value(),
             inputs,
-            result: planned.result.clone(),
-            outputs: planned.outputs.clone().unwrap_or_default(),
+            result: planned.result.as_deref().cloned(),
+            outputs: planned
+                .outputs
+                .as_deref()
+                .map(<[_]>::to_vec)
+                .unwrap_or_default(),
         };
         Ok((step, upstream))
     }

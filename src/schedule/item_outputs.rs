@@ -142,7 +142,7 @@ impl ItemOutputs {
                 continue;
             }
             let records = match &planned.outputs {
-                Some(records) => records.clone(),
+                Some(records) => records.to_vec(),
                 // Recorded without entries: an ok item must write them.
                 None if *class == ItemClass::Ok => {
                     planned.outcome = None;

@@ -109,7 +109,7 @@ pub fn item_entry(
             item: planned.item.key.clone(),
             code: planned.code,
             canonical: planned.item.canonical.to_string(),
-            inputs: planned.inputs.clone(),
+            inputs: planned.inputs.to_vec(),
             class: class.name().to_owned(),
             rule,
             result,
@@ -278,7 +278,7 @@ pub async fn reuse_items(
             )
         };
         planned.outcome = Some((class, planned.attempts_before + 1));
-        planned.outputs = attempt.outputs.clone();
+        planned.outputs = attempt.outputs.clone().map(Vec::into_boxed_slice);
         planned.result = result.and_then(|text| serde_json::from_str(&text).ok());
         let _ = record.send(attempt);
         reused += 1;

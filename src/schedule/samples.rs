@@ -118,7 +118,7 @@ pub fn merged(plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Ve
                 "class": class.map_or("pending", ItemClass::name),
             });
             if let Some(result) = &unit.result {
-                line["result"] = result.clone();
+                line["result"] = (**result).clone();
             }
             drawn.push(line);
         }

@@ -100,20 +100,109 @@ pub struct NewResult<'a> {
     pub origin: Option<&'a str>,
 }
 
-/// The outcomes of a stage's items under one stage code: each with the
-/// item's key and fingerprint.
-pub type ItemOutcomes = Vec<(String, Digest, ItemOutcome)>;
+/// The outcomes of a stage's items under one stage code, as its plan
+/// reads them (see [`Ledger::item_outcomes`]): 56 bytes an item, so that a
+/// million items' outcomes are held beside their plan in 56 MB (held as
+/// strings, each took 200 bytes and two allocations more).
+#[derive(Debug, Default)]
+pub struct ItemOutcomes {
+    rows: Vec<OutcomeRow>,
+    /// Every class the rows name, once each.
+    classes: Vec<String>,
+    /// The result and outputs of each row that has either.
+    extras: Vec<(Option<String>, Option<String>)>,
+}
+
+#[derive(Debug)]
+struct OutcomeRow {
+    fingerprint: Digest,
+    key: u64,
+    attempts: u32,
+    /// Its place in `classes`.
+    class: u32,
+    /// 1 + its place in `extras`; 0 if it has neither.
+    extra: u32,
+}
 
 /// The newest outcome of an item under one fingerprint.
-#[derive(Debug, Clone)]
-pub struct ItemOutcome {
-    pub class: String,
+#[derive(Debug, Clone, Copy)]
+pub struct ItemOutcome<'o> {
+    /// The item's fingerprint.
+    pub fingerprint: Digest,
+    /// The item's key, as [`key_hash`] hashes it.
+    pub key: u64,
+    pub class: &'o str,
     pub attempts: u32,
     /// Its JSON result (`item_result`), as recorded.
-    pub result: Option<String>,
+    pub result: Option<&'o str>,
     /// What it wrote (`item_outputs`): a JSON array of output records,
     /// as recorded.
-    pub outputs: Option<String>,
+    pub outputs: Option<&'o str>,
+}
+
+impl ItemOutcomes {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Each outcome, in the order read.
+    pub fn iter(&self) -> impl Iterator<Item = ItemOutcome<'_>> {
+        self.rows.iter().map(|row| {
+            let (result, outputs) = match row.extra.checked_sub(1) {
+                Some(n) => {
+                    let (result, outputs) = &self.extras[n as usize];
+                    (result.as_deref(), outputs.as_deref())
+                }
+                None => (None, None),
+            };
+            ItemOutcome {
+                fingerprint: row.fingerprint,
+                key: row.key,
+                class: &self.classes[row.class as usize],
+                attempts: row.attempts,
+                result,
+                outputs,
+            }
+        })
+    }
+
+    fn push(
+        &mut self,
+        fingerprint: Digest,
+        key: &str,
+        class: &str,
+        attempts: u32,
+        extra: (Option<String>, Option<String>),
+    ) {
+        let class = match self.classes.iter().position(|known| known == class) {
+            Some(n) => n,
+            None => {
+                self.classes.push(class.to_owned());
+                self.classes.len() - 1
+            }
+        };
+        let extra = match extra {
+            (None, None) => 0,
+            extra => {
+                self.extras.push(extra);
+                self.extras.len()
+            }
+        };
+        self.rows.push(OutcomeRow {
+            fingerprint,
+            key: key_hash(key),
+            attempts,
+            class: class as u32,
+            extra: extra as u32,
+        });
+    }
+}
+
+/// An item's key as [`ItemOutcomes`] holds it: a 64-bit hash, checked
+/// beside the item's fingerprint (which covers the item, key and all).
+pub fn key_hash(key: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(key)
 }
 
 /// One attempt of one item of a per-item stage.

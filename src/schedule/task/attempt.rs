@@ -81,7 +81,11 @@ impl ItemRunner {
                         ),
                         command: command.clone(),
                         log: log.clone(),
-                        image: planned.image.clone().or_else(|| self.job.image.clone()),
+                        image: planned
+                            .image
+                            .as_deref()
+                            .map(str::to_owned)
+                            .or_else(|| self.job.image.clone()),
                         ..self.job.clone()
                     };
                     job.env

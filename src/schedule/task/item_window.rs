@@ -472,7 +472,7 @@ impl Window<'_> {
                         errors.push((plan[index].item.key.clone(), end.why, end.log));
                     }
                     plan[index].outcome = Some((end.class, end.attempts));
-                    plan[index].result = end.result;
+                    plan[index].result = end.result.map(Box::new);
                 }
                 None => stopped = true,
             }

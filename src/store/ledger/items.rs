@@ -51,23 +51,23 @@ impl Ledger {
         let mut rows = statement
             .query(params![stage, self.pipeline.name, code.to_string()])
             .map_err(|e| self.db(e))?;
-        let mut outcomes = Vec::new();
+        let mut outcomes = ItemOutcomes::default();
         while let Some(row) = rows.next().map_err(|e| self.db(e))? {
             let text = |i: usize| row.get_ref(i).and_then(|v| Ok(v.as_str()?));
             let (Ok(key), Ok(Ok(fingerprint))) = (text(0), text(1).map(str::parse::<Digest>))
             else {
                 continue;
             };
-            outcomes.push((
-                key.to_owned(),
+            outcomes.push(
                 fingerprint,
-                ItemOutcome {
-                    class: row.get(2).map_err(|e| self.db(e))?,
-                    attempts: row.get(3).map_err(|e| self.db(e))?,
-                    result: row.get(4).map_err(|e| self.db(e))?,
-                    outputs: row.get(5).map_err(|e| self.db(e))?,
-                },
-            ));
+                key,
+                text(2).map_err(|e| self.db(e))?,
+                row.get(3).map_err(|e| self.db(e))?,
+                (
+                    row.get(4).map_err(|e| self.db(e))?,
+                    row.get(5).map_err(|e| self.db(e))?,
+                ),
+            );
         }
         Ok(outcomes)
     }
@@ -478,6 +478,52 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Outcomes come back as recorded, each item's key as its hash, each
+    /// class held once however many items end in it, and a result only
+    /// where one was recorded.
+    #[test]
+    fn item_outcomes_read_back_compactly_as_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::new_for_tests(dir.path());
+        let code = Digest::of(b"code");
+        let ended = |key: &str, class: &str, result: Option<&str>| ItemAttempt {
+            class: class.to_owned(),
+            finished_ms: 20,
+            exit_code: Some(0),
+            result: result.map(str::to_owned),
+            code: Some(code),
+            ..ItemAttempt::started(1, "check", key, Digest::of(key.as_bytes()), 1, 10)
+        };
+        let attempts = [
+            ended("a", "ok", None),
+            ended("b", "ok", Some("{\"score\":1}")),
+            ended("c", "rejected", None),
+            ended("d", "ok", None),
+        ];
+        let tx = ledger.conn.unchecked_transaction().unwrap();
+        ledger.insert_attempts(&tx, &attempts).unwrap();
+        tx.commit().unwrap();
+
+        let outcomes = ledger.item_outcomes("check", &code).unwrap();
+        assert_eq!(outcomes.classes, ["ok", "rejected"]);
+        assert_eq!(outcomes.extras.len(), 1);
+        let mut read: Vec<_> = outcomes
+            .iter()
+            .map(|o| (o.fingerprint, o.key, o.class, o.attempts, o.result))
+            .collect();
+        read.sort_by_key(|(fingerprint, ..)| *fingerprint);
+        let mut recorded: Vec<_> = attempts
+            .iter()
+            .map(|a| {
+                let result = a.result.as_deref();
+                (a.fingerprint, key_hash(&a.key), a.class.as_str(), 1, result)
+            })
+            .collect();
+        recorded.sort_by_key(|(fingerprint, ..)| *fingerprint);
+        assert_eq!(read, recorded);
+        assert!(ledger.item_outcomes("other", &code).unwrap().is_empty());
+    }
 
     /// A run finds the jobs dead runs left in one query, through the
     /// index of stopped attempts alone: every stage's, none adopted since,
