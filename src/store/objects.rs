@@ -484,21 +484,25 @@ impl ObjectStore {
         })
     }
 
-    /// The tree listing of a stored directory.
+    /// The tree listing of a stored directory. (Read, not looked for
+    /// first: the JSON listing of an older cairn is tried only when there
+    /// is no compact one.)
     pub fn tree(&self, digest: &Digest) -> Result<Vec<TreeEntry>, StoreError> {
-        let path = self.tree_path(digest);
-        let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
-        let mut entries = tree_listing::decode(&bytes).map_err(|detail| StoreError::Corrupt {
-            path: path.clone(),
-            detail,
-        })?;
-        if tree_digest(&mut entries) != *digest {
-            return Err(StoreError::Corrupt {
-                path,
-                detail: "tree listing does not match its digest".to_owned(),
-            });
-        }
-        Ok(entries)
+        let compact = self.compact_tree_path(digest);
+        let (path, read) = match fs::read(&compact) {
+            Err(missing) if missing.kind() == io::ErrorKind::NotFound => {
+                let older = compact.with_extension("json");
+                match fs::read(&older) {
+                    // (Neither: the listing cairn writes is what is missing.)
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => (compact, Err(missing)),
+                    read => (older, read),
+                }
+            }
+            read => (compact, read),
+        };
+        let bytes = read.map_err(|e| StoreError::io(&path, e))?;
+        tree_listing::decode_checked(&bytes, digest)
+            .map_err(|detail| StoreError::Corrupt { path, detail })
     }
 
     /// Whether the object `digest` is stored with `size` bytes.

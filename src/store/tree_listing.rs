@@ -19,7 +19,7 @@
 //! name). Either way the entries are checked against the digest the
 //! listing is named by before they are used ([`super::ObjectStore::tree`]).
 
-use crate::fingerprint::{Digest, EntryKind, TreeEntry};
+use crate::fingerprint::{Digest, EntryKind, TreeEntry, tree_digest};
 
 const MAGIC: &[u8; 12] = b"cairn-tree\x00\x01";
 
@@ -83,6 +83,16 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<TreeEntry>, String> {
     }
     if !reader.bytes.is_empty() {
         return Err(format!("{} bytes after the last entry", reader.bytes.len()));
+    }
+    Ok(entries)
+}
+
+/// The entries of the listing of tree `digest` ([`decode`]), in path
+/// order; why not, if the bytes are no listing or another tree's.
+pub fn decode_checked(bytes: &[u8], digest: &Digest) -> Result<Vec<TreeEntry>, String> {
+    let mut entries = decode(bytes)?;
+    if tree_digest(&mut entries) != *digest {
+        return Err("the listing does not match its digest".to_owned());
     }
     Ok(entries)
 }

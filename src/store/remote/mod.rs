@@ -596,10 +596,7 @@ fn digests_of_file(path: &Path) -> std::io::Result<(String, Digest, u64)> {
 /// A downloaded tree listing, checked against its digest.
 fn read_listing(path: &Path, digest: &Digest) -> Result<Vec<TreeEntry>, String> {
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let mut entries = super::tree_listing::decode(&bytes)?;
-    if crate::fingerprint::tree_digest(&mut entries) != *digest {
-        return Err("the listing does not match its digest".to_owned());
-    }
+    let entries = super::tree_listing::decode_checked(&bytes, digest)?;
     for entry in &entries {
         let path = std::path::Path::new(&entry.path);
         let plain = !entry.path.is_empty()
