@@ -671,6 +671,90 @@ fn an_item_plan_the_list_disagrees_with_is_an_internal_error_under_the_check() {
     );
 }
 
+/// `cairn status ARGS` with debug logging: its exit code, stdout and
+/// stderr.
+fn status(p: &Project, args: &[&str]) -> (i32, String, String) {
+    let mut command = p.command(&[&["status"], args].concat());
+    command.env("RUST_LOG", "cairn=debug").stdin(Stdio::null());
+    let output = command.output().unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn status_plans_items_from_the_kept_plan_while_their_list_is_unchanged() {
+    let p = items_project();
+    run(&p, &[]);
+    settle(&p);
+    let kept = "items planned from the plan the last proof kept";
+
+    // One item's input edited: `status` plans the items as the run would,
+    // from the kept plan (under the check the suite runs with, the list is
+    // read too, and must agree), and finds that item alone to run.
+    p.file("in/2.txt", "two\n");
+    let (code, stdout, stderr) = status(&p, &[]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stderr.contains(kept), "{stderr}");
+    assert!(stdout.contains("[2 items, 1 ok, 1 pending]"), "{stdout}");
+    let (code, stdout, stderr) = status(&p, &["--json"]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stderr.contains(kept), "{stderr}");
+
+    // The list edited: read again, and the new item seen.
+    p.file(
+        "items.jsonl",
+        &format!(
+            "{}{{\"id\": \"three\", \"src\": \"in/1.txt\"}}\n",
+            p.read("items.jsonl")
+        ),
+    );
+    let (code, stdout, stderr) = status(&p, &[]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(!stderr.contains(kept), "{stderr}");
+    assert!(stdout.contains("[3 items, 1 ok, 2 pending]"), "{stdout}");
+}
+
+#[test]
+fn a_kept_plan_the_list_disagrees_with_fails_status_under_the_check() {
+    let p = items_project();
+    run(&p, &[]);
+    settle(&p);
+    // The kept plan rewritten (as no cairn does) to say that item `two`
+    // reads `in/1.txt`.
+    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
+    let body: Vec<u8> = db
+        .query_row("SELECT body FROM kept_plans", [], |row| row.get(0))
+        .unwrap();
+    let at = body.windows(8).position(|w| w == b"in/2.txt").unwrap();
+    let mut wrong = body.clone();
+    wrong[at..at + 8].copy_from_slice(b"in/1.txt");
+    db.execute("UPDATE kept_plans SET body = ?1", [&wrong])
+        .unwrap();
+    drop(db);
+    p.file("in/1.txt", "one\n");
+    for args in [&["status"][..], &["why", "work"]] {
+        let output = p
+            .command(args)
+            .env("RUST_LOG", "cairn=debug")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        // (Both show it as why the stage cannot be decided.)
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            said.contains("the item plan the proof kept differs from the list at item `two`"),
+            "{args:?}: {said}"
+        );
+    }
+}
+
 const NESTED: &str = r#"
 [pipeline]
 name = "nested"

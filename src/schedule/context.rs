@@ -26,6 +26,11 @@ use crate::store::{
     ResultRecord, ResultStatus, StoreError, current_ok, key_hash,
 };
 
+/// How many items are listed before what they read is read (their files
+/// `stat`ed side by side): enough to keep the threads busy, few enough
+/// that their reads are not held for a million items at once.
+const ITEM_BLOCK: usize = 16_384;
+
 /// Why a stage must run (or why `status` calls it stale).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "reason", rename_all = "kebab-case")]
@@ -727,25 +732,33 @@ impl<'m> Context<'m> {
         let seen_ns = crate::fingerprint::now_ns();
         let meta = kept.still_holds(template, &list)?;
         tracing::debug!(stage = %stage.name, "items planned from the plan the last proof kept");
-        let listed = kept
-            .items
-            .into_iter()
-            .map(|kept| ListedItem {
-                item: kept.item(),
-                paths: kept.paths,
+        // A block at a time, as the list is read: what is held beside the
+        // plan is one block's reads, not a million items'.
+        let mut planned = Vec::with_capacity(kept.items.len());
+        let mut listed = kept.items.into_iter().map(|kept| {
+            let (item, paths) = kept.into_item();
+            ListedItem {
+                item,
+                paths,
                 tag: None,
-            })
-            .collect();
-        let read = match self.read_item_inputs(i, listed) {
-            Ok(read) => read,
-            Err(error) => return Some(Err(error)),
-        };
+            }
+        });
+        loop {
+            let block: Vec<ListedItem> = listed.by_ref().take(ITEM_BLOCK).collect();
+            if block.is_empty() {
+                break;
+            }
+            match self.read_item_inputs(i, block) {
+                Ok(read) => {
+                    planned.extend(read.into_iter().map(|read| {
+                        planned_item(template, read.item, read.inputs, None, cancelled)
+                    }))
+                }
+                Err(error) => return Some(Err(error)),
+            }
+        }
         self.item_lists.insert(i, Some((meta, seen_ns)));
         self.planned_from_kept.insert(i);
-        let planned = read
-            .into_iter()
-            .map(|read| planned_item(template, read.item, read.inputs, None, cancelled))
-            .collect();
         Some(Ok(planned))
     }
 
@@ -818,7 +831,6 @@ impl<'m> Context<'m> {
         };
         // Items are listed a block at a time, then what the block reads is
         // read (its files `stat`ed side by side).
-        const BLOCK: usize = 16_384;
         let mut block: Vec<ListedItem> = Vec::new();
         let mut failed = None;
         let seen_ns = crate::fingerprint::now_ns();
@@ -848,7 +860,7 @@ impl<'m> Context<'m> {
                 .collect::<Result<_, _>>()?;
             let tag = image.map(|(template, _)| fill(template)).transpose()?;
             block.push(ListedItem { item, paths, tag });
-            if block.len() == BLOCK {
+            if block.len() == ITEM_BLOCK {
                 let read = self.read_item_inputs(i, std::mem::take(&mut block));
                 match read {
                     Ok(read) => read

@@ -1,5 +1,5 @@
 //! The item plans a fresh proof keeps, for the run after it when the proof
-//! fails.
+//! fails, and for the commands that only read (`status`, `why`, `show` …).
 //!
 //! A per-item stage is planned by reading its whole item list: each item
 //! parsed, its fields checked, its placeholders filled and its canonical
@@ -8,9 +8,10 @@
 //! manifest is byte for byte the one the proof was kept under (its key),
 //! and the list is unchanged if its `stat` is. So the proof keeps, for each
 //! such stage, the stage's code, the list's stat entry and each item's key,
-//! canonical text and the paths it read. A run whose proof failed plans the
-//! stage from them: every input is `stat`ed and every fingerprint hashed as
-//! usual; only the list is not read again.
+//! canonical text and the paths it read. A run whose proof failed, or a
+//! `status` under the same manifest, plans the stage from them: every
+//! input is `stat`ed and every fingerprint hashed as usual; only the list
+//! is not read again (at a million items, 2.7 s of `status` become 2.0).
 //!
 //! With `CAIRN_CHECK_FRESH_PROOF` set (as the test suite does) a stage
 //! planned from a kept plan is also planned the usual way, and a
@@ -61,12 +62,14 @@ impl KeptItem {
         }
     }
 
-    pub fn item(&self) -> Item {
-        Item {
-            key: self.key.clone(),
-            canonical: self.canonical.clone(),
+    /// The item, and the paths it reads.
+    pub fn into_item(self) -> (Item, Vec<String>) {
+        let item = Item {
+            key: self.key,
+            canonical: self.canonical,
             sample: None,
-        }
+        };
+        (item, self.paths)
     }
 }
 
