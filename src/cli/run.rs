@@ -353,7 +353,7 @@ impl EarlyHistory {
         let kept_for = fits && self.kept_for(manifest);
         let (kept_plans, outcomes) = match self.kept.take() {
             Some(mut kept) if kept_for => (
-                kept_plans::decode(&kept.plans).unwrap_or_default(),
+                kept_plans::decode_unchanged(&kept.plans).unwrap_or_default(),
                 kept.outcomes(),
             ),
             Some(mut kept) => {

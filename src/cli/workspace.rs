@@ -161,7 +161,7 @@ impl Loaded {
             manifest.profile.as_deref(),
         )
         .and_then(|key| ledger.kept_plans(&key).ok().flatten())
-        .and_then(|plans| kept_plans::decode(&plans))
+        .and_then(|plans| kept_plans::decode_unchanged(&plans))
         .unwrap_or_default()
     }
 

@@ -182,51 +182,66 @@ pub fn encode(plans: &[KeptPlan]) -> Vec<u8> {
 }
 
 /// The plans `bytes` encode; `None` for anything else.
+#[cfg(test)]
 pub fn decode(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
-    read_plans(bytes, |items| {
-        let mut d = Decoder(items);
-        let items = (0..d.count()?)
-            .map(|_| {
-                let key = d.text()?;
-                let canonical = Arc::from(d.text()?);
-                let paths = (0..d.count()?)
-                    .map(|_| d.text())
-                    .collect::<Option<Vec<_>>>()?;
-                Some(KeptItem {
-                    key,
-                    canonical,
-                    paths,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        d.0.is_empty().then_some(items)
-    })
+    read_plans(bytes)?.into_iter().map(with_items).collect()
+}
+
+/// The plans `bytes` encode whose item lists are as they saw them (and
+/// not written within a tick of it): the only ones that can serve. The
+/// others' items are not decoded. `None` if `bytes` encode no plans.
+pub fn decode_unchanged(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
+    read_plans(bytes)?
+        .into_iter()
+        .filter(|(plan, _)| plan.list_as_seen(&plan.list).is_some())
+        .map(with_items)
+        .collect()
 }
 
 /// The item lists of the plans `bytes` encode, their items left unread;
 /// `None` for anything else.
 pub fn lists(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
-    read_plans(bytes, |_| Some(Vec::new()))
+    let plans = read_plans(bytes)?;
+    Some(plans.into_iter().map(|(plan, _)| plan).collect())
 }
 
-/// The plans `bytes` encode, each stage's block of items read by `items`.
-fn read_plans(
-    bytes: &[u8],
-    items: impl Fn(&[u8]) -> Option<Vec<KeptItem>>,
-) -> Option<Vec<KeptPlan>> {
+/// The plans `bytes` encode, each with its items left undecoded in the
+/// block beside it.
+fn read_plans(bytes: &[u8]) -> Option<Vec<(KeptPlan, &[u8])>> {
     let mut d = Decoder(bytes);
     let plans = (0..d.count()?)
         .map(|_| {
-            Some(KeptPlan {
+            let plan = KeptPlan {
                 stage: d.text()?,
                 code: d.digest()?,
                 list: d.path()?,
                 list_entry: d.stat_entry()?,
-                items: items(d.bytes()?)?,
-            })
+                items: Vec::new(),
+            };
+            Some((plan, d.bytes()?))
         })
         .collect::<Option<Vec<_>>>()?;
     d.0.is_empty().then_some(plans)
+}
+
+/// `plan` with its items decoded from `items`; `None` if they cannot be.
+fn with_items((plan, items): (KeptPlan, &[u8])) -> Option<KeptPlan> {
+    let mut d = Decoder(items);
+    let items = (0..d.count()?)
+        .map(|_| {
+            let key = d.text()?;
+            let canonical = Arc::from(d.text()?);
+            let paths = (0..d.count()?)
+                .map(|_| d.text())
+                .collect::<Option<Vec<_>>>()?;
+            Some(KeptItem {
+                key,
+                canonical,
+                paths,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    d.0.is_empty().then_some(KeptPlan { items, ..plan })
 }
 
 /// Whether `list`, the item list of `stage`, is as a kept plan of `kept`
@@ -295,5 +310,66 @@ mod tests {
             assert_eq!(decode(&bytes[..cut]), None, "cut at {cut}");
         }
         assert_eq!(decode(&encode(&[])), Some(Vec::new()));
+    }
+
+    #[test]
+    fn only_the_plans_whose_list_is_unchanged_are_decoded() {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("items.jsonl");
+        std::fs::write(&list, "{\"id\":\"a\"}\n").unwrap();
+        let meta = std::fs::metadata(&list).unwrap();
+        let seen = |after_ns: i64| {
+            let entry = StatEntry::new(&meta, Digest::of(b"list"), 0);
+            StatEntry {
+                seen_ns: entry.mtime_ns.max(entry.ctime_ns) + after_ns,
+                ..entry
+            }
+        };
+        let plan = |stage: &str, list_entry: StatEntry| KeptPlan {
+            stage: stage.to_owned(),
+            code: Digest::of(b"code"),
+            list: list.clone(),
+            list_entry,
+            items: vec![KeptItem {
+                key: "a".to_owned(),
+                canonical: Arc::from(r#"{"id":"a"}"#),
+                paths: Vec::new(),
+            }],
+        };
+        let plans = vec![
+            plan("held", seen(3_000_000_000)),
+            // Seen within a tick of being written: a later write could
+            // have kept its stat.
+            plan("racy", seen(0)),
+            // Seen at another size.
+            plan(
+                "edited",
+                StatEntry {
+                    size: meta.len() + 1,
+                    ..seen(3_000_000_000)
+                },
+            ),
+        ];
+        let mut bytes = encode(&plans);
+        assert_eq!(decode_unchanged(&bytes), Some(vec![plans[0].clone()]));
+        // The items of a plan that cannot serve are not read: damaged,
+        // they do not matter...
+        let last = bytes
+            .windows(10)
+            .rposition(|w| w == br#"{"id":"a"}"#)
+            .unwrap();
+        bytes[last] = 0xff;
+        assert_eq!(decode_unchanged(&bytes), Some(vec![plans[0].clone()]));
+        assert_eq!(decode(&bytes), None);
+        // ...but the items of one that can serve are.
+        let first = bytes
+            .windows(10)
+            .position(|w| w == br#"{"id":"a"}"#)
+            .unwrap();
+        bytes[first + 1] = 0xff;
+        assert_eq!(decode_unchanged(&bytes), None);
+        // Once the list is written again, none serves.
+        std::fs::write(&list, "{\"id\":\"bb\"}\n").unwrap();
+        assert_eq!(decode_unchanged(&encode(&plans)), Some(Vec::new()));
     }
 }
