@@ -9,7 +9,8 @@ use serde::Serialize;
 use super::ScheduleError;
 use super::item_fields::FieldCheck;
 use super::items::{
-    Fields, Item, PlanIndex, PlannedItem, fill, fill_fields, for_each_item, load_items,
+    Fields, Item, PlanIndex, PlannedItem, fill, fill_fields, for_each_item, in_key_order,
+    load_items,
 };
 use super::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
 use crate::exec::{ImageResolver, PinnedImage};
@@ -497,9 +498,7 @@ impl<'m> Context<'m> {
             let items = self.plan_items(i, &code)?;
             // In key order: the list's order is not part of the stage
             // (its merged output is in key order too).
-            let mut sorted: Vec<&PlannedItem> = items.iter().collect();
-            sorted.sort_unstable_by(|a, b| a.item.key.cmp(&b.item.key));
-            let listing = sorted.iter().flat_map(|planned| {
+            let listing = in_key_order(&items).into_iter().flat_map(|planned| {
                 [
                     planned.item.key.as_bytes(),
                     b"\0".as_slice(),
