@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -169,7 +170,7 @@ pub struct Context<'m> {
     /// `key_of` (per-item images are on each [`PlannedItem`]).
     pub images: HashMap<usize, PinnedImage>,
     /// Pins image references, asking a registry once per tag.
-    resolver: std::sync::Arc<ImageResolver>,
+    resolver: Arc<ImageResolver>,
     /// Stored tree listings of upstream directory outputs, by digest
     /// (`None`: not in the store).
     listings: HashMap<Digest, Option<TreeListing>>,
@@ -415,7 +416,7 @@ impl<'m> Context<'m> {
             orphans: HashMap::new(),
             orphaned: None,
             images: HashMap::new(),
-            resolver: std::sync::Arc::default(),
+            resolver: Arc::default(),
             listings: HashMap::new(),
             input_digests: HashMap::new(),
             env_read: BTreeMap::new(),
@@ -568,7 +569,7 @@ impl<'m> Context<'m> {
 
     /// The resolver of image tags, to resolve some off the scheduler's
     /// thread.
-    pub fn resolver(&self) -> std::sync::Arc<ImageResolver> {
+    pub fn resolver(&self) -> Arc<ImageResolver> {
         self.resolver.clone()
     }
 
@@ -734,6 +735,7 @@ impl<'m> Context<'m> {
         // A block at a time, as the list is read: what is held beside the
         // plan is one block's reads, not a million items'.
         let mut planned = Vec::with_capacity(kept.items.len());
+        let code = Arc::new(*template);
         let mut listed = kept.items.into_iter().map(|kept| {
             let (item, paths) = kept.into_item();
             ListedItem {
@@ -748,11 +750,10 @@ impl<'m> Context<'m> {
                 break;
             }
             match self.read_item_inputs(i, block) {
-                Ok(read) => {
-                    planned.extend(read.into_iter().map(|read| {
-                        planned_item(template, read.item, read.inputs, None, cancelled)
-                    }))
-                }
+                Ok(read) => planned.extend(
+                    read.into_iter()
+                        .map(|read| planned_item(&code, read.item, read.inputs, None, cancelled)),
+                ),
                 Err(error) => return Some(Err(error)),
             }
         }
@@ -786,6 +787,7 @@ impl<'m> Context<'m> {
         let image = manifest
             .image_of(stage)
             .filter(|(image, _)| is_per_item(image));
+        let code = Arc::new(*template);
         // An item's units (its samples, in a sampled stage), planned once
         // everything it reads is known.
         let plan = |planned: &mut Vec<PlannedItem>,
@@ -806,13 +808,7 @@ impl<'m> Context<'m> {
                     .collect(),
             };
             for (item, inputs) in units {
-                planned.push(planned_item(
-                    template,
-                    item,
-                    inputs,
-                    image.clone(),
-                    cancelled,
-                ));
+                planned.push(planned_item(&code, item, inputs, image.clone(), cancelled));
             }
         };
         let mut planned = Vec::new();
@@ -1242,7 +1238,7 @@ fn orphaned_jobs(
 /// An item (or sample) reading `inputs` as stage code `template` plans it,
 /// before its outcome is known.
 fn planned_item(
-    template: &Digest,
+    template: &Arc<Digest>,
     item: Item,
     inputs: Vec<(String, Digest)>,
     image: Option<String>,
@@ -1262,7 +1258,7 @@ fn planned_item(
         fingerprint,
         attempts_before,
         image: image.map(String::into_boxed_str),
-        code: *template,
+        code: template.clone(),
         outputs: None,
         outcome: None,
         result: None,

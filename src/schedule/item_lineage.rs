@@ -194,7 +194,7 @@ impl<'c> ItemTracer<'c> {
             stage: stage.name.clone(),
             key: planned.item.key.clone(),
             fingerprint: planned.fingerprint,
-            code: planned.code,
+            code: *planned.code,
             class: planned
                 .outcome
                 .as_ref()

@@ -107,7 +107,7 @@ pub fn item_entry(
         stage: stage.to_owned(),
         what: What::Item {
             item: planned.item.key.clone(),
-            code: planned.code,
+            code: *planned.code,
             canonical: planned.item.canonical.to_string(),
             inputs: planned.inputs.to_vec(),
             class: class.name().to_owned(),
@@ -259,7 +259,7 @@ pub async fn reuse_items(
         }
         let now = now_ms();
         let attempt = ItemAttempt {
-            code: Some(planned.code),
+            code: Some(*planned.code),
             class: class.name().to_owned(),
             rule,
             result: result.clone(),

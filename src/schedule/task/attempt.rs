@@ -249,7 +249,7 @@ impl ItemRunner {
     /// anything is known of how it ends.
     fn attempt_record(&self, planned: &PlannedItem, attempt: u32, started_ms: i64) -> ItemAttempt {
         ItemAttempt {
-            code: Some(planned.code),
+            code: Some(*planned.code),
             ..ItemAttempt::started(
                 self.run_id,
                 &self.stage,
