@@ -7,9 +7,8 @@ use super::error::CliError;
 use crate::file_stat::Stated;
 use crate::graph::Dag;
 use crate::manifest::{self, LoadError, Manifest};
+use crate::schedule::Context;
 use crate::schedule::fresh_proof::{self, CHECK_VAR};
-use crate::schedule::kept_plans::{self, KeptPlan};
-use crate::schedule::{Context, History};
 use crate::store::{Ledger, PipelineId, WorkspaceLock};
 
 pub struct Loaded {
@@ -136,33 +135,22 @@ impl Loaded {
     pub fn read_context(&self) -> Result<Context<'_>, CliError> {
         let ledger =
             Ledger::open_existing(&self.manifest.cache_dir(), &PipelineId::of(&self.manifest))?;
-        let kept_plans = ledger
-            .as_ref()
-            .map(|ledger| self.kept_plans(ledger))
-            .unwrap_or_default();
-        let history = History::read(&self.manifest.lock_path(), &self.manifest.name, ledger)?
-            .with_kept_plans(kept_plans, Default::default());
-        let ctx = Context::with_history(&self.manifest, &self.dag, history);
+        let mut ctx = Context::new(&self.manifest, &self.dag, ledger)?;
+        // A per-item stage whose list is unchanged since the last proof is
+        // planned from the plan kept beside it, as a run would plan it.
+        let manifest = &self.manifest;
+        let key = fresh_proof::key(
+            &manifest.path,
+            manifest.source.as_bytes(),
+            manifest.profile.as_deref(),
+        );
+        if let Some(key) = key {
+            ctx = ctx.with_plans_kept_under(key);
+        }
         if let Some(problem) = &ctx.lock_problem {
             errln!("warning: {problem}");
         }
         Ok(ctx)
-    }
-
-    /// The item plans kept beside the last proof made for this manifest,
-    /// byte for byte (see `schedule::kept_plans`): a per-item stage whose
-    /// list is unchanged since is planned from them, its list not parsed
-    /// again. None if there are none or they cannot be read.
-    fn kept_plans(&self, ledger: &Ledger) -> Vec<KeptPlan> {
-        let manifest = &self.manifest;
-        fresh_proof::key(
-            &manifest.path,
-            manifest.source.as_bytes(),
-            manifest.profile.as_deref(),
-        )
-        .and_then(|key| ledger.kept_plans(&key).ok().flatten())
-        .and_then(|plans| kept_plans::decode_unchanged(&plans))
-        .unwrap_or_default()
     }
 
     /// Persists stat-cache entries learnt by a read-only command, if no

@@ -190,6 +190,10 @@ pub struct Context<'m> {
     /// a stage whose list is unchanged is planned from (see
     /// [`super::kept_plans`]).
     kept_plans: HashMap<String, KeptPlan>,
+    /// The key of the last proof, when the plans kept beside it are read
+    /// only once a per-item stage is planned (a command that only reads
+    /// may plan none: `log`, `show STAGE/KEY`).
+    kept_plans_key: Option<[u8; 32]>,
     /// Per-item stages planned from a kept plan.
     pub planned_from_kept: std::collections::HashSet<usize>,
     /// The outcomes of stages with a kept plan, read ahead while the
@@ -426,9 +430,21 @@ impl<'m> Context<'m> {
                 .into_iter()
                 .map(|plan| (plan.stage.clone(), plan))
                 .collect(),
+            kept_plans_key: None,
             planned_from_kept: Default::default(),
             outcomes_read,
             workspace_tag: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// With the item plans kept beside the proof made under `key` (see
+    /// [`super::fresh_proof::key`]), read once a per-item stage is
+    /// planned: a stage whose list is unchanged since is planned from its
+    /// plan, as a run after a failed proof does.
+    pub fn with_plans_kept_under(self, key: [u8; 32]) -> Self {
+        Self {
+            kept_plans_key: Some(key),
+            ..self
         }
     }
 
@@ -722,10 +738,11 @@ impl<'m> Context<'m> {
         template: &Digest,
         cancelled: &HashMap<(String, Digest), u32>,
     ) -> Option<Result<Vec<PlannedItem>, ScheduleError>> {
-        let stage = &self.manifest.stages[i];
+        let manifest = self.manifest;
+        let stage = &manifest.stages[i];
         let foreach = stage.foreach.as_ref()?;
-        let kept = self.kept_plans.remove(&stage.name)?;
-        if foreach.samples.is_some() || self.manifest.image_of(stage).is_some() {
+        let kept = self.take_kept_plan(&stage.name)?;
+        if foreach.samples.is_some() || manifest.image_of(stage).is_some() {
             return None;
         }
         let list = foreach.items.resolve(&self.manifest.root);
@@ -760,6 +777,23 @@ impl<'m> Context<'m> {
         self.item_lists.insert(i, Some((meta, seen_ns)));
         self.planned_from_kept.insert(i);
         Some(Ok(planned))
+    }
+
+    /// The plan kept for `stage`, if any, the plans read from the ledger
+    /// first if they are still to be (only those whose list is unchanged:
+    /// no other can serve).
+    fn take_kept_plan(&mut self, stage: &str) -> Option<KeptPlan> {
+        if let Some(key) = self.kept_plans_key.take() {
+            let plans = self
+                .ledger
+                .as_ref()
+                .and_then(|ledger| ledger.kept_plans(&key).ok().flatten())
+                .and_then(|plans| super::kept_plans::decode_unchanged(&plans))
+                .unwrap_or_default();
+            let by_stage = plans.into_iter().map(|plan| (plan.stage.clone(), plan));
+            self.kept_plans.extend(by_stage);
+        }
+        self.kept_plans.remove(stage)
     }
 
     /// The items of per-item stage `i`, each with its fingerprint. The list

@@ -811,6 +811,51 @@ mod tests {
         );
     }
 
+    /// An item keyed `key`, planned with no outcome yet.
+    fn unplanned(key: &str) -> PlannedItem {
+        PlannedItem {
+            item: Item {
+                key: key.to_owned(),
+                canonical: Arc::from("{}"),
+                sample: None,
+            },
+            fingerprint: Digest::of(key.as_bytes()),
+            image: None,
+            attempts_before: 0,
+            code: Arc::new(Digest::of(b"code")),
+            outcome: None,
+            result: None,
+            outputs: None,
+            inputs: Box::default(),
+        }
+    }
+
+    /// Runs of more than a few keys alike to their end (keys are unique in
+    /// a list; the sort must end all the same) and keys ending exactly
+    /// where a word of eight bytes does.
+    #[test]
+    fn keys_alike_to_their_end_or_ending_on_a_word_are_put_in_order() {
+        let mut keys: Vec<String> = vec!["the-same-key-0123".to_owned(); 20];
+        keys.extend(
+            [
+                "abcdefgh",
+                "abcdefg",
+                "abcdefghi",
+                "abcdefgh12345678",
+                "abcdefgh1234567",
+            ]
+            .map(String::from),
+        );
+        keys.extend((0..20).map(|n| format!("abcdefgh{:08}", 99 - n)));
+        let planned: Vec<PlannedItem> = keys.iter().map(|key| unplanned(key)).collect();
+        let ordered: Vec<&str> = in_key_order(&planned)
+            .iter()
+            .map(|p| p.item.key.as_str())
+            .collect();
+        keys.sort();
+        assert_eq!(ordered, keys);
+    }
+
     proptest::proptest! {
         /// Keys put in order eight bytes at a time are in the order of the
         /// keys whole: sharing prefixes of every length, ending within
@@ -829,21 +874,7 @@ mod tests {
                 .collect();
             let planned: Vec<PlannedItem> = keys
                 .iter()
-                .map(|key| PlannedItem {
-                    item: Item {
-                        key: key.clone(),
-                        canonical: Arc::from("{}"),
-                        sample: None,
-                    },
-                    fingerprint: Digest::of(key.as_bytes()),
-                    image: None,
-                    attempts_before: 0,
-                    code: Arc::new(Digest::of(b"code")),
-                    outcome: None,
-                    result: None,
-                    outputs: None,
-                    inputs: Box::default(),
-                })
+                .map(|key| unplanned(key))
                 .collect();
             let mut expected: Vec<&str> = planned.iter().map(|p| p.item.key.as_str()).collect();
             expected.sort();

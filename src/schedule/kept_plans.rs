@@ -189,7 +189,7 @@ pub fn decode(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
 
 /// The plans `bytes` encode whose item lists are as they saw them (and
 /// not written within a tick of it): the only ones that can serve. The
-/// others' items are not decoded. `None` if `bytes` encode no plans.
+/// others' items are not decoded. `None` if `bytes` are not plans.
 pub fn decode_unchanged(bytes: &[u8]) -> Option<Vec<KeptPlan>> {
     read_plans(bytes)?
         .into_iter()
