@@ -645,14 +645,9 @@ fn a_per_item_stage_is_proven_by_its_item_list_and_each_items_inputs() {
     settle(&p);
 }
 
-#[test]
-fn an_item_plan_the_list_disagrees_with_is_an_internal_error_under_the_check() {
-    let p = items_project();
-    run(&p, &[]);
-    settle(&p);
-    // The kept plan rewritten (as no cairn does) to say that item `two`
-    // reads `in/1.txt`: planned from it, an edit of `in/1.txt` would run
-    // `two` too. The check must catch it.
+/// Rewrites the kept plan (as no cairn does) to say that item `two` reads
+/// `in/1.txt`, not `in/2.txt`.
+fn misstate_what_two_reads(p: &Project) {
     let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
     let body: Vec<u8> = db
         .query_row("SELECT body FROM kept_plans", [], |row| row.get(0))
@@ -665,6 +660,17 @@ fn an_item_plan_the_list_disagrees_with_is_an_internal_error_under_the_check() {
     db.execute("UPDATE kept_plans SET body = ?1", [&wrong])
         .unwrap();
     drop(db);
+}
+
+#[test]
+fn an_item_plan_the_list_disagrees_with_is_an_internal_error_under_the_check() {
+    let p = items_project();
+    run(&p, &[]);
+    settle(&p);
+    // The kept plan rewritten (as no cairn does) to say that item `two`
+    // reads `in/1.txt`: planned from it, an edit of `in/1.txt` would run
+    // `two` too. The check must catch it.
+    misstate_what_two_reads(&p);
     p.file("in/1.txt", "one\n");
     let stderr = failing_run(&p, &[]);
     assert!(
@@ -726,18 +732,7 @@ fn a_kept_plan_the_list_disagrees_with_fails_status_under_the_check() {
     settle(&p);
     // The kept plan rewritten (as no cairn does) to say that item `two`
     // reads `in/1.txt`.
-    let db = rusqlite::Connection::open(p.path("cache/ledger.db")).unwrap();
-    let body: Vec<u8> = db
-        .query_row("SELECT body FROM kept_plans", [], |row| row.get(0))
-        .unwrap();
-    // (The last `in/2.txt` is the path `two` reads; the first is in its
-    // canonical text.)
-    let at = body.windows(8).rposition(|w| w == b"in/2.txt").unwrap();
-    let mut wrong = body.clone();
-    wrong[at..at + 8].copy_from_slice(b"in/1.txt");
-    db.execute("UPDATE kept_plans SET body = ?1", [&wrong])
-        .unwrap();
-    drop(db);
+    misstate_what_two_reads(&p);
     p.file("in/1.txt", "one\n");
     for args in [&["status"][..], &["why", "work"]] {
         let output = p

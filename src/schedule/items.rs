@@ -701,19 +701,8 @@ mod tests {
     #[test]
     fn the_plan_index_finds_items_whose_first_bytes_are_shared() {
         let planned = |key: &str, fingerprint: Digest| PlannedItem {
-            item: Item {
-                key: key.into(),
-                canonical: canonical_json(&serde_json::json!({ "id": key })).into(),
-                sample: None,
-            },
             fingerprint,
-            image: None,
-            attempts_before: 0,
-            code: Arc::new(Digest::of(b"code")),
-            outcome: None,
-            result: None,
-            outputs: None,
-            inputs: Box::default(),
+            ..unplanned(key)
         };
         let with_first = |first: u8, last: u8| {
             let mut bytes = [first; 32];
