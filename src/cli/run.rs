@@ -328,11 +328,7 @@ impl EarlyHistory {
     /// `manifest`, byte for byte.
     fn kept_for(&self, manifest: &Manifest) -> bool {
         *self.kept_for.get_or_init(|| {
-            let key = fresh_proof::key(
-                &manifest.path,
-                manifest.source.as_bytes(),
-                manifest.profile.as_deref(),
-            );
+            let key = fresh_proof::key_of(manifest);
             key.is_some() && key == self.key
         })
     }

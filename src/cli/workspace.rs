@@ -138,13 +138,7 @@ impl Loaded {
         let mut ctx = Context::new(&self.manifest, &self.dag, ledger)?;
         // A per-item stage whose list is unchanged since the last proof is
         // planned from the plan kept beside it, as a run would plan it.
-        let manifest = &self.manifest;
-        let key = fresh_proof::key(
-            &manifest.path,
-            manifest.source.as_bytes(),
-            manifest.profile.as_deref(),
-        );
-        if let Some(key) = key {
+        if let Some(key) = fresh_proof::key_of(&self.manifest) {
             ctx = ctx.with_plans_kept_under(key);
         }
         if let Some(problem) = &ctx.lock_problem {

@@ -438,7 +438,7 @@ impl<'m> Context<'m> {
     }
 
     /// With the item plans kept beside the proof made under `key` (see
-    /// [`super::fresh_proof::key`]), read once a per-item stage is
+    /// [`super::fresh_proof::key_of`]), read once a per-item stage is
     /// planned: a stage whose list is unchanged since is planned from its
     /// plan, as a run after a failed proof does.
     pub fn with_plans_kept_under(self, key: [u8; 32]) -> Self {
@@ -515,7 +515,7 @@ impl<'m> Context<'m> {
             let items = self.plan_items(i, &code)?;
             // In key order: the list's order is not part of the stage
             // (its merged output is in key order too).
-            let listing = in_key_order(&items).into_iter().flat_map(|planned| {
+            let listing = in_key_order(&items).flat_map(|planned| {
                 [
                     planned.item.key.as_bytes(),
                     b"\0".as_slice(),

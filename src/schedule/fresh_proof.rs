@@ -45,7 +45,7 @@ use crate::file_stat::{FileStat, Found, OpenDir, Stated, lstat_in_dir, stat_in_d
 use crate::fingerprint::{
     Digest, DirStat, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns,
 };
-use crate::manifest::Foreach;
+use crate::manifest::{Foreach, Manifest};
 use crate::side_by_side::{in_shares, shares_for};
 use crate::store::{OutputKind, OutputRecord};
 
@@ -61,6 +61,15 @@ const FORMAT: &[u8; 8] = b"cfproof3";
 /// it was given by and the working directory, the profile, and the cairn
 /// binary (a rebuilt cairn may decide otherwise). `None` if the binary or
 /// the working directory cannot be known.
+pub fn key_of(manifest: &Manifest) -> Option<[u8; 32]> {
+    key(
+        &manifest.path,
+        manifest.source.as_bytes(),
+        manifest.profile.as_deref(),
+    )
+}
+
+/// [`key_of`] a manifest not parsed yet: its path, bytes and profile.
 pub fn key(manifest: &Path, source: &[u8], profile: Option<&str>) -> Option<[u8; 32]> {
     let exe = std::env::current_exe().ok()?;
     let meta = std::fs::metadata(&exe).ok()?;

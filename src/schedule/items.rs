@@ -185,7 +185,7 @@ fn prefix(digest: &Digest) -> u64 {
 /// time instead (a radix sort, most significant bytes first), each run of
 /// keys alike so far by their next eight, and compared whole only in runs
 /// of a few.
-pub fn in_key_order(planned: &[PlannedItem]) -> Vec<&PlannedItem> {
+pub fn in_key_order(planned: &[PlannedItem]) -> impl Iterator<Item = &PlannedItem> {
     const FEW: usize = 16;
     let mut keyed: Vec<(u64, &PlannedItem)> = planned.iter().map(|p| (0, p)).collect();
     // (Runs still to sort, each alike in its first `depth` bytes.)
@@ -208,7 +208,7 @@ pub fn in_key_order(planned: &[PlannedItem]) -> Vec<&PlannedItem> {
             start += alike.len();
         }
     }
-    keyed.into_iter().map(|(_, p)| p).collect()
+    keyed.into_iter().map(|(_, p)| p)
 }
 
 /// The eight bytes of `key` from `depth` on, as a number that orders as
@@ -838,7 +838,6 @@ mod tests {
         keys.extend((0..20).map(|n| format!("abcdefgh{:08}", 99 - n)));
         let planned: Vec<PlannedItem> = keys.iter().map(|key| unplanned(key)).collect();
         let ordered: Vec<&str> = in_key_order(&planned)
-            .iter()
             .map(|p| p.item.key.as_str())
             .collect();
         keys.sort();
@@ -867,7 +866,7 @@ mod tests {
                 .collect();
             let mut expected: Vec<&str> = planned.iter().map(|p| p.item.key.as_str()).collect();
             expected.sort();
-            let ordered: Vec<&str> = in_key_order(&planned).iter().map(|p| p.item.key.as_str()).collect();
+            let ordered: Vec<&str> = in_key_order(&planned).map(|p| p.item.key.as_str()).collect();
             proptest::prop_assert_eq!(ordered, expected);
         }
     }

@@ -73,14 +73,7 @@ impl Dispatcher<'_, '_> {
         };
         let options = self.options;
         let ctx = &*self.ctx;
-        let (Some(ledger), Some(key)) = (
-            &ctx.ledger,
-            fresh_proof::key(
-                &ctx.manifest.path,
-                ctx.manifest.source.as_bytes(),
-                ctx.manifest.profile.as_deref(),
-            ),
-        ) else {
+        let (Some(ledger), Some(key)) = (&ctx.ledger, fresh_proof::key_of(ctx.manifest)) else {
             return;
         };
         let plans = plans.map(|plans| kept_plans::encode(&plans));
