@@ -449,3 +449,21 @@ fn shell_braces_are_not_placeholders() {
     p.cairn(&["run"]).success();
     assert_eq!(p.read("o.txt"), "set\n");
 }
+
+/// A path refused is reported once: the `{out.NAME}` and `{in.NAME}`
+/// that name it are not reported again as undefined.
+#[test]
+fn a_refused_path_is_not_reported_again_as_undefined_where_it_is_used() {
+    let p = Project::new();
+    p.file(
+        "cairn.toml",
+        "[pipeline]\nname = \"x\"\n[stages.a]\nrun = \"cat {in.i} > {out.o}\"\ninputs = { i = \"\" }\noutputs = { o = \"../outside.txt\" }\n",
+    );
+    let run = p.cairn(&["run"]);
+    run.code_is(2);
+    let stderr = run.stderr();
+    assert!(stderr.contains("escapes the project root"), "{stderr}");
+    assert!(stderr.contains("2 problems"), "{stderr}");
+    assert!(!stderr.contains("undefined"), "{stderr}");
+    assert!(!p.exists("cache"));
+}

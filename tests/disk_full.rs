@@ -162,3 +162,61 @@ fn a_disk_full_to_the_last_byte_under_the_ledger_still_closes_the_run_as_failed(
     let runs: serde_json::Value = serde_json::from_str(&p.read("runs.json")).unwrap();
     assert_eq!(runs[0]["status"], "failed", "{stderr}");
 }
+
+/// Runs `cairn run` in a namespace where `dir` is a tmpfs of `size`, then
+/// lists (inside it, before it goes) every file under `dir` whose name
+/// says it is temporary, and every `.cairn-restore` left beside `state/`
+/// outputs: what a full disk must not leave behind.
+fn run_and_list_leftovers(p: &Project, dir: &str, size: &str) -> (String, String) {
+    let cairn = bin();
+    let script = format!(
+        "{cairn} run > run.out 2> run.err; echo $? > run.code; \
+         (ls -A cache/tmp 2>/dev/null; find state -name '.*cairn-restore*' 2>/dev/null) > left.txt"
+    );
+    let run = in_namespace_with_full(p, dir, size, &["sh", "-c", &script]);
+    assert_eq!(run.code(), 0, "{}", run.stderr());
+    let stderr = p.read("run.err");
+    assert_eq!(p.read("run.code").trim(), "1", "{stderr}");
+    (stderr, p.read("left.txt"))
+}
+
+#[test]
+fn a_store_that_fills_up_mid_run_keeps_no_temporary_file_and_the_stage_fails_saying_so() {
+    // A 20 MB cache; the output (on the real disk) is 24 MB: its copy into
+    // the store fills the cache part way.
+    let p = project("mkdir -p state && head -c 24000000 /dev/urandom > {out.o}");
+    let (stderr, left) = run_and_list_leftovers(&p, "cache", "20m");
+    assert!(
+        stderr.contains("FAILED  fill") && stderr.contains("No space left on device"),
+        "the stage's own line does not say the disk is full:\n{stderr}"
+    );
+    assert_eq!(left, "", "a full disk left temporary files behind");
+}
+
+#[test]
+fn a_restore_that_fills_up_the_disk_fails_its_stage_and_leaves_nothing_half_written() {
+    // Stored on the real disk; inside the namespace `state` is a 20 MB
+    // tmpfs holding 10 MB already, so restoring the 12 MB output fails.
+    let p = project("mkdir -p state && head -c 12000000 /dev/urandom > {out.o}");
+    p.cairn(&["run"]).success();
+    let cairn = bin();
+    let script = format!(
+        "head -c 10000000 /dev/zero > state/filler; {cairn} run > run.out 2> run.err; echo $? > run.code; \
+         (ls -A cache/tmp 2>/dev/null; find state -name '.*cairn-restore*') > left.txt"
+    );
+    let run = in_namespace_with_full(&p, "state", "20m", &["sh", "-c", &script]);
+    assert_eq!(run.code(), 0, "{}", run.stderr());
+    let stderr = p.read("run.err");
+    assert_eq!(p.read("run.code").trim(), "1", "{stderr}");
+    assert!(
+        stderr.contains("FAILED  fill")
+            && stderr.contains("state/out.bin")
+            && stderr.contains("No space left on device"),
+        "the restore's stage does not fail saying the disk is full:\n{stderr}"
+    );
+    assert_eq!(
+        p.read("left.txt"),
+        "",
+        "a full disk left a half-restored file"
+    );
+}

@@ -134,7 +134,7 @@ proptest! {
     fn tree_digest_ignores_listing_order(entries in prop::collection::btree_map("[a-z]{1,6}(/[a-z]{1,6}){0,2}", any::<Vec<u8>>(), 1..12), seed in any::<u64>()) {
         let mut list: Vec<TreeEntry> = entries
             .iter()
-            .map(|(path, bytes)| TreeEntry { path: path.clone(), kind: EntryKind::File, digest: Digest::of(bytes), size: bytes.len() as u64 })
+            .map(|(path, bytes)| TreeEntry { path: path.into(), kind: EntryKind::File, digest: Digest::of(bytes), size: bytes.len() as u64 })
             .collect();
         let expected = tree_digest(&mut list.clone());
         // A deterministic shuffle from the seed.

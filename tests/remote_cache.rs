@@ -915,3 +915,60 @@ fn an_empty_output_file_is_uploaded_like_any_other() {
     assert_eq!(b.read("build/empty.txt"), "");
     assert_eq!(b.read("build/full.txt"), "full\n");
 }
+
+/// A result made from an input edited while its command ran is never
+/// shared: the next machine, whose input is what the first one's key
+/// hashed, runs the command itself instead of taking the wrong output.
+#[test]
+fn a_result_whose_input_changed_while_it_ran_is_never_shared() {
+    let cache = HttpCache::start();
+    let machine = Machine::new();
+    let side = tempfile::tempdir().unwrap();
+    let edit = side.path().join("edit");
+    let ran = side.path().join("ran");
+    let workspace = || {
+        let p = Project::new();
+        p.file("in.txt", "one\n");
+        p.file(
+            "cairn.toml",
+            &format!(
+                r#"
+[pipeline]
+name = "midway"
+
+[cache.remote]
+url = "{url}"
+trust = []
+
+[stages.copy]
+run = "echo copy >> {ran}; if [ -e {edit} ]; then rm {edit}; echo two > {{in.l}}; fi; cat {{in.l}} > {{out.o}}"
+inputs = {{ l = "in.txt" }}
+outputs = {{ o = "out.txt" }}
+"#,
+                url = cache.url(),
+                ran = ran.display(),
+                edit = edit.display(),
+            ),
+        );
+        p
+    };
+    let a = workspace();
+    std::fs::write(&edit, "").unwrap();
+    let first = machine.cairn(&a, &["run"]);
+    first.code_is(1);
+    assert!(
+        first.stderr().contains("changed while"),
+        "{}",
+        first.stderr()
+    );
+    let b = workspace();
+    let second = machine.cairn(&b, &["run"]);
+    second.success();
+    assert!(
+        !second.stderr().contains("from the remote cache"),
+        "a result made from other input was shared:\n{}",
+        second.stderr()
+    );
+    assert_eq!(b.read("out.txt"), "one\n");
+    assert_eq!(read_lines(&ran), ["copy", "copy"]);
+}

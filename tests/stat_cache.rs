@@ -40,7 +40,10 @@ fn project() -> Project {
 }
 
 /// The files `cairn ARGS` hashed (read), relative to the project, from its
-/// trace log.
+/// trace log, each once. (A file written within a timestamp tick of its
+/// hashing, as the files a test has just written are, is hashed again when
+/// the command that read it ends: the stat cache cannot vouch it is
+/// unchanged. Whether it was is a matter of milliseconds here.)
 fn hashed(p: &Project, args: &[&str]) -> Vec<String> {
     let output = p
         .command(args)
@@ -63,6 +66,7 @@ fn hashed(p: &Project, args: &[&str]) -> Vec<String> {
         })
         .collect();
     files.sort();
+    files.dedup();
     files
 }
 

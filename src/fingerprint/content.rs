@@ -5,11 +5,20 @@
 //! (path, kind, digest): so listing order, mtimes, owners and the absolute
 //! location never matter, while renaming, adding, removing or changing the
 //! executable bit of any file does.
+//!
+//! Paths are hashed as the bytes the file system holds (any Unix file
+//! name, UTF-8 or not), never through a lossy conversion. A symbolic link
+//! inside a directory is read as what it points to, as a path given as an
+//! input is: its target's content is hashed (a directory's as a tree), so
+//! where a link sits never decides whether an edit behind it is seen. A
+//! link that points nowhere is hashed by its text; one that leads back to
+//! a directory it lies in is an error naming it.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::{File, Metadata};
 use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -51,10 +60,11 @@ impl EntryKind {
 }
 
 /// One entry of a directory tree; `digest` is the file's content digest,
-/// the link target's digest for a symlink, and all zeroes for a directory.
+/// the digest of the link's text for a link that points nowhere, and all
+/// zeroes for a directory. `path` is relative, as the file system's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeEntry {
-    pub path: String,
+    pub path: PathBuf,
     pub kind: EntryKind,
     pub digest: Digest,
     pub size: u64,
@@ -85,17 +95,23 @@ impl Content {
 /// The Merkle digest of a directory's entries (sorted here, so callers may
 /// pass them in any order).
 pub fn tree_digest(entries: &mut [TreeEntry]) -> Digest {
-    entries.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+    entries.sort_by(|a, b| path_bytes(&a.path).cmp(path_bytes(&b.path)));
     let mut hasher = blake3::Hasher::new();
     hasher.update(b"cairn.tree\0");
     hasher.update(&1u32.to_le_bytes());
     for entry in entries.iter() {
-        hasher.update(&(entry.path.len() as u64).to_le_bytes());
-        hasher.update(entry.path.as_bytes());
+        let path = path_bytes(&entry.path);
+        hasher.update(&(path.len() as u64).to_le_bytes());
+        hasher.update(path);
         hasher.update(&[entry.kind.tag()]);
         hasher.update(entry.digest.as_bytes());
     }
     Digest::from_hash(hasher.finalize())
+}
+
+/// The bytes of `path`, as the file system holds them.
+pub fn path_bytes(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
 }
 
 /// A remembered file digest, valid while the file's identity and times hold
@@ -399,6 +415,33 @@ impl StatCache {
         StatCache::from_entries(under)
     }
 
+    /// The entries of `paths` (files) and of the files under them
+    /// (directories, or any path without an entry of its own): what a
+    /// task needs to look at them again away from this cache.
+    pub fn subset_of(&self, paths: &[&Path]) -> StatCache {
+        let mut entries = Vec::with_capacity(paths.len());
+        let mut dirs = std::collections::HashSet::new();
+        for path in paths {
+            match self.entry(path) {
+                Some(entry) => entries.push((path.to_path_buf(), entry)),
+                None => {
+                    dirs.insert(*path);
+                }
+            }
+        }
+        if !dirs.is_empty() {
+            for (path, slot) in &self.slots {
+                let path = Path::new(path);
+                if let Some(entry) = slot.newest()
+                    && path.ancestors().skip(1).any(|dir| dirs.contains(dir))
+                {
+                    entries.push((path.to_owned(), entry));
+                }
+            }
+        }
+        StatCache::from_entries(entries)
+    }
+
     /// Takes back what a [`Self::subset_under`] learned and looked at.
     pub fn absorb(&mut self, subset: StatCache) {
         for (path, theirs) in subset.slots {
@@ -462,7 +505,7 @@ impl StatCache {
         };
         let mut entries = Vec::with_capacity(listed.len());
         for item in listed {
-            let (kind, digest, size) = if item.meta.file_type().is_symlink() {
+            let (kind, digest, size) = if item.through_link {
                 return None;
             } else if item.meta.is_dir() {
                 vouched
@@ -580,13 +623,10 @@ impl StatCache {
         let mut entries = Vec::with_capacity(listed.len());
         for (i, item) in listed.into_iter().enumerate() {
             let (kind, digest, size) = if item.meta.file_type().is_symlink() {
+                // (Points nowhere: its text is all there is.)
                 let target = std::fs::read_link(&item.abs)?;
-                let target = target.to_string_lossy();
-                (
-                    EntryKind::Symlink,
-                    Digest::of(target.as_bytes()),
-                    target.len() as u64,
-                )
+                let target = path_bytes(&target);
+                (EntryKind::Symlink, Digest::of(target), target.len() as u64)
             } else if item.meta.is_dir() {
                 (
                     EntryKind::Dir,
@@ -626,8 +666,12 @@ impl StatCache {
 
 struct Listed {
     abs: PathBuf,
-    rel: String,
+    rel: PathBuf,
+    /// What the entry is, links followed: a link's only where it points
+    /// nowhere.
     meta: Metadata,
+    /// Whether a symbolic link leads to it (itself or a directory above).
+    through_link: bool,
 }
 
 impl Listed {
@@ -636,29 +680,65 @@ impl Listed {
     }
 }
 
+/// Lists the tree under `dir` into `out`, links followed (see the module
+/// doc).
 fn list_tree(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> io::Result<()> {
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    let mut above = vec![(meta.dev(), meta.ino())];
+    list_dir(root, dir, false, &mut above, out)
+}
+
+/// [`list_tree`] of `dir`, inside the directories `above` (by device and
+/// inode, `dir`'s own last).
+fn list_dir(
+    root: &Path,
+    dir: &Path,
+    through_link: bool,
+    above: &mut Vec<(u64, u64)>,
+    out: &mut Vec<Listed>,
+) -> io::Result<()> {
     let read = std::fs::read_dir(dir)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     for entry in read {
         let entry = entry?;
         let abs = entry.path();
-        let meta = std::fs::symlink_metadata(&abs)?;
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", abs.display()));
+        let own = std::fs::symlink_metadata(&abs).map_err(named)?;
+        let is_link = own.file_type().is_symlink();
+        let meta = match is_link {
+            false => own,
+            true => match std::fs::metadata(&abs) {
+                Ok(target) => target,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => own,
+                Err(e) => return Err(named(e)),
+            },
+        };
         if !meta.file_type().is_symlink() && !meta.is_dir() {
             refuse_special(&abs, &meta)?;
         }
         let rel = abs
             .strip_prefix(root)
             .map_err(|_| io::Error::other("path outside tree"))?
-            .to_string_lossy()
-            .into_owned();
+            .to_owned();
         let is_dir = meta.is_dir();
+        let here = (meta.dev(), meta.ino());
+        if is_dir && above.contains(&here) {
+            return Err(io::Error::other(format!(
+                "{}: a symbolic link leads back to a directory it lies in",
+                abs.display()
+            )));
+        }
         out.push(Listed {
             abs: abs.clone(),
             rel,
             meta,
+            through_link: through_link || is_link,
         });
         if is_dir {
-            list_tree(root, &abs, out)?;
+            above.push(here);
+            list_dir(root, &abs, through_link || is_link, above, out)?;
+            above.pop();
         }
     }
     Ok(())

@@ -31,8 +31,8 @@ mod key;
 
 pub use content::{
     Content, DirStat, EntryKind, PathMap, StatCache, StatEntry, TreeEntry, Vouched, hash_file,
-    is_executable, now_ns, open_regular, read_regular, refuse_special, stat_side_by_side,
-    tree_digest, unchanged,
+    is_executable, now_ns, open_regular, path_bytes, read_regular, refuse_special,
+    stat_side_by_side, tree_digest, unchanged,
 };
 pub use digest::{Digest, DigestHashed, DigestMap, ParseDigestError, hex};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};

@@ -192,6 +192,7 @@ pub fn load_str(path: &Path, source: String, profile: Option<&str>) -> Result<Ma
         problems: Vec::new(),
         acrosses: Vec::new(),
         unread_samples: HashSet::new(),
+        refused_paths: HashSet::new(),
     };
     let manifest = checker.manifest(path, &tree, profile)?;
     let mut problems = std::mem::take(&mut checker.problems);
@@ -222,6 +223,10 @@ struct Checker<'s> {
     /// Stages whose `samples` could not be read (already reported): their
     /// outputs are not counted against a summary nobody could name.
     unread_samples: HashSet<String>,
+    /// Declared paths refused (already reported), as (stage, `in` or
+    /// `out`, name): a `{in.NAME}` or `{out.NAME}` of theirs is not
+    /// reported again as undefined.
+    refused_paths: HashSet<(String, &'static str, String)>,
 }
 
 /// A stage before interpolation.
@@ -421,10 +426,10 @@ impl<'s> Checker<'s> {
         let description =
             find(table, "description").and_then(|e| self.string(&e.value, "`description`"));
         let inputs = find(table, "inputs")
-            .map(|e| self.paths(&e.value, root, false))
+            .map(|e| self.paths(&name, &e.value, root, false))
             .unwrap_or_default();
         let outputs = find(table, "outputs")
-            .map(|e| self.paths(&e.value, root, true))
+            .map(|e| self.paths(&name, &e.value, root, true))
             .unwrap_or_default();
         let needs = find(table, "needs")
             .map(|e| self.named_list(&e.value, "`needs`"))

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use crate::exec::{ImageResolver, PinnedImage};
 use crate::file_stat::FileStat;
 use crate::fingerprint::{
     Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
-    stage_key, tree_digest,
+    path_bytes, stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
@@ -340,13 +341,17 @@ impl History {
 
 /// A stored directory listing, by path, for looking up what lies inside.
 struct TreeListing {
-    entries: BTreeMap<String, TreeEntry>,
+    /// By the path's bytes (so the paths inside a directory follow it).
+    entries: BTreeMap<Vec<u8>, TreeEntry>,
 }
 
 impl TreeListing {
     fn new(entries: Vec<TreeEntry>) -> Self {
         Self {
-            entries: entries.into_iter().map(|e| (e.path.clone(), e)).collect(),
+            entries: entries
+                .into_iter()
+                .map(|e| (path_bytes(&e.path).to_vec(), e))
+                .collect(),
         }
     }
 
@@ -354,22 +359,23 @@ impl TreeListing {
     /// stat cache would compute it from the restored copy; `None` if the
     /// listing cannot tell (absent, or a symbolic link on the way).
     fn digest_of(&self, rel: &str) -> Option<Digest> {
-        match self.entries.get(rel).map(|e| e.kind) {
-            Some(EntryKind::File | EntryKind::Executable) => return Some(self.entries[rel].digest),
-            Some(EntryKind::Dir) => {}
-            Some(EntryKind::Symlink) | None => return None,
+        let found = self.entries.get(rel.as_bytes())?;
+        match found.kind {
+            EntryKind::File | EntryKind::Executable => return Some(found.digest),
+            EntryKind::Dir => {}
+            EntryKind::Symlink => return None,
         }
-        let prefix = format!("{rel}/");
+        let prefix = [rel.as_bytes(), b"/"].concat();
         let mut inside = Vec::new();
         for (path, entry) in self.entries.range(prefix.clone()..) {
-            let Some(sub) = path.strip_prefix(&prefix) else {
+            let Some(sub) = path.strip_prefix(prefix.as_slice()) else {
                 break;
             };
             if entry.kind == EntryKind::Symlink {
                 return None;
             }
             inside.push(TreeEntry {
-                path: sub.to_owned(),
+                path: PathBuf::from(std::ffi::OsStr::from_bytes(sub)),
                 ..entry.clone()
             });
         }

@@ -26,12 +26,13 @@ use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
 use super::executors::Executors;
+use super::inputs_read::{InputsRead, Read};
 use super::items::PlannedItem;
 use super::kept_plans::KeptItem;
 use super::limits::Limits;
 use super::remote::{UploadWorker, Uploads};
 use super::services::Services;
-use super::task::{Holds, Only, StageTask, TaskLinks, TaskResult};
+use super::task::{Hashed, Holds, Only, StageTask, TaskLinks, TaskResult};
 use super::timeline::{StageState, Timeline};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
@@ -463,8 +464,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
     ) -> Result<(), ScheduleError> {
         let executors = Executors::of(self.ctx.manifest);
         let mut running: JoinSet<Joined> = JoinSet::new();
-        let (hashed_tx, mut hashed_rx) =
-            unbounded_channel::<(usize, Vec<OutputRecord>, Duration)>();
+        let (hashed_tx, mut hashed_rx) = unbounded_channel::<Hashed>();
         let (attempts_tx, mut attempts_rx) = unbounded_channel::<ItemAttempt>();
         // Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh session)
         // all interrupt the run.
@@ -506,12 +506,12 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             // critical path moving; recording results can wait a moment.
             tokio::select! {
                 biased;
-                Some((i, records, elapsed)) = hashed_rx.recv() => {
+                Some(hashed) = hashed_rx.recv() => {
                     // A per-item stage's attempts were all sent before its
                     // outputs were hashed: they are recorded (and shown)
                     // before the stage is done.
                     self.item_attempts(pending(&mut attempts_rx)).await?;
-                    self.outputs_known(i, &records, elapsed);
+                    self.outputs_known(hashed);
                     // Its commands are done: a service only it needed
                     // stops before the stages it releases start.
                     self.release_services().await;
@@ -702,12 +702,9 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         Ok(())
     }
 
-    fn drain_hashed(
-        &mut self,
-        hashed_rx: &mut UnboundedReceiver<(usize, Vec<OutputRecord>, Duration)>,
-    ) {
-        while let Ok((i, records, elapsed)) = hashed_rx.try_recv() {
-            self.outputs_known(i, &records, elapsed);
+    fn drain_hashed(&mut self, hashed_rx: &mut UnboundedReceiver<Hashed>) {
+        while let Ok(hashed) = hashed_rx.try_recv() {
+            self.outputs_known(hashed);
         }
     }
 
@@ -724,7 +721,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         running: &mut JoinSet<Joined>,
         resolving: &mut JoinSet<usize>,
         lookups: &mut JoinSet<LookedUp>,
-        hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+        hashed: &UnboundedSender<Hashed>,
         attempts: &UnboundedSender<ItemAttempt>,
     ) -> Result<bool, ScheduleError> {
         let mut weighed = 0;
@@ -767,7 +764,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         reason: DirtyReason,
         executors: &Executors,
         running: &mut JoinSet<Joined>,
-        hashed: &UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+        hashed: &UnboundedSender<Hashed>,
         attempts: &UnboundedSender<ItemAttempt>,
     ) {
         let stage = &self.ctx.manifest.stages[i];
@@ -840,6 +837,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 return;
             }
         };
+        let inputs_read = self.inputs_read(i, plan.as_deref());
         let task = match StageTask::prepare(
             self.ctx,
             i,
@@ -866,6 +864,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 return;
             }
         }
+        .with_inputs_read(inputs_read)
         .with_orphans(orphans)
         .with_windows(windows)
         .with_services(&self.services)
@@ -891,10 +890,61 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         running.spawn(async move { (i, key, Box::pin(task.run(executor, links)).await) });
     }
 
+    /// What stage `i`'s commands read (its inputs, and the items' of
+    /// `plan`), as its key hashed them, to be looked at again as each
+    /// command ends (see [`super::inputs_read`]).
+    fn inputs_read(&self, i: usize, plan: Option<&[PlannedItem]>) -> InputsRead {
+        let root = &self.ctx.manifest.root;
+        let digests = self
+            .ctx
+            .input_digests
+            .get(&i)
+            .map_or(&[][..], Vec::as_slice);
+        let stage: Vec<Read> = self.ctx.manifest.stages[i]
+            .inputs
+            .iter()
+            .zip(digests)
+            .map(|(input, digest)| Read {
+                shown: input.path.to_string(),
+                abs: input.path.resolve(root),
+                digest: *digest,
+            })
+            .collect();
+        let items = plan.unwrap_or_default().iter().filter(|p| {
+            !p.outcome
+                .as_ref()
+                .is_some_and(|(class, _)| class.is_final())
+        });
+        let item_paths: Vec<PathBuf> = items
+            .flat_map(|planned| planned.inputs.iter())
+            .filter(|(path, _)| !path.starts_with('\0'))
+            .map(|(path, _)| root.join(path))
+            .collect();
+        let paths: Vec<&Path> = stage
+            .iter()
+            .map(|read| read.abs.as_path())
+            .chain(item_paths.iter().map(PathBuf::as_path))
+            .collect();
+        let stat = self.ctx.stat.subset_of(&paths);
+        let produced = self.ctx.produced.keys().cloned().collect();
+        InputsRead::new(stage, root.clone(), produced, stat)
+    }
+
     /// A task's output digests are final: the stage is done for everything
     /// downstream (its result is recorded when its objects are durable).
-    fn outputs_known(&mut self, i: usize, records: &[OutputRecord], elapsed: Duration) {
-        self.ctx.note_outputs(records);
+    fn outputs_known(&mut self, hashed: Hashed) {
+        let Hashed {
+            stage: i,
+            records,
+            seen,
+            elapsed,
+        } = hashed;
+        self.ctx.note_outputs(&records);
+        // What the store saw of them, for the stages that read them to be
+        // looked at again by (see `inputs_read`).
+        for (path, entry) in seen {
+            self.ctx.stat.learn(path, entry);
+        }
         self.timeline.hashed(i);
         self.reporter.event(Event::StageDone {
             stage: &self.ctx.manifest.stages[i].name,

@@ -9,6 +9,7 @@ mod dispatch;
 mod events;
 mod executors;
 pub mod fresh_proof;
+mod inputs_read;
 mod item_fields;
 mod item_lineage;
 mod item_outputs;

@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 
 use super::ScheduleError;
 use super::context::Context;
+use super::inputs_read::InputsRead;
 use super::item_outputs::ItemOutputs;
 use super::items::{Item, ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
@@ -84,9 +85,18 @@ pub struct TaskLinks {
     pub stage: usize,
     /// Told the output digests as soon as they are final, so downstream
     /// stages can start while the objects are made durable.
-    pub hashed: UnboundedSender<(usize, Vec<OutputRecord>, Duration)>,
+    pub hashed: UnboundedSender<Hashed>,
     /// Told every finished attempt of an item, to be recorded at once.
     pub attempts: UnboundedSender<ItemAttempt>,
+}
+
+/// A stage's outputs, hashed: final for everything downstream.
+pub struct Hashed {
+    pub stage: usize,
+    pub records: Vec<OutputRecord>,
+    /// The stat entries of the files the store hashed as it copied them.
+    pub seen: Vec<(PathBuf, StatEntry)>,
+    pub elapsed: Duration,
 }
 
 /// Which unfinished items a run takes on.
@@ -266,6 +276,8 @@ pub struct StageTask {
     /// The services its commands reach, and the run's services.
     services: Vec<String>,
     run_services: Option<Arc<Services>>,
+    /// What its commands read, to look at again when each ends.
+    inputs_read: Option<Arc<InputsRead>>,
 }
 
 /// The start of every job name of `stage`: `cairn-STAGE-WORKSPACE`, where
@@ -458,7 +470,21 @@ impl StageTask {
             producer: super::remote::producer(ctx.manifest, stage, 0, 0, None),
             services: stage.services.iter().map(|s| s.name.clone()).collect(),
             run_services: None,
+            inputs_read: None,
         })
+    }
+
+    /// Looks at what its commands read again through `inputs_read` when
+    /// each ends, before anything of it is recorded.
+    pub fn with_inputs_read(mut self, inputs_read: InputsRead) -> Self {
+        self.inputs_read = Some(Arc::new(inputs_read));
+        self
+    }
+
+    /// Why the stage's command cannot be recorded: an input it read
+    /// changed while it ran (see [`super::inputs_read`]).
+    fn input_changed(&self) -> Option<String> {
+        self.inputs_read.as_ref()?.changed_for_stage()
     }
 
     /// Brings up the services its commands reach (through `services`,
@@ -633,9 +659,12 @@ impl StageTask {
             .await
             .map_err(|e| ScheduleError::Task(e.to_string()))??
         };
-        let _ = links
-            .hashed
-            .send((links.stage, staged.records.clone(), started.elapsed()));
+        let _ = links.hashed.send(Hashed {
+            stage: links.stage,
+            records: staged.records.clone(),
+            seen: staged.seen().to_vec(),
+            elapsed: started.elapsed(),
+        });
         let published = if in_place {
             store.publish(staged)?
         } else {

@@ -29,6 +29,9 @@ pub enum AttestationError {
         expected: Digest,
         actual: Digest,
     },
+    /// An in-toto subject is named in JSON, which holds only UTF-8.
+    #[error("`{}` has a name that is not UTF-8, which an attestation cannot carry", path.display())]
+    NotUtf8 { path: std::path::PathBuf },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -70,8 +73,13 @@ pub fn statement(
             (OutputKind::Dir, Content::Dir { entries, .. }) => entries
                 .into_iter()
                 .filter(|e| matches!(e.kind, EntryKind::File | EntryKind::Executable))
-                .map(|e| (format!("{}/{}", output.path, e.path), e.digest))
-                .collect(),
+                .map(|e| match e.path.to_str() {
+                    Some(rel) => Ok((format!("{}/{rel}", output.path), e.digest)),
+                    None => Err(AttestationError::NotUtf8 {
+                        path: std::path::Path::new(&output.path).join(&e.path),
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
             (OutputKind::Dir, Content::File { .. }) => Vec::new(),
         };
         for (name, blake3) in files {

@@ -58,6 +58,11 @@ fn look_at(abs: &Path) -> Result<(fs::Metadata, i64), StoreError> {
 }
 
 impl Staged {
+    /// The stat entries of the workspace files hashed as they were copied.
+    pub fn seen(&self) -> &[(PathBuf, StatEntry)] {
+        &self.seen
+    }
+
     fn for_outputs(count: usize) -> Self {
         Self {
             records: Vec::with_capacity(count),
@@ -264,11 +269,17 @@ impl ObjectStore {
             .map_err(|e| StoreError::io(src, e))?;
             if linked {
                 // The bytes stored are the ones hashed: the temp file's.
-                let size = fs::metadata(&temp)
-                    .map_err(|e| StoreError::io(&temp, e))?
-                    .len();
-                let digest = crate::fingerprint::hash_file(&temp, size, true)
-                    .map_err(|e| StoreError::io(&temp, e))?;
+                let hashed = fs::metadata(&temp).and_then(|meta| {
+                    let digest = crate::fingerprint::hash_file(&temp, meta.len(), true)?;
+                    Ok((digest, meta.len()))
+                });
+                let (digest, size) = match hashed {
+                    Ok(hashed) => hashed,
+                    Err(e) => {
+                        let _ = fs::remove_file(&temp);
+                        return Err(StoreError::io(&temp, e));
+                    }
+                };
                 staged.pending.push((temp, self.object_path(&digest)));
                 return Ok((digest, size));
             }
@@ -278,15 +289,22 @@ impl ObjectStore {
         let mut hasher = blake3::Hasher::new();
         let mut buf = vec![0u8; 256 * 1024];
         let mut size = 0u64;
-        loop {
-            let n = input.read(&mut buf).map_err(|e| StoreError::io(src, e))?;
-            if n == 0 {
-                break;
-            }
+        let copied = loop {
+            let n = match input.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => n,
+                Err(e) => break Err(StoreError::io(src, e)),
+            };
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .map_err(|e| StoreError::io(&temp, e))?;
+            if let Err(e) = out.write_all(&buf[..n]) {
+                break Err(StoreError::io(&temp, e));
+            }
             size += n as u64;
+        };
+        if let Err(error) = copied {
+            // (A disk that filled up keeps nothing of the copy.)
+            let _ = fs::remove_file(&temp);
+            return Err(error);
         }
         let digest = Digest::from_hash(hasher.finalize());
         staged.pending.push((temp, self.object_path(&digest)));
@@ -429,9 +447,12 @@ impl ObjectStore {
         let digest = tree_digest(&mut entries);
         let listing = tree_listing::encode(&entries);
         let (temp, mut out) = self.temp_file()?;
+        // (Pending first: a listing that does not fit is removed with it.)
+        staged
+            .pending
+            .push((temp.clone(), self.compact_tree_path(&digest)));
         out.write_all(&listing)
             .map_err(|e| StoreError::io(&temp, e))?;
-        staged.pending.push((temp, self.compact_tree_path(&digest)));
         Ok(OutputRecord {
             name: name.to_owned(),
             path: path.to_owned(),
@@ -474,8 +495,15 @@ impl ObjectStore {
                 .and_then(|f| f.sync_all())
                 .map_err(|e| StoreError::io(temp, e))?;
         }
-        for (temp, dest) in std::mem::take(&mut staged.pending) {
-            self.rename_into_place(&temp, &dest)?;
+        let mut pending = std::mem::take(&mut staged.pending).into_iter();
+        while let Some((temp, dest)) = pending.next() {
+            if let Err(error) = self.rename_into_place(&temp, &dest) {
+                // Not published, so not kept.
+                for (temp, _) in std::iter::once((temp, dest)).chain(pending) {
+                    let _ = fs::remove_file(temp);
+                }
+                return Err(error);
+            }
         }
         Ok(Published {
             records: std::mem::take(&mut staged.records),
@@ -579,7 +607,9 @@ impl ObjectStore {
 
     /// Rewrites the workspace copy of an output from the store, verifying
     /// each object's bytes; the old copy is replaced only once the new one
-    /// is complete.
+    /// is complete. Whatever fails, nothing half-written is left beside it,
+    /// and a damaged object is removed only once every entry that needs it
+    /// has been looked at (see [`Self::restore_entries`]).
     pub fn restore(
         &self,
         record: &OutputRecord,
@@ -588,14 +618,30 @@ impl ObjectStore {
     ) -> Result<(), StoreError> {
         let parent = dest.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
-        let staging = parent.join(format!(
-            ".{}.cairn-restore-{}",
-            dest.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            std::process::id()
-        ));
+        let mut name = std::ffi::OsString::from(".");
+        name.push(dest.file_name().unwrap_or_default());
+        name.push(format!(".cairn-restore-{}", std::process::id()));
+        let staging = parent.join(name);
         remove_path(&staging).map_err(|e| StoreError::io(&staging, e))?;
+        let placed = self
+            .restore_into(record, &staging, dest, ledger)
+            .map_err(|error| named_as_restored(error, &staging, dest))
+            .and_then(|()| remove_path(dest).map_err(|e| StoreError::io(dest, e)))
+            .and_then(|()| fs::rename(&staging, dest).map_err(|e| StoreError::io(dest, e)));
+        if placed.is_err() {
+            let _ = remove_path(&staging);
+        }
+        placed
+    }
+
+    /// Writes the output `record` describes at `staging`, verified.
+    fn restore_into(
+        &self,
+        record: &OutputRecord,
+        staging: &Path,
+        dest: &Path,
+        ledger: Option<&Ledger>,
+    ) -> Result<(), StoreError> {
         match record.kind {
             OutputKind::File if record.inline => {
                 let ledger = ledger.ok_or_else(|| StoreError::Corrupt {
@@ -613,29 +659,32 @@ impl ObjectStore {
                     &bytes,
                     &record.digest,
                     ledger.path(),
-                    &staging,
+                    staging,
                     record.executable,
-                )?
+                )
             }
-            OutputKind::File => self.copy_verified(&record.digest, &staging, record.executable)?,
+            OutputKind::File => {
+                let copied = self.copy_verified(&record.digest, staging, record.executable);
+                if matches!(copied, Err(StoreError::Corrupt { .. })) {
+                    // A damaged object must not be taken for a stored one:
+                    // gone, the stage that re-runs stores it afresh.
+                    let _ = fs::remove_file(self.object_path(&record.digest));
+                }
+                copied
+            }
             OutputKind::Dir => {
                 let entries = self.tree(&record.digest)?;
-                fs::create_dir_all(&staging).map_err(|e| StoreError::io(&staging, e))?;
-                if let Err(error) = self.restore_entries(&entries, &staging, dest, record) {
-                    let _ = remove_path(&staging);
-                    return Err(error);
-                }
+                fs::create_dir_all(staging).map_err(|e| StoreError::io(staging, e))?;
+                self.restore_entries(&entries, staging, dest, record)
             }
         }
-        remove_path(dest).map_err(|e| StoreError::io(dest, e))?;
-        fs::rename(&staging, dest).map_err(|e| StoreError::io(dest, e))
     }
 
     /// Restores a directory's entries under `staging`: the directories
     /// first, then the files, several at a time, each copy's writeback
-    /// started; then every copy is synced. Every damaged object is found
-    /// (and removed) in this one pass, so the re-run that follows stores
-    /// them all afresh.
+    /// started; then every copy is synced. Every damaged object is found in
+    /// this one pass and removed after it (two entries may share one), so
+    /// the re-run that follows stores them all afresh.
     fn restore_entries(
         &self,
         entries: &[TreeEntry],
@@ -657,9 +706,14 @@ impl ObjectStore {
                     files.push((entry, target));
                 }
                 EntryKind::Symlink => {
+                    // (Not damage: the store keeps a link that points
+                    // nowhere by the digest of its text alone.)
                     return Err(StoreError::Corrupt {
                         path: dest.to_owned(),
-                        detail: format!("cannot restore symlink `{}` from the store", entry.path),
+                        detail: format!(
+                            "it holds `{}`, a symbolic link that points nowhere, which the store keeps only by the digest of its text",
+                            entry.path.display()
+                        ),
                     });
                 }
             }
@@ -668,7 +722,7 @@ impl ObjectStore {
         // writeback started, not waited for.
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
-        let place_files = || -> Result<(Vec<&str>, Vec<&Path>), StoreError> {
+        let place_files = || -> Result<(Vec<&TreeEntry>, Vec<&Path>), StoreError> {
             let mut damaged = Vec::new();
             let mut copied = Vec::new();
             while let Some((entry, target)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
@@ -679,7 +733,7 @@ impl ObjectStore {
                 match self.place_verified(&entry.digest, target, executable) {
                     Ok(Placed::Copied) => copied.push(target.as_path()),
                     Ok(Placed::Linked) => {}
-                    Err(StoreError::Corrupt { .. }) => damaged.push(entry.path.as_str()),
+                    Err(StoreError::Corrupt { .. }) => damaged.push(*entry),
                     Err(other) => {
                         failed.store(true, Ordering::Relaxed);
                         return Err(other);
@@ -695,14 +749,21 @@ impl ObjectStore {
             copied.extend(written);
         }
         if !damaged.is_empty() {
-            damaged.sort_unstable();
+            for entry in &damaged {
+                let _ = fs::remove_file(self.object_path(&entry.digest));
+            }
+            let mut paths: Vec<String> = damaged
+                .iter()
+                .map(|entry| entry.path.display().to_string())
+                .collect();
+            paths.sort_unstable();
             return Err(StoreError::Corrupt {
                 path: self.objects_dir(),
                 detail: format!(
                     "{} stored file(s) of `{}` do not hash to their names: {}",
-                    damaged.len(),
+                    paths.len(),
                     record.path,
-                    damaged.join(", ")
+                    paths.join(", ")
                 ),
             });
         }
@@ -743,11 +804,15 @@ impl ObjectStore {
         }
         let listing = tree_listing::encode(&entries);
         let (temp, mut out) = self.temp_file()?;
-        out.write_all(&listing)
+        let written = out
+            .write_all(&listing)
             .and_then(|()| out.sync_all())
-            .map_err(|e| StoreError::io(&temp, e))?;
-        self.rename_into_place(&temp, &self.compact_tree_path(digest))?;
-        Ok(true)
+            .map_err(|e| StoreError::io(&temp, e))
+            .and_then(|()| self.rename_into_place(&temp, &self.compact_tree_path(digest)));
+        if written.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        written.map(|()| true)
     }
 
     /// Removes a damaged object or tree listing, so that no result is taken
@@ -775,7 +840,8 @@ impl ObjectStore {
     /// asks for one and one can be made, else a copy whose writeback is
     /// started but not waited for (the caller syncs it). What is in place
     /// is checked against `digest` unless this process hashed the object
-    /// as it wrote it; a damaged object is removed, and `Corrupt`.
+    /// as it wrote it; a damaged object is `Corrupt` (and left for the
+    /// caller to remove).
     fn place_verified(
         &self,
         digest: &Digest,
@@ -789,16 +855,19 @@ impl ObjectStore {
         let io = |e| StoreError::io(&source, e);
         let mut from = File::open(&source).map_err(io)?;
         let (mut to, mode) = create_restored(dest, executable)?;
-        // Copied by the kernel (`copy_file_range`).
-        let size = io::copy(&mut from, &mut to).map_err(io)?;
+        // Copied by the kernel (`copy_file_range`). A write that finds no
+        // room is the restored file's failure, not the object's.
+        let size = io::copy(&mut from, &mut to).map_err(|e| match e.kind() {
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => StoreError::io(dest, e),
+            _ => io(e),
+        })?;
         if !self.just_hashed(digest)
             && crate::fingerprint::hash_file(dest, size, true).map_err(io)? != *digest
         {
             drop(to);
             let _ = fs::remove_file(dest);
-            // A damaged object must not be taken for a stored one: gone,
-            // the stage that re-runs stores it afresh.
-            let _ = fs::remove_file(&source);
+            // (The damaged object is removed by the caller, once no other
+            // entry still reads it.)
             return Err(StoreError::Corrupt {
                 path: source.clone(),
                 detail: format!("content does not hash to {digest}"),
@@ -869,7 +938,7 @@ fn on_threads<T: Send>(
 
 impl ObjectStore {
     /// Restores `dest` as a link of the object `source` if it hashes to
-    /// `digest` (damaged: removed, and `Corrupt`). `Ok(false)`: no link
+    /// `digest` (damaged: `Corrupt`). `Ok(false)`: no link
     /// could be made (or a hard link would give the object another mode),
     /// copy instead.
     fn link_verified(
@@ -902,7 +971,6 @@ impl ObjectStore {
             && crate::fingerprint::hash_file(dest, size, true).map_err(io)? != *digest
         {
             let _ = fs::remove_file(dest);
-            let _ = fs::remove_file(source);
             return Err(StoreError::Corrupt {
                 path: source.to_owned(),
                 detail: format!("content does not hash to {digest}"),
@@ -948,6 +1016,23 @@ fn create_restored(dest: &Path, executable: bool) -> Result<(File, u32), StoreEr
         .map_err(|e| StoreError::io(dest, e))
 }
 
+/// `error`, a path under `staging` in it named as the path under `dest`
+/// it was being restored as: the user knows their output, not the name
+/// it is written under until it is whole.
+fn named_as_restored(error: StoreError, staging: &Path, dest: &Path) -> StoreError {
+    match error {
+        StoreError::Io { path, source } => {
+            let path = match path.strip_prefix(staging) {
+                Ok(inside) if inside.as_os_str().is_empty() => dest.to_owned(),
+                Ok(inside) => dest.join(inside),
+                Err(_) => path,
+            };
+            StoreError::Io { path, source }
+        }
+        other => other,
+    }
+}
+
 /// Removes a file or directory tree; absent is fine.
 pub fn remove_path(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
@@ -983,7 +1068,7 @@ mod tests {
         assert_eq!(compact.extension().unwrap(), "tree");
         assert!(fs::read(&compact).unwrap().starts_with(b"cairn-tree\0"));
         let entries = store.tree(&record.digest).unwrap();
-        let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        let paths: Vec<&str> = entries.iter().filter_map(|e| e.path.to_str()).collect();
         assert_eq!(paths, ["a.txt", "sub", "sub/b.txt"]);
         assert!(store.is_complete(&record));
 

@@ -19,7 +19,9 @@
 //! name). Either way the entries are checked against the digest the
 //! listing is named by before they are used ([`super::ObjectStore::tree`]).
 
-use crate::fingerprint::{Digest, EntryKind, TreeEntry, tree_digest};
+use std::os::unix::ffi::OsStrExt;
+
+use crate::fingerprint::{Digest, EntryKind, TreeEntry, path_bytes, tree_digest};
 
 const MAGIC: &[u8; 12] = b"cairn-tree\x00\x01";
 
@@ -27,13 +29,13 @@ const MAGIC: &[u8; 12] = b"cairn-tree\x00\x01";
 /// path order (as [`crate::fingerprint::tree_digest`] leaves them) share
 /// most of each path with the one before.
 pub fn encode(entries: &[TreeEntry]) -> Vec<u8> {
-    let paths: usize = entries.iter().map(|e| e.path.len()).sum();
+    let paths: usize = entries.iter().map(|e| path_bytes(&e.path).len()).sum();
     let mut out = Vec::with_capacity(MAGIC.len() + 10 + entries.len() * 40 + paths / 4);
     out.extend_from_slice(MAGIC);
     put_varint(&mut out, entries.len() as u64);
     let mut before: &[u8] = &[];
     for entry in entries {
-        let path = entry.path.as_bytes();
+        let path = path_bytes(&entry.path);
         let shared = before.iter().zip(path).take_while(|(a, b)| a == b).count();
         put_varint(&mut out, shared as u64);
         put_varint(&mut out, (path.len() - shared) as u64);
@@ -73,9 +75,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<TreeEntry>, String> {
         let mut digest = [0u8; 32];
         digest.copy_from_slice(reader.take(32)?);
         let size = reader.varint()?;
-        let text = std::str::from_utf8(&path).map_err(|_| "a path that is not UTF-8".to_owned())?;
         entries.push(TreeEntry {
-            path: text.to_owned(),
+            path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&path)),
             kind,
             digest: Digest::from_bytes(digest),
             size,
@@ -150,25 +151,25 @@ mod tests {
     fn entries() -> Vec<TreeEntry> {
         let mut entries = vec![
             TreeEntry {
-                path: "src".to_owned(),
+                path: "src".to_owned().into(),
                 kind: EntryKind::Dir,
                 digest: Digest::from_bytes([0; 32]),
                 size: 0,
             },
             TreeEntry {
-                path: "src/main.rs".to_owned(),
+                path: "src/main.rs".to_owned().into(),
                 kind: EntryKind::File,
                 digest: Digest::of(b"fn main() {}"),
                 size: 12,
             },
             TreeEntry {
-                path: "src/mañana.rs".to_owned(),
+                path: "src/mañana.rs".to_owned().into(),
                 kind: EntryKind::Executable,
                 digest: Digest::of(b"later"),
                 size: u64::MAX,
             },
             TreeEntry {
-                path: "link".to_owned(),
+                path: "link".to_owned().into(),
                 kind: EntryKind::Symlink,
                 digest: Digest::of(b"src/main.rs"),
                 size: 11,
@@ -176,7 +177,7 @@ mod tests {
         ];
         for n in 0..300 {
             entries.push(TreeEntry {
-                path: format!("data/shard-{n:05}.jsonl"),
+                path: format!("data/shard-{n:05}.jsonl").into(),
                 kind: EntryKind::File,
                 digest: Digest::of(format!("{n}").as_bytes()),
                 size: 1000 + n,
@@ -199,6 +200,36 @@ mod tests {
             compact.len(),
             json.len()
         );
+    }
+
+    /// Any Unix file name is carried as its bytes: two names a lossy
+    /// conversion would make one (`n\xff`, `n\xfe`, `n\u{fffd}`) stay three,
+    /// each read back byte-exact, and their tree digests differ.
+    #[test]
+    fn names_that_are_not_utf8_read_back_byte_exact() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let named = |name: &[u8]| {
+            let mut entries = vec![TreeEntry {
+                path: OsStr::from_bytes(name).into(),
+                kind: EntryKind::File,
+                digest: Digest::of(b"x"),
+                size: 1,
+            }];
+            let digest = tree_digest(&mut entries);
+            (entries, digest)
+        };
+        let names: [&[u8]; 3] = [b"n\xff", b"n\xfe", "n\u{fffd}".as_bytes()];
+        let mut digests = Vec::new();
+        for name in names {
+            let (entries, digest) = named(name);
+            let read = decode_checked(&encode(&entries), &digest).unwrap();
+            assert_eq!(read[0].path.as_os_str().as_bytes(), name);
+            digests.push(digest);
+        }
+        digests.sort_by_key(|d| d.hex());
+        digests.dedup();
+        assert_eq!(digests.len(), 3);
     }
 
     /// What older cairns wrote, and what a remote cache they filled holds.

@@ -245,6 +245,11 @@ impl Checker<'_> {
                 if let Some(decl) = decls.iter().find(|d| d.name == p.name) {
                     return Ok(Resolved::One(decl.path.to_string()));
                 }
+                let namespace = if p.namespace == "in" { "in" } else { "out" };
+                if self.refused_paths.contains(&(stage.name.clone(), namespace, p.name.to_owned())) {
+                    // Its path was refused, and said so.
+                    return Ok(Resolved::One(String::new()));
+                }
                 let kind = if p.namespace == "in" { "input" } else { "output" };
                 let names: Vec<&str> = decls.iter().map(|d| d.name.as_str()).collect();
                 let help = if names.is_empty() {

@@ -6,6 +6,7 @@ use super::*;
 impl Checker<'_> {
     pub(super) fn paths(
         &mut self,
+        stage: &str,
         node: &Node,
         root: Option<&Path>,
         output: bool,
@@ -35,9 +36,13 @@ impl Checker<'_> {
                     path,
                     span: value.span.clone(),
                 }),
-                Err((message, help)) => self
-                    .problems
-                    .push(Problem::new(message, value.span.clone(), "this path").help(help)),
+                Err((message, help)) => {
+                    self.problems
+                        .push(Problem::new(message, value.span.clone(), "this path").help(help));
+                    let namespace = if output { "out" } else { "in" };
+                    self.refused_paths
+                        .insert((stage.to_owned(), namespace, name));
+                }
             }
         }
         decls

@@ -64,7 +64,20 @@ impl Dispatcher<'_, '_> {
             }
             Freshness::Fresh(record) => record.into_owned(),
         };
-        let done = match self.bring_back(&record)? {
+        // A restore that cannot be made (a full disk) fails this stage,
+        // not the run: the others go on.
+        let brought = match self.bring_back(&record) {
+            Ok(brought) => brought,
+            Err(error) => {
+                let message = format!(
+                    "failed to restore its outputs: {}",
+                    super::super::with_causes(&error)
+                );
+                self.fail(i, &message, None);
+                return Ok(None);
+            }
+        };
+        let done = match brought {
             Err(reason) => return Ok(Some(self.must_run(i, key, reason))),
             Ok(true) => {
                 self.summary.counts.restored += 1;
@@ -139,7 +152,7 @@ impl Dispatcher<'_, '_> {
                 Ok(()) => restored = true,
                 Err(StoreError::Corrupt { path, detail }) => {
                     tracing::warn!(
-                        "stored copy of `{}` is damaged ({}: {detail}); re-running",
+                        "the stored copy of `{}` cannot be restored ({}: {detail}); re-running",
                         output.path,
                         path.display()
                     );

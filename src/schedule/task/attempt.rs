@@ -27,6 +27,8 @@ pub(super) struct ItemRunner {
     /// Where final outcomes are uploaded to the remote cache, if anywhere.
     pub(super) uploads: Option<Uploads>,
     pub(super) producer: Producer,
+    /// What its items read, looked at again as each attempt ends.
+    pub(super) inputs_read: Option<Arc<InputsRead>>,
 }
 
 impl ItemRunner {
@@ -152,6 +154,16 @@ impl ItemRunner {
                 }
             };
             drop(permits);
+            // An item that read an input changed while it ran is not
+            // judged by what it made of it (see `inputs_read`).
+            let changed = class
+                .is_final()
+                .then(|| self.inputs_read.as_ref()?.changed_for_item(&planned.inputs))
+                .flatten();
+            let (class, rule) = match changed {
+                Some(message) => (ItemClass::Error, Some(message)),
+                None => (class, rule),
+            };
             let (class, rule, outputs) = if self.outputs.is_empty() {
                 (class, rule, None)
             } else if class.is_final() {

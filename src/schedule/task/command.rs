@@ -60,7 +60,10 @@ impl StageTask {
             // The checks run inside the windows, like the command.
             let failure = match &class {
                 ItemClass::Ok => match self.outputs_and_checks(executor.as_ref(), &job).await? {
-                    None => self.service_died().await,
+                    None => match self.service_died().await {
+                        None => self.input_changed(),
+                        died => died,
+                    },
                     failure => failure,
                 },
                 _ if outcome == Outcome::Success => Some(format!(
@@ -181,6 +184,20 @@ impl StageTask {
         executor: &dyn Executor,
         job: &Job,
     ) -> Result<Option<String>, ScheduleError> {
+        if let Some((name, path, abs)) = self.outputs.iter().find(|(_, _, abs)| {
+            std::fs::symlink_metadata(abs).is_ok_and(|meta| meta.file_type().is_symlink())
+        }) {
+            let target = std::fs::read_link(abs)
+                .map(|target| target.display().to_string())
+                .unwrap_or_default();
+            // Removed (which changes nothing it points to): an output may
+            // not be a link, and one left there would stop the manifest
+            // from loading until someone removed it.
+            let _ = std::fs::remove_file(abs);
+            return Ok(Some(format!(
+                "the command made declared output `{name}` ({path}) a symbolic link (to `{target}`), which cairn does not store; write a file or a directory there (the link was removed)"
+            )));
+        }
         if let Some((name, path, _)) = self.outputs.iter().find(|(_, _, abs)| !abs.exists()) {
             return Ok(Some(format!(
                 "command succeeded but did not create declared output `{name}` ({path})"

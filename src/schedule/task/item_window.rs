@@ -126,6 +126,7 @@ impl StageTask {
             store: self.store.clone(),
             uploads: self.uploads.clone(),
             producer: self.producer.clone(),
+            inputs_read: self.inputs_read.clone(),
         });
         // With `isolate`, each group's smoke items run first; a group one
         // of them fails is marked, and its other items are not run. With

@@ -274,7 +274,8 @@ impl RemoteCache {
                             _ => {
                                 return Ok(Err(Refusal::MissingBlob(format!(
                                     "{}/{}",
-                                    output.path, file.path
+                                    output.path,
+                                    file.path.display()
                                 ))));
                             }
                         }
@@ -598,18 +599,18 @@ fn read_listing(path: &Path, digest: &Digest) -> Result<Vec<TreeEntry>, String> 
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
     let entries = super::tree_listing::decode_checked(&bytes, digest)?;
     for entry in &entries {
-        let path = std::path::Path::new(&entry.path);
-        let plain = !entry.path.is_empty()
+        let path = &entry.path;
+        let plain = !path.as_os_str().is_empty()
             && path
                 .components()
                 .all(|c| matches!(c, std::path::Component::Normal(_)));
         if !plain {
-            return Err(format!("the listing names the path `{}`", entry.path));
+            return Err(format!("the listing names the path `{}`", path.display()));
         }
         if entry.kind == EntryKind::Symlink {
             return Err(format!(
                 "the listing holds a symbolic link `{}`",
-                entry.path
+                path.display()
             ));
         }
     }
