@@ -26,7 +26,7 @@ use super::ScheduleError;
 use super::context::{Context, DirtyReason, Freshness};
 use super::events::{Done, Event, Reporter};
 use super::executors::Executors;
-use super::inputs_read::{InputsRead, Read};
+use super::inputs_read::{InputsRead, Read, made};
 use super::items::PlannedItem;
 use super::kept_plans::KeptItem;
 use super::limits::Limits;
@@ -908,6 +908,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 shown: input.path.to_string(),
                 abs: input.path.resolve(root),
                 digest: *digest,
+                made: made(input.path.as_str(), |p| self.ctx.produced.contains_key(p)),
             })
             .collect();
         let items = plan.unwrap_or_default().iter().filter(|p| {
@@ -926,7 +927,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             .chain(item_paths.iter().map(PathBuf::as_path))
             .collect();
         let stat = self.ctx.stat.subset_of(&paths);
-        let produced = self.ctx.produced.keys().cloned().collect();
+        // (Only items need them all: a plain stage's are decided above.)
+        let produced = match plan {
+            Some(_) => self.ctx.produced.keys().cloned().collect(),
+            None => Default::default(),
+        };
         InputsRead::new(stage, root.clone(), produced, stat)
     }
 

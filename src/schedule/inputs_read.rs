@@ -30,7 +30,8 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use crate::fingerprint::{Digest, StatCache};
+use crate::file_stat::{FileStat, OpenDir, stat_in_dir};
+use crate::fingerprint::{Digest, StatCache, now_ns};
 
 /// One input as a key hashed it.
 #[derive(Clone)]
@@ -39,6 +40,8 @@ pub struct Read {
     pub shown: String,
     pub abs: PathBuf,
     pub digest: Digest,
+    /// An output of this run's stages, or inside one (see the module doc).
+    pub made: bool,
 }
 
 /// The inputs of one stage's commands as their keys hashed them, and the
@@ -47,7 +50,8 @@ pub struct InputsRead {
     /// The stage's own inputs.
     stage: Vec<Read>,
     root: PathBuf,
-    /// The outputs of this run's stages, by path (see the module doc).
+    /// The outputs of this run's stages, by path, for the items' inputs
+    /// (see the module doc); empty for a plain stage.
     produced: HashSet<String>,
     /// Entries of the files read, as the keys were made. Taken by one
     /// look at a time (items end side by side).
@@ -89,24 +93,11 @@ impl InputsRead {
                     shown: path.clone(),
                     abs: self.root.join(path),
                     digest: *digest,
+                    made: made(path, |p| self.produced.contains(p)),
                 })
             });
         let stage = self.stage.iter().map(Cow::Borrowed);
         self.first_changed(own.chain(stage), "the item ran")
-    }
-
-    /// Whether `path` is an output of this run's stages or lies in one.
-    fn produced(&self, path: &str) -> bool {
-        let mut rest = path;
-        loop {
-            if self.produced.contains(rest) {
-                return true;
-            }
-            match rest.rfind('/') {
-                Some(slash) => rest = &rest[..slash],
-                None => return false,
-            }
-        }
     }
 
     fn first_changed<'a>(
@@ -115,20 +106,36 @@ impl InputsRead {
         while_what: &str,
     ) -> Option<String> {
         let mut stat = self.stat.lock().unwrap_or_else(|p| p.into_inner());
+        // (Files are `stat`ed by name in their directory: most inputs of a
+        // stage lie in a few.)
+        let mut dir = OpenDir::default();
         for read in inputs {
             let Read {
                 shown,
                 abs,
                 digest: hashed,
+                made,
             } = &*read;
-            if self.produced(shown)
+            let seen_ns = now_ns();
+            let found = stat_in_dir(abs, &mut dir);
+            if let Ok(found) = &found
+                && !found.is_dir()
+                && stat.entry(abs).is_some_and(|entry| {
+                    entry.digest == *hashed && entry.matches_stat(found) && (*made || !entry.racy())
+                })
+            {
+                continue;
+            }
+            if *made
+                && found.as_ref().is_ok_and(FileStat::is_dir)
                 && stat
                     .vouch(abs)
                     .is_some_and(|vouched| vouched.digest == *hashed)
             {
                 continue;
             }
-            let now = match stat.content(abs) {
+            let content = found.and_then(|found| stat.content_as_stated(abs, &found, seen_ns));
+            let now = match content {
                 Ok(content) if content.digest() == *hashed => continue,
                 Ok(content) => content.digest().to_string(),
                 Err(error) => format!("unreadable: {error}"),
@@ -138,5 +145,19 @@ impl InputsRead {
             ));
         }
         None
+    }
+}
+
+/// Whether `path` is a path `is_output` holds, or lies in one.
+pub fn made(path: &str, is_output: impl Fn(&str) -> bool) -> bool {
+    let mut rest = path;
+    loop {
+        if is_output(rest) {
+            return true;
+        }
+        match rest.rfind('/') {
+            Some(slash) => rest = &rest[..slash],
+            None => return false,
+        }
     }
 }

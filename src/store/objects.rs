@@ -618,10 +618,7 @@ impl ObjectStore {
     ) -> Result<(), StoreError> {
         let parent = dest.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
-        let mut name = std::ffi::OsString::from(".");
-        name.push(dest.file_name().unwrap_or_default());
-        name.push(format!(".cairn-restore-{}", std::process::id()));
-        let staging = parent.join(name);
+        let staging = restore_staging(dest);
         remove_path(&staging).map_err(|e| StoreError::io(&staging, e))?;
         let placed = self
             .restore_into(record, &staging, dest, ledger)
@@ -1016,6 +1013,16 @@ fn create_restored(dest: &Path, executable: bool) -> Result<(File, u32), StoreEr
         .map_err(|e| StoreError::io(dest, e))
 }
 
+/// Where `dest` is restored until it is whole: beside it, hidden, one name
+/// for every run (one process writes a workspace at a time), so what a run
+/// killed mid-restore left there is removed by the next restore of it.
+fn restore_staging(dest: &Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(dest.file_name().unwrap_or_default());
+    name.push(".cairn-restore");
+    dest.with_file_name(name)
+}
+
 /// `error`, a path under `staging` in it named as the path under `dest`
 /// it was being restored as: the user knows their output, not the name
 /// it is written under until it is whole.
@@ -1046,6 +1053,28 @@ pub fn remove_path(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a restore killed half-way left beside its output is gone once
+    /// the output is restored again.
+    #[test]
+    fn a_restore_removes_what_a_killed_restore_left_beside_its_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStore::new(&dir.path().join("cache"));
+        let out = dir.path().join("out");
+        fs::create_dir_all(out.join("sub")).unwrap();
+        fs::write(out.join("sub/b.txt"), "b\n".repeat(20_000)).unwrap();
+        let staged = store
+            .stage(&[("out".to_owned(), "out".to_owned(), out.clone())])
+            .unwrap();
+        let record = store.publish(staged).unwrap().records.remove(0);
+        let left = restore_staging(&out);
+        fs::create_dir_all(left.join("sub")).unwrap();
+        fs::write(left.join("sub/b.txt"), "half").unwrap();
+        fs::remove_dir_all(&out).unwrap();
+        store.restore(&record, &out, None).unwrap();
+        assert!(!left.exists());
+        assert_eq!(fs::read(out.join("sub/b.txt")).unwrap().len(), 40_000);
+    }
 
     /// A directory stored now gets a compact listing; one an older cairn
     /// stored, with a JSON listing, is still read, found stored whole and
