@@ -426,10 +426,10 @@ impl<'s> Checker<'s> {
         let description =
             find(table, "description").and_then(|e| self.string(&e.value, "`description`"));
         let inputs = find(table, "inputs")
-            .map(|e| self.paths(&name, &e.value, root, false))
+            .map(|e| self.paths(name, &e.value, root, false))
             .unwrap_or_default();
         let outputs = find(table, "outputs")
-            .map(|e| self.paths(&name, &e.value, root, true))
+            .map(|e| self.paths(name, &e.value, root, true))
             .unwrap_or_default();
         let needs = find(table, "needs")
             .map(|e| self.named_list(&e.value, "`needs`"))
