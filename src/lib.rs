@@ -4,8 +4,9 @@
 //! `manifest` → `graph` → `fingerprint` → `store` → `release` → `builtins` →
 //! `exec` → `schedule` → `cli`. `records` (JSON record files),
 //! `canonical_json`, `causes` (errors on one line), `file_stat` (`stat`s by
-//! name), `side_by_side` (work in shares on threads) and `tls` (the one TLS
-//! provider) stand apart.
+//! name), `side_by_side` (work in shares on threads), `tls` (the one TLS
+//! provider) and `trajectory` (what an agent harness's trajectory says)
+//! stand apart.
 
 pub mod builtins;
 pub mod canonical_json;
@@ -22,3 +23,4 @@ pub mod schedule;
 pub mod side_by_side;
 pub mod store;
 pub mod tls;
+pub mod trajectory;

@@ -57,10 +57,12 @@ def environment_digest(requirements):
     return "sha256:" + hashlib.sha256(pins + sys.version.encode()).hexdigest()
 
 
-def venv(name, requirements, wheels, root="state/swesmith-real/venvs"):
+def venv(name, requirements, wheels, root="state/swesmith-real/venvs", no_deps=False):
     """The Python of a virtual environment with exactly `requirements`,
     installed from the wheels in `wheels` (no index): made once, named by
-    the requirements' digest, made again if it is incomplete."""
+    the requirements' digest, made again if it is incomplete. With
+    `no_deps`, what the requirements list is all that is installed (their
+    own declared dependencies are not resolved)."""
     digest = sha256_file(requirements)[:16]
     path = os.path.abspath(os.path.join(root, f"{name}-{digest}"))
     python = os.path.join(path, "bin", "python")
@@ -73,7 +75,8 @@ def venv(name, requirements, wheels, root="state/swesmith-real/venvs"):
             subprocess.run([sys.executable, "-m", "venv", path], check=True)
             subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index",
                             "--find-links", os.path.abspath(wheels), "--require-hashes",
-                            "--only-binary", ":all:", "-r", os.path.abspath(requirements)],
+                            "--only-binary", ":all:", *(["--no-deps"] if no_deps else []),
+                            "-r", os.path.abspath(requirements)],
                            check=True, env={**os.environ, "PIP_FIND_LINKS": ""})
             open(done, "w").close()
     return python
@@ -132,3 +135,4 @@ def collection_failed(outcomes, code):
 
 def temp_dir():
     return tempfile.TemporaryDirectory(prefix="swesmith-real-")
+

@@ -127,6 +127,10 @@ pub fn stage_key(
             "result_checks": result_checks,
         });
         let mut spec = spec;
+        if let Some(trajectory) = &foreach.trajectory {
+            // Only when used, as below.
+            spec["item_trajectory"] = trajectory.as_str().into();
+        }
         if !foreach.item_outputs.is_empty() {
             // Only when used, so that older per-item results stay valid.
             let outputs: Vec<String> = foreach

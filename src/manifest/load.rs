@@ -65,6 +65,7 @@ const STAGE_KEYS: &[&str] = &[
     "allow_errors",
     "jobs",
     "item_result",
+    "item_trajectory",
     "secrets",
     "uses",
     "with",
@@ -85,6 +86,7 @@ const ITEM_ONLY_KEYS: &[&str] = &[
     "allow_errors",
     "jobs",
     "item_result",
+    "item_trajectory",
     "samples",
     "isolate",
 ];

@@ -348,6 +348,12 @@ pub struct Foreach {
     pub result: Option<String>,
     /// Checks over that JSON result.
     pub result_checks: Vec<ResultCheck>,
+    /// The agent trajectory each item's command writes (with `{item.FIELD}`
+    /// and `{sample.index}` placeholders), read by cairn after each
+    /// attempt: what it says is recorded with the result (`/trajectory`),
+    /// and an attempt whose trajectory holds no model turn is never a pass
+    /// (see [`crate::trajectory`]).
+    pub trajectory: Option<String>,
     /// Set for a sampled stage: each item runs `k` times, each sample its
     /// own unit.
     pub samples: Option<Samples>,

@@ -36,6 +36,7 @@ pub fn referenced_fields(stage: &Stage) -> Vec<String> {
     }
     texts.extend(foreach.item_inputs.iter().map(String::as_str));
     texts.extend(foreach.result.as_deref());
+    texts.extend(foreach.trajectory.as_deref());
     texts.extend(foreach.item_outputs.iter().map(|o| o.template.as_str()));
     let mut fields: Vec<String> = Vec::new();
     if let Some(isolate) = &foreach.isolate {

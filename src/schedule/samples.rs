@@ -116,6 +116,9 @@ pub fn merged(plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Ve
                 "seed": sample.map(|s| s.seed),
                 "draw": sample.map(|s| s.draw),
                 "class": class.map_or("pending", ItemClass::name),
+                // Attempts on record for this outcome (1 unless it was
+                // retried; 0 for a sample of a marked group not run).
+                "attempts": unit.outcome.as_ref().map_or(0, |(_, n)| *n),
             });
             if let Some(result) = &unit.result {
                 line["result"] = (**result).clone();

@@ -97,6 +97,8 @@ impl Checker<'_> {
         let jobs = find(table, "jobs").and_then(|e| self.count(&e.value, "`jobs`", 1));
         let result =
             find(table, "item_result").and_then(|e| self.string(&e.value, "`item_result`"));
+        let trajectory =
+            find(table, "item_trajectory").and_then(|e| self.string(&e.value, "`item_trajectory`"));
         let samples = find(table, "samples").and_then(|e| self.samples(e));
         if samples.is_none() && find(table, "samples").is_some() {
             self.unread_samples.insert(name.to_owned());
@@ -107,6 +109,7 @@ impl Checker<'_> {
             let unsampled = result
                 .iter()
                 .map(|r| ("item_result", r.as_str()))
+                .chain(trajectory.iter().map(|t| ("item_trajectory", t.as_str())))
                 .chain(
                     item_outputs
                         .iter()
@@ -149,6 +152,7 @@ impl Checker<'_> {
             jobs,
             result,
             result_checks: Vec::new(),
+            trajectory,
             samples,
             isolate,
         });

@@ -2,6 +2,7 @@
 //! waited for, its checks and result read, classified, retried.
 
 use super::*;
+use crate::trajectory::Trajectory;
 
 /// Runs one item: its command and checks, classification and retries.
 pub(super) struct ItemRunner {
@@ -135,7 +136,9 @@ impl ItemRunner {
                         }
                     }
                     let (result, result_problem) = self.read_result(item);
-                    let (class, rule) = match failed_check {
+                    let trajectory = self.read_trajectory(item);
+                    let result = with_trajectory(result, trajectory.as_ref());
+                    let judged = match failed_check {
                         // A command that claims success but fails its
                         // check is an error, never an ok.
                         Some(check) => (ItemClass::Error, Some(check)),
@@ -150,6 +153,7 @@ impl ItemRunner {
                             other => other,
                         },
                     };
+                    let (class, rule) = judged_by_trajectory(judged, trajectory.as_ref());
                     (class, rule, outcome.exit_code(), result)
                 }
             };
@@ -279,40 +283,36 @@ impl ItemRunner {
         let Some(template) = &self.spec.result else {
             return (None, None);
         };
-        let path = match fill(template, item) {
-            Ok(path) => path,
-            Err(message) => return (None, Some(message)),
+        let (path, bytes) = match read_item_file(&self.job.cwd, template, item, "item result") {
+            Ok(read) => read,
+            Err(problem) => return (None, Some(problem)),
         };
-        if leaves_root(&path) {
-            return (
-                None,
-                Some(format!(
-                    "item result `{path}` lies outside the project root"
-                )),
-            );
-        }
-        match crate::fingerprint::read_regular(&self.job.cwd.join(&path)) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                (None, Some(format!("item result `{path}` was not written")))
+        match serde_json::from_slice(&bytes) {
+            // A secret the command wrote into its result is redacted as in
+            // its log: the result reaches the ledger and the merged output.
+            Ok(mut value) => {
+                redact_json(&mut value, &self.job.redact);
+                (Some(value), None)
             }
-            Err(e) => (
+            Err(error) => (
                 None,
-                Some(format!("item result `{path}` cannot be read: {e}")),
+                Some(format!("item result `{path}` is not JSON: {error}")),
             ),
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
-                // A secret the command wrote into its result is redacted
-                // as in its log: the result reaches the ledger and the
-                // merged output.
-                Ok(mut value) => {
-                    redact_json(&mut value, &self.job.redact);
-                    (Some(value), None)
-                }
-                Err(error) => (
-                    None,
-                    Some(format!("item result `{path}` is not JSON: {error}")),
-                ),
-            },
         }
+    }
+
+    /// What the item's trajectory says, if the stage declares one; the
+    /// error says why it cannot be read.
+    fn read_trajectory(&self, item: &Item) -> Option<Result<Trajectory, String>> {
+        let template = self.spec.trajectory.as_ref()?;
+        Some(
+            read_item_file(&self.job.cwd, template, item, "item trajectory").and_then(
+                |(path, bytes)| {
+                    Trajectory::parse(&bytes)
+                        .map_err(|why| format!("item trajectory `{path}` {why}"))
+                },
+            ),
+        )
     }
 
     /// The first result check that fails, described.
@@ -322,6 +322,66 @@ impl ItemRunner {
             .iter()
             .find(|check| !result.is_some_and(|r| check.holds(r)))
             .map(|check| format!("result check `{}` failed", check.text))
+    }
+}
+
+/// The path `template` names for `item` (under `cwd`) and its bytes; the
+/// error names `what` and says why it cannot be read.
+fn read_item_file(
+    cwd: &Path,
+    template: &str,
+    item: &Item,
+    what: &str,
+) -> Result<(String, Vec<u8>), String> {
+    let path = fill(template, item)?;
+    if leaves_root(&path) {
+        return Err(format!("{what} `{path}` lies outside the project root"));
+    }
+    match crate::fingerprint::read_regular(&cwd.join(&path)) {
+        Ok(bytes) => Ok((path, bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("{what} `{path}` was not written"))
+        }
+        Err(e) => Err(format!("{what} `{path}` cannot be read: {e}")),
+    }
+}
+
+/// `result` with what cairn read of the trajectory put under
+/// `trajectory` (a result that is not an object is kept as it is).
+fn with_trajectory(
+    result: Option<serde_json::Value>,
+    trajectory: Option<&Result<Trajectory, String>>,
+) -> Option<serde_json::Value> {
+    let Some(Ok(trajectory)) = trajectory else {
+        return result;
+    };
+    let mut result = result.unwrap_or_else(|| serde_json::json!({}));
+    if let Some(map) = result.as_object_mut() {
+        map.insert("trajectory".to_owned(), trajectory.to_json());
+    }
+    Some(result)
+}
+
+/// `(class, rule)` judged again by the trajectory: a pass or a verdict
+/// whose trajectory cannot be read, or is empty, is an error.
+fn judged_by_trajectory(
+    (class, rule): (ItemClass, Option<String>),
+    trajectory: Option<&Result<Trajectory, String>>,
+) -> (ItemClass, Option<String>) {
+    match trajectory {
+        Some(read) if class.is_final() => match read {
+            Err(problem) => (ItemClass::Error, Some(problem.clone())),
+            Ok(trajectory) => match trajectory.empty() {
+                Some(why) => (
+                    ItemClass::Error,
+                    Some(format!(
+                        "its trajectory {why}: an empty trajectory is never a pass, nor a verdict"
+                    )),
+                ),
+                None => (class, rule),
+            },
+        },
+        _ => (class, rule),
     }
 }
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The canary's pinned task lists.
+
+    canary_lists.py RECEIPT REPOS LISTS MODELS TRIALS NAME=SHA256...
+
+checks each list LISTS/NAME.txt (one task id a line) against the SHA-256
+the manifest pins it by, and against the registered freeze RECEIPT names
+(every task in it, in the split the list is for: `validation…` lists the
+`val` split, `train…` the `train` split), then writes TRIALS: one trial per
+model (MODELS, comma-separated) and task, each carrying its list, its
+repository (REPOS: where its clean tree is and how its tests run) and
+whether it is its model's smoke task (the first task of the first list).
+A list that does not match its digest, or names a task outside the
+freeze, stops the canary before any trial.
+
+    canary_lists.py make RECEIPT PLANNED LISTS TRAIN
+
+writes the lists of a new freeze: `validationN.txt`, every validation task,
+and `trainTRAIN.txt`, the first TRAIN train tasks by (priority,
+sha256(task id)), a task's priority its plan stage (A before B, from
+PLANNED); prints their digests, to pin in the manifest."""
+
+import hashlib
+import os
+import sys
+
+from common import read_json, read_jsonl, write_jsonl
+
+SPLITS = {"validation": "val", "train": "train"}
+
+
+def registered_manifest(receipt):
+    registered = read_json(receipt)
+    return read_json(os.path.join(registered["registry"], registered["name"], registered["version"],
+                                  "manifest.json"))
+
+
+def split_of(name):
+    for prefix, split in SPLITS.items():
+        if name.startswith(prefix):
+            return split
+    sys.exit(f"canary list `{name}`: its name must say its split (`validation…` or `train…`)")
+
+
+def read_list(lists, name, pinned, manifest):
+    path = os.path.join(lists, f"{name}.txt")
+    with open(path, "rb") as f:
+        data = f.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != pinned:
+        sys.exit(f"canary list `{path}` has SHA-256 {digest}, but the manifest pins {pinned}: "
+                 "the list changed; review it, then pin its new digest")
+    tasks = [line.strip() for line in data.decode().splitlines() if line.strip() and not line.startswith("#")]
+    split = split_of(name)
+    outside = [t for t in tasks if t not in manifest["items"]]
+    if outside:
+        sys.exit(f"canary list `{path}` names {len(outside)} task(s) outside the registered freeze "
+                 f"{manifest['name']} {manifest['version']}: {', '.join(outside[:5])}")
+    elsewhere = [t for t in tasks if manifest["items"][t]["split"] != split]
+    if elsewhere:
+        sys.exit(f"canary list `{path}` is for the `{split}` split, but names tasks of another: "
+                 f"{', '.join(t + ' (' + manifest['items'][t]['split'] + ')' for t in elsewhere[:5])}")
+    if len(set(tasks)) != len(tasks):
+        sys.exit(f"canary list `{path}` names a task twice")
+    return tasks
+
+
+def trials(receipt, repos_path, lists, models, out, *pins):
+    manifest = registered_manifest(receipt)
+    repos = {r["key"]: r for r in read_jsonl(repos_path)}
+    named = []
+    for pin in pins:
+        name, _, digest = pin.partition("=")
+        named.append((name, read_list(lists, name, digest, manifest)))
+    smoke = next((tasks[0] for _, tasks in named if tasks), None)
+    rows = []
+    for model in models.split(","):
+        for name, tasks in named:
+            for task in tasks:
+                repo = repos[manifest["items"][task]["group"]]
+                rows.append({"key": f"{model}:{task}", "model": model, "task": task, "list": name,
+                             "repo": repo["key"], "tests": repo["tests"], "pythonpath": repo["pythonpath"],
+                             "smoke": task == smoke})
+    write_jsonl(out, rows)
+    print(", ".join(f"{name}: {len(tasks)} tasks" for name, tasks in named)
+          + f"; {len(rows)} trials over {len(models.split(','))} models")
+
+
+def make(receipt, planned, lists, n_train):
+    manifest = registered_manifest(receipt)
+    stage = {row["id"]: row.get("stage", "") for row in read_jsonl(planned)}
+    by_hash = lambda t: hashlib.sha256(t.encode()).hexdigest()
+    validation = sorted(manifest["splits"].get("val", []), key=by_hash)
+    train = sorted(manifest["splits"].get("train", []), key=lambda t: (stage.get(t, ""), by_hash(t)))[:int(n_train)]
+    os.makedirs(lists, exist_ok=True)
+    for name, tasks in ((f"validation{len(validation)}", validation), (f"train{len(train)}", train)):
+        path = os.path.join(lists, f"{name}.txt")
+        with open(path, "w") as f:
+            f.write("".join(t + "\n" for t in tasks))
+        with open(path, "rb") as f:
+            print(f"{name}={hashlib.sha256(f.read()).hexdigest()}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["make"]:
+        make(*sys.argv[2:])
+    else:
+        trials(*sys.argv[1:])
