@@ -699,10 +699,21 @@ fn what_a_stage_accepts_of_its_items_enters_its_fingerprint_not_theirs() {
         "{}",
         out.stderr()
     );
+    // A sample in error counts as a fail: it is kept as it ended, never
+    // drawn again unless asked.
+    assert_eq!(draws(&p).len(), 8, "a sample in error is not drawn again");
+    assert!(
+        out.stderr()
+            .contains("`cairn run --only error canary` draws the samples in error again"),
+        "{}",
+        out.stderr()
+    );
+    let again = p.cairn(&["run", "--only", "error", "canary"]);
+    again.code_is(1);
     assert_eq!(
         draws(&p).len(),
         9,
-        "only the sample in error is tried again"
+        "asked: only the sample in error is drawn again"
     );
     // A comparison added: the summary is written anew, nothing drawn.
     let compared = manifest.replace(
@@ -711,10 +722,10 @@ fn what_a_stage_accepts_of_its_items_enters_its_fingerprint_not_theirs() {
     );
     p.file("cairn.toml", &compared);
     p.cairn(&["run"]).success();
-    assert_eq!(draws(&p).len(), 10);
+    assert_eq!(draws(&p).len(), 9);
     assert!(summary(&p)["comparisons"].is_array(), "{}", summary(&p));
     p.cairn(&["run"]).success();
-    assert_eq!(draws(&p).len(), 10);
+    assert_eq!(draws(&p).len(), 9);
 }
 
 #[test]

@@ -361,6 +361,25 @@ pub struct Foreach {
     pub isolate: Option<Isolate>,
 }
 
+impl Foreach {
+    /// Whether an item's outcome of `class` is kept: reused by later runs
+    /// and never tried again unless asked (`--only error`, `--force`).
+    /// Final classes are; so is an error of a sampled stage whose errors
+    /// count as fails (see [`Foreach::keeps_errors`]).
+    pub fn keeps(&self, class: &ItemClass) -> bool {
+        class.is_final() || (*class == ItemClass::Error && self.keeps_errors())
+    }
+
+    /// A sample in error counts as a fail (`samples.errors = "fail"`, the
+    /// default): it is a drawn outcome, and drawing it again until it is
+    /// not an error would bias the figure, so it is kept as it ended.
+    pub fn keeps_errors(&self) -> bool {
+        self.samples
+            .as_ref()
+            .is_some_and(|s| s.errors == ErrorsCount::AsFails)
+    }
+}
+
 /// `isolate = { by = "model", smoke = "smoke", mark = "harness-incompatible" }`:
 /// items are grouped by the field `by`; the items whose field `smoke` is
 /// true run first, and a group whose smoke item ends in `error` (or still

@@ -691,9 +691,9 @@ impl<'m> Context<'m> {
             let wanted: std::collections::HashSet<(&str, Digest)> = planned
                 .iter()
                 .filter(|p| {
-                    !p.outcome
-                        .as_ref()
-                        .is_some_and(|(class, _)| class.is_final())
+                    !p.outcome.as_ref().is_some_and(|(class, _)| {
+                        stage.foreach.as_ref().is_some_and(|f| f.keeps(class))
+                    })
                 })
                 .map(|p| (p.item.key.as_str(), p.fingerprint))
                 .collect();

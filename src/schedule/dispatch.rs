@@ -788,15 +788,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             }
             plan = Some(items);
         }
+        let foreach = self.ctx.manifest.stages[i].foreach.as_ref();
+        let kept = |p: &PlannedItem| {
+            p.outcome
+                .as_ref()
+                .is_some_and(|(class, _)| foreach.is_some_and(|f| f.keeps(class)))
+        };
         let items = plan.as_ref().map(|plan| {
-            let done = plan
-                .iter()
-                .filter(|p| {
-                    p.outcome
-                        .as_ref()
-                        .is_some_and(|(class, _)| class.is_final())
-                })
-                .count();
+            let done = plan.iter().filter(|p| kept(p)).count();
             (plan.len(), done)
         });
         self.reporter.event(Event::StageStarted {
@@ -911,10 +910,11 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 made: made(input.path.as_str(), |p| self.ctx.produced.contains_key(p)),
             })
             .collect();
+        let foreach = self.ctx.manifest.stages[i].foreach.as_ref();
         let items = plan.unwrap_or_default().iter().filter(|p| {
             !p.outcome
                 .as_ref()
-                .is_some_and(|(class, _)| class.is_final())
+                .is_some_and(|(class, _)| foreach.is_some_and(|f| f.keeps(class)))
         });
         let item_paths: Vec<PathBuf> = items
             .flat_map(|planned| planned.inputs.iter())

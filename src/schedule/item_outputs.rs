@@ -30,6 +30,9 @@ struct OutputDir {
 #[derive(Debug, Clone, Default)]
 pub struct ItemOutputs {
     dirs: Vec<OutputDir>,
+    /// Errors are kept outcomes (see [`Foreach::keeps`]): their entries
+    /// are stored and restored as a final outcome's.
+    keeps_errors: bool,
 }
 
 impl ItemOutputs {
@@ -50,7 +53,10 @@ impl ItemOutputs {
                 })
             })
             .collect();
-        Self { dirs }
+        Self {
+            dirs,
+            keeps_errors: foreach.keeps_errors(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -138,7 +144,7 @@ impl ItemOutputs {
             let Some((class, _)) = &planned.outcome else {
                 continue;
             };
-            if !class.is_final() {
+            if !(class.is_final() || (self.keeps_errors && *class == ItemClass::Error)) {
                 continue;
             }
             let records = match &planned.outputs {
@@ -201,7 +207,7 @@ impl ItemOutputs {
             let Some((class, _)) = &planned.outcome else {
                 continue;
             };
-            if !class.is_final() {
+            if !(class.is_final() || (self.keeps_errors && *class == ItemClass::Error)) {
                 continue;
             }
             let Some(records) = &planned.outputs else {

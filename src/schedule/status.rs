@@ -98,8 +98,13 @@ pub fn evaluate(
                 .item_plans
                 .get(&i)
                 .map(|plan| {
+                    let foreach = ctx.manifest.stages[i].foreach.as_ref();
                     plan.iter()
-                        .filter(|p| !p.outcome.as_ref().is_some_and(|(c, _)| c.is_final()))
+                        .filter(|p| {
+                            !p.outcome
+                                .as_ref()
+                                .is_some_and(|(c, _)| foreach.is_some_and(|f| f.keeps(c)))
+                        })
                         .take(20)
                         .map(|p| match &p.outcome {
                             Some((class, _)) => format!("{} ({})", p.item.key, class.name()),

@@ -38,6 +38,23 @@ impl Dispatcher<'_, '_> {
         Ok(())
     }
 
+    /// Whether `--only STATE` asks for units of per-item stage `i` that
+    /// are kept in that state (a sampled stage's errors): the stage runs
+    /// for them, though its result is fresh.
+    fn has_units_only_wants(&self, i: usize) -> bool {
+        let Some(only) = self.options.only else {
+            return false;
+        };
+        self.ctx.item_plans.get(&i).is_some_and(|plan| {
+            plan.iter().any(|p| match (&p.outcome, only) {
+                (None, Only::Pending) => true,
+                (Some((ItemClass::Infra, _)), Only::Infra) => true,
+                (Some((ItemClass::Error, _)), Only::Error) => true,
+                _ => false,
+            })
+        })
+    }
+
     /// The stage's key and why it must run, or `None` if it is fresh (its
     /// outputs then match the store, restored if need be).
     pub(super) fn evaluate(
@@ -54,7 +71,7 @@ impl Dispatcher<'_, '_> {
         };
         let name = &self.ctx.manifest.stages[i].name;
         tracing::debug!(stage = %name, fingerprint = %key.fingerprint(), "evaluated");
-        if self.options.forced.contains(&i) {
+        if self.options.forced.contains(&i) || self.has_units_only_wants(i) {
             return Ok(Some(self.must_run(i, key, DirtyReason::Forced)));
         }
         let record = match self.ctx.freshness(i, &key)? {

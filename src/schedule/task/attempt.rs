@@ -144,7 +144,16 @@ impl ItemRunner {
                         Some(check) => (ItemClass::Error, Some(check)),
                         None => match classify(&self.classify, outcome, &log, 0, result.as_ref()) {
                             (ItemClass::Ok, rule) => {
-                                match (result_problem, self.failed_result_check(result.as_ref())) {
+                                // An unreadable trajectory says more than
+                                // a check on what it would have said.
+                                let unread = match &trajectory {
+                                    Some(Err(problem)) => Some(problem.clone()),
+                                    _ => None,
+                                };
+                                match (
+                                    result_problem.or(unread),
+                                    self.failed_result_check(result.as_ref()),
+                                ) {
                                     (Some(problem), _) => (ItemClass::Error, Some(problem)),
                                     (None, Some(check)) => (ItemClass::Error, Some(check)),
                                     (None, None) => (ItemClass::Ok, rule),
@@ -160,8 +169,9 @@ impl ItemRunner {
             drop(permits);
             // An item that read an input changed while it ran is not
             // judged by what it made of it (see `inputs_read`).
-            let changed = class
-                .is_final()
+            let changed = self
+                .spec
+                .keeps(&class)
                 .then(|| self.inputs_read.as_ref()?.changed_for_item(&planned.inputs))
                 .flatten();
             let (class, rule) = match changed {
@@ -170,7 +180,7 @@ impl ItemRunner {
             };
             let (class, rule, outputs) = if self.outputs.is_empty() {
                 (class, rule, None)
-            } else if class.is_final() {
+            } else if self.spec.keeps(&class) {
                 match self.outputs.store(item, &class, &self.store).await? {
                     Ok(published) => {
                         if let Ok(mut seen) = self.seen.lock() {

@@ -52,6 +52,8 @@ impl StageTask {
             .enumerate()
             .filter(|(_, p)| match (&p.outcome, items.only) {
                 (Some((class, _)), _) if class.is_final() => false,
+                // A kept error (a sample's) runs again only when asked.
+                (Some((class, _)), None) if items.spec.keeps(class) => false,
                 (_, None) => true,
                 (None, Some(only)) => only == Only::Pending,
                 (Some((ItemClass::Infra, _)), Some(only)) => only == Only::Infra,
@@ -272,6 +274,12 @@ impl StageTask {
                     failure.push_str(&format!(" ({why})"));
                 }
                 task.failure_log = log;
+            }
+            if items.spec.keeps_errors() {
+                failure.push_str(&format!(
+                    "; a sample in error counts as a fail and is kept as it ended: `cairn run --only error {}` draws the samples in error again",
+                    items.name
+                ));
             }
             task.failure = Some(failure);
         } else if let Some(why) = self.service_died().await {
