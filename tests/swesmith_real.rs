@@ -4,6 +4,7 @@
 //! graded test by test. Adding a repository validates only its tasks, and
 //! a handful of frozen tasks are graded again here, independently: their
 //! FAIL_TO_PASS tests fail on the bugged tree and pass on the gold tree.
+//! (Up to the bundle: the canary on the freeze is tests/canary_real.rs.)
 
 mod common;
 
@@ -63,13 +64,13 @@ fn real_tasks_are_generated_and_graded_and_a_new_repository_validates_only_its_o
             .replace(b_quota, "stage_b = 0"),
     );
 
-    let first = cairn(&p, &["run"]);
+    let first = cairn(&p, &["run", "export"]);
     first.success();
 
     // A fourth repository, in stage B: only its items are fetched,
     // generated, filtered and validated.
     p.file("pipelines/swesmith-real.toml", &manifest);
-    let second = cairn(&p, &["run"]);
+    let second = cairn(&p, &["run", "export"]);
     second.success();
     assert_eq!(items_run_in(&p, "fetch", 2), ["inflection"]);
     assert_eq!(items_run_in(&p, "baseline", 2), ["inflection"]);
@@ -185,7 +186,7 @@ fn real_tasks_are_generated_and_graded_and_a_new_repository_validates_only_its_o
     assert_eq!(step("baseline")["class"], "ok");
 
     // Nothing left to do.
-    let again = cairn(&p, &["run"]);
+    let again = cairn(&p, &["run", "export"]);
     again.success();
     assert!(
         again.stderr().contains("0 ran, 17 fresh"),

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""canary_report.py RESULTS PASSK MODELS AGENT RECEIPT TRIALS JOBS RETRIES
-OUT: the canary's report (Markdown, to OUT) by the team's reporting rule:
-what was run (the dataset and its digest, the lists, the agent profile and
-its digest, context, max tokens, steps, sampling, seeds, concurrency JOBS,
-retries RETRIES, runtime images, each checkpoint's digests), then pass@1
-and pass@k per model and sub-list over the requested and valid
-denominators, from the canary's RESULTS and its PASSK summary, and the
-paired comparison of the models."""
+"""canary_report.py RESULTS PASSK MODELS AGENT RECEIPT TRIALS OUT: the
+canary's report (Markdown, to OUT) by the team's reporting rule: what was
+run (the dataset and its digest, the lists, the agent profile and its
+digest, context, max tokens, steps, sampling, seeds, runtime images, each
+checkpoint's digests), and what happened, from the records only: the most
+samples that ran at once (from when each ran), the attempts of each sample
+(retries), then pass@1 and pass@k per model and sub-list over the
+requested and valid denominators, from the canary's RESULTS and its PASSK
+summary, and the paired comparison of the models. A harness-incompatible
+model has no pass@k and no comparison."""
 
 import hashlib
 import json
@@ -20,7 +22,17 @@ def file_sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def canary_report(results, summary_path, models_path, agent_path, receipt, trials_path, jobs, retries, out):
+def ran_at_once(spans):
+    """The largest number of (start, end) spans that overlap."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    now = most = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def canary_report(results, summary_path, models_path, agent_path, receipt, trials_path, out):
     rows = read_jsonl(results)
     with open(summary_path) as f:
         summary = json.load(f)
@@ -34,18 +46,27 @@ def canary_report(results, summary_path, models_path, agent_path, receipt, trial
         item = r["item"]
         s = stats.setdefault(item["model"], {}).setdefault(item["list"], {
             "tasks": 0, "requested": 0, "valid": 0, "error": 0, "passed": 0,
-            "marked": 0, "pass1": 0.0, "passk": 0.0, "mixed": 0})
+            "marked": 0, "pass1": 0.0, "passk": 0.0, "mixed": 0, "undefined1": 0, "undefinedk": 0})
         s["tasks"] += 1
         s["requested"] += r["requested"]
         s["valid"] += r["valid"]
         s["error"] += r["error"]
         s["passed"] += r["passed"]
+        # A pass@k over fewer than k counted samples is undefined: the
+        # figure it would enter is N/A, never a fraction of a guess.
         s["pass1"] += r["pass@1"] or 0.0
         s["passk"] += r[f"pass@{k}"] or 0.0
+        s["undefined1"] += r["pass@1"] is None
+        s["undefinedk"] += r[f"pass@{k}"] is None
         s["mixed"] += r["group"] == "mixed"
         for sample in r["samples"]:
             if sample["class"] not in ("ok", "failed", "error"):
                 s["marked"] += 1
+    samples = [sample for r in rows for sample in r["samples"]]
+    attempts = [sample["attempts"] for sample in samples if sample.get("attempts")]
+    spans = [(sample["result"]["started_at"], sample["result"]["ended_at"]) for sample in samples
+             if "started_at" in (sample.get("result") or {})]
+    incompatible = {model for model, lists in stats.items() if any(s["marked"] for s in lists.values())}
     images = sorted({t["reference"] for t in trials if t.get("reference")})
     lines = ["# Canary", "",
              "## What was run", "",
@@ -55,8 +76,8 @@ def canary_report(results, summary_path, models_path, agent_path, receipt, trial
              f"| agent profile | {agent['prompt_profile']}, configs/agent.toml sha256 `{file_sha256(agent_path)}` |",
              f"| context / max tokens / steps | {agent['max_context']} / {agent['max_tokens']} / {agent['max_steps']} (checked against the server and the trainer before the first trial) |",
              f"| sampling | temperature {agent['temperature']}, top_p {agent['top_p']}; k = {k} samples per task, seed {summary['samples']['seed']} + sample index (a re-drawn sample's own seed is in the ledger) |",
-             f"| concurrency | one model at a time, at most {jobs} trials of it at once, inside the cluster window |",
-             f"| retries | {retries} per sample, on infrastructure failures only |",
+             f"| concurrency | one model at a time; at most {ran_at_once(spans) if spans else '—'} samples ran at once (from when each ran) |",
+             f"| retries | verdicts: 0 (a sample with a verdict is never drawn again); infrastructure: {sum(a > 1 for a in attempts)} samples retried, at most {max(attempts) if attempts else '—'} attempts of one |",
              f"| runtime images | {len(images)} task images by digest" + (f", list sha256 `{hashlib.sha256(chr(10).join(images).encode()).hexdigest()}`" if images else " (none: the trials ran on this machine)") + " |",
              f"| kind | internal experiment on fixture models |" if all("fixture" in m.get("revision", "") for m in models.values()) else "| kind | evaluation |",
              "", "| model | served as | revision | weights sha256 | tokenizer sha256 | chat template sha256 |",
@@ -76,10 +97,15 @@ def canary_report(results, summary_path, models_path, agent_path, receipt, trial
         for name in sorted(stats[model]):
             s = stats[model][name]
             tasks = s["tasks"]
+            if model in incompatible:
+                lines.append(f"| {model} | {name} | {tasks} | {s['requested']} | — | {s['error']} | {s['marked']} | "
+                             f"— | harness-incompatible | harness-incompatible | — |")
+                continue
             lines.append(f"| {model} | {name} | {tasks} | {s['requested']} | {s['valid']} | {s['error']} | {s['marked']} | "
-                         f"{s['passed']} | {s['pass1'] / tasks:.3f} | {s['passk'] / tasks:.3f} | {s['mixed']} |")
+                         f"{s['passed']} | {'N/A' if s['undefined1'] else format(s['pass1'] / tasks, '.3f')} | "
+                         f"{'N/A' if s['undefinedk'] else format(s['passk'] / tasks, '.3f')} | {s['mixed']} |")
     for pair in summary.get("comparisons", []):
-        if "difference" in pair:
+        if "difference" in pair and pair["a"] not in incompatible and pair["b"] not in incompatible:
             low, high = pair["interval95"]
             lines += ["", f"{pair['a']} − {pair['b']}: {pair['difference']:+.3f} pass rate over "
                       f"{pair['paired_items']} paired tasks (95 % paired bootstrap {low:+.3f} to {high:+.3f})."]

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The canary's pinned task lists.
 
-    canary_lists.py RECEIPT REPOS LISTS MODELS TRIALS NAME=SHA256...
+    canary_lists.py RECEIPT REPOS LISTS DECLARED MODELS TRIALS NAME=SHA256...
 
 checks each list LISTS/NAME.txt (one task id a line) against the SHA-256
 the manifest pins it by, and against the registered freeze RECEIPT names
 (every task in it, in the split the list is for: `validation…` lists the
 `val` split, `train…` the `train` split), then writes TRIALS: one trial per
 model (MODELS, comma-separated) and task, each carrying its list, its
-repository (REPOS: where its clean tree is and how its tests run) and
-whether it is its model's smoke task (the first task of the first list).
+repository (REPOS: where its clean tree is and how its tests run), its
+model's checkpoint as DECLARED (revision and weights digest: a new
+checkpoint is a new trial, the other models' samples are kept) and whether
+it is its model's smoke task (the first task of the first list).
 A list that does not match its digest, or names a task outside the
 freeze, stops the canary before any trial.
 
@@ -24,6 +26,7 @@ import hashlib
 import os
 import sys
 
+from canary_common import declared_models
 from common import read_json, read_jsonl, write_jsonl
 
 SPLITS = {"validation": "val", "train": "train"}
@@ -65,8 +68,12 @@ def read_list(lists, name, pinned, manifest):
     return tasks
 
 
-def trials(receipt, repos_path, lists, models, out, *pins):
+def trials(receipt, repos_path, lists, declared_path, models, out, *pins):
     manifest = registered_manifest(receipt)
+    declared = declared_models(declared_path)
+    unknown = [m for m in models.split(",") if m not in declared]
+    if unknown:
+        sys.exit(f"canary models {', '.join(unknown)} are not declared in {declared_path}")
     repos = {r["key"]: r for r in read_jsonl(repos_path)}
     named = []
     for pin in pins:
@@ -80,6 +87,8 @@ def trials(receipt, repos_path, lists, models, out, *pins):
                 repo = repos[manifest["items"][task]["group"]]
                 rows.append({"key": f"{model}:{task}", "model": model, "task": task, "list": name,
                              "repo": repo["key"], "tests": repo["tests"], "pythonpath": repo["pythonpath"],
+                             "revision": declared[model]["revision"],
+                             "weights_sha256": declared[model]["weights_sha256"],
                              "smoke": task == smoke})
     write_jsonl(out, rows)
     print(", ".join(f"{name}: {len(tasks)} tasks" for name, tasks in named)
