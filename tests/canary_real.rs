@@ -94,10 +94,17 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     );
 
     let all = samples(&p);
-    let ran: Vec<&(String, String, Value)> =
-        all.iter().filter(|(_, _, s)| s["class"] != "harness-incompatible").collect();
+    let ran: Vec<&(String, String, Value)> = all
+        .iter()
+        .filter(|(_, _, s)| s["class"] != "harness-incompatible")
+        .collect();
     let trajectory = |s: &Value| s["result"]["trajectory"].clone();
-    let status = |s: &Value| trajectory(s)["exit_status"].as_str().unwrap_or("").to_owned();
+    let status = |s: &Value| {
+        trajectory(s)["exit_status"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
     let with = |want: &dyn Fn(&Value) -> bool| ran.iter().filter(|(_, _, s)| want(s)).count();
 
     // Submitted, graded, resolved: ok.
@@ -129,7 +136,11 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     );
     // A 503: retried inside the sample, which then ended on its own terms.
     assert!(with(&|s| s["attempts"].as_u64() >= Some(2) && s["class"] != "infra") > 0);
-    assert_eq!(with(&|s| s["class"] == "infra"), 0, "no sample left on infrastructure");
+    assert_eq!(
+        with(&|s| s["class"] == "infra"),
+        0,
+        "no sample left on infrastructure"
+    );
     // Every sample that ran says it ran mini-swe-agent 2.4.6 under 200 steps.
     for (_, _, s) in &ran {
         if status(s) == "RepeatedFormatError" {
@@ -146,7 +157,10 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
         .filter(|(m, _, _)| m == "model-c")
         .map(|(_, _, s)| s)
         .collect();
-    let c_ran: Vec<&&Value> = c.iter().filter(|s| s["class"] != "harness-incompatible").collect();
+    let c_ran: Vec<&&Value> = c
+        .iter()
+        .filter(|s| s["class"] != "harness-incompatible")
+        .collect();
     assert_eq!(c_ran.len(), 4, "the smoke task's 4 samples");
     for s in &c_ran {
         assert_eq!(s["class"], "error");
@@ -161,12 +175,18 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     for (_, _, s) in &ran {
         if let Some(digest) = s["result"]["patch_sha256"].as_str() {
             graded
-                .entry((s["result"]["task"].as_str().unwrap().to_owned(), digest.to_owned()))
+                .entry((
+                    s["result"]["task"].as_str().unwrap().to_owned(),
+                    digest.to_owned(),
+                ))
                 .or_default()
                 .push(s["result"]["graded"]["reused"] == true);
         }
     }
-    assert!(graded.values().any(|r| r.len() > 1), "some patch was submitted twice");
+    assert!(
+        graded.values().any(|r| r.len() > 1),
+        "some patch was submitted twice"
+    );
     for (key, reused) in &graded {
         let fresh = reused.iter().filter(|r| !**r).count();
         assert!(fresh <= 1, "{key:?} graded {fresh} times");
@@ -194,15 +214,30 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     assert_eq!(facts["harness"]["ran"], serde_json::json!(["2.4.6"]));
     assert_eq!(facts["profile"]["name"], "official-32k");
     assert_eq!(facts["profile"]["context"], 32768);
-    assert_eq!(facts["profile"]["step_limit_applied"], serde_json::json!([200]));
-    let at_once = facts["concurrency"]["most_samples_at_once"].as_u64().unwrap();
+    assert_eq!(
+        facts["profile"]["step_limit_applied"],
+        serde_json::json!([200])
+    );
+    let at_once = facts["concurrency"]["most_samples_at_once"]
+        .as_u64()
+        .unwrap();
     assert!((1..=2).contains(&at_once), "isolate.jobs = 2: {at_once}");
-    let retried = ran.iter().filter(|(_, _, s)| s["attempts"].as_u64() > Some(1)).count();
+    let retried = ran
+        .iter()
+        .filter(|(_, _, s)| s["attempts"].as_u64() > Some(1))
+        .count();
     assert_eq!(facts["retries"]["samples_retried"], retried);
     assert_eq!(facts["retries"]["verdict_retries"], 0);
     assert_eq!(facts["models"]["model-c"]["harness_incompatible"], true);
-    for list in facts["models"]["model-c"]["lists"].as_object().unwrap().values() {
-        assert!(list["pass@1"].is_null() && list["pass@4"].is_null(), "{list}");
+    for list in facts["models"]["model-c"]["lists"]
+        .as_object()
+        .unwrap()
+        .values()
+    {
+        assert!(
+            list["pass@1"].is_null() && list["pass@4"].is_null(),
+            "{list}"
+        );
     }
     for pair in facts["comparisons"].as_array().unwrap() {
         assert!(pair["a"] != "model-c" && pair["b"] != "model-c", "{pair}");
@@ -214,15 +249,31 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
         .filter(|(m, l, _)| m == "model-a" && l == "validation6")
         .map(|(_, _, s)| trajectory(s)["completion_tokens"].as_u64().unwrap_or(0))
         .sum();
-    assert_eq!(facts["models"]["model-a"]["lists"]["validation6"]["completion_tokens"], tokens);
+    assert_eq!(
+        facts["models"]["model-a"]["lists"]["validation6"]["completion_tokens"],
+        tokens
+    );
     let report = p.read("state/swesmith-real/canary/report.md");
     assert!(report.contains("| model-c | validation6 |"), "{report}");
-    assert!(report.contains("harness-incompatible | harness-incompatible"), "{report}");
-    assert!(!report.contains("model-c − ") && !report.contains(" − model-c"), "{report}");
+    assert!(
+        report.contains("harness-incompatible | harness-incompatible"),
+        "{report}"
+    );
+    assert!(
+        !report.contains("model-c − ") && !report.contains(" − model-c"),
+        "{report}"
+    );
 
     // A pass@k figure traced back: the trajectories, the lists and the
     // declared checkpoints, the registered freeze.
-    let traced = cairn(&p, &["provenance", "state/swesmith-real/canary/passk.json", "--json"]);
+    let traced = cairn(
+        &p,
+        &[
+            "provenance",
+            "state/swesmith-real/canary/passk.json",
+            "--json",
+        ],
+    );
     traced.success();
     let chain: Value = serde_json::from_str(&traced.stdout()).unwrap();
     let text = chain.to_string();
@@ -254,7 +305,11 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
         "{}",
         changed.stderr()
     );
-    assert!(changed.stderr().contains("skipped  canary "), "{}", changed.stderr());
+    assert!(
+        changed.stderr().contains("skipped  canary "),
+        "{}",
+        changed.stderr()
+    );
     let tasks: BTreeSet<String> = samples(&p)
         .iter()
         .map(|(_, _, s)| s["result"]["task"].as_str().unwrap_or("").to_owned())

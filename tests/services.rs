@@ -463,3 +463,189 @@ services = ["web"]
     wait_for("the check's child to be killed", || is_gone(child));
     assert!(!p.exists("ran"));
 }
+
+/// A server of one group: `group.py PORT GROUP` answers every GET with its
+/// group, and notes `up GROUP PID` when it starts and `down GROUP` when
+/// SIGTERM stops it.
+const GROUP_SERVER: &str = r#"import http.server, os, signal, sys
+port, group = int(sys.argv[1]), sys.argv[2]
+def note(line):
+    with open("servers.log", "a") as f:
+        f.write(line + "\n")
+def stop(*_):
+    note(f"down {group}")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+class Group(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (group + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", port), Group)
+note(f"up {group} {os.getpid()}")
+server.serve_forever()
+"#;
+
+#[test]
+fn a_per_group_service_serves_each_group_alone_and_stops_before_the_next_starts() {
+    let p = Project::new();
+    p.file("group.py", GROUP_SERVER);
+    let items: String = ["m1", "m2"]
+        .iter()
+        .flat_map(|m| {
+            (0..3).map(move |t| {
+                format!(
+                    "{{\"key\": \"{m}-t{t}\", \"model\": \"{m}\", \"smoke\": {}}}\n",
+                    t == 0
+                )
+            })
+        })
+        .collect();
+    p.file("items.jsonl", &items);
+    p.file(
+        "cairn.toml",
+        &format!(
+            r#"[pipeline]
+name = "groups"
+
+[services.server]
+per_group = true
+run = "exec python3 group.py {{service.port}} {{service.group}}"
+url = "http://127.0.0.1:{{service.port}}/"
+env = "SERVER"
+
+[stages.trials]
+foreach = {{ items = "items.jsonl", key = "key" }}
+isolate = {{ by = "model", one_at_a_time = true }}
+services = ["server"]
+run = '''mkdir -p out && {FETCH_SERVER} > out/{{item.key}}.txt'''
+outputs = {{ results = "trials.jsonl" }}
+"#
+        ),
+    );
+    p.cairn(&["run"]).success();
+    // Each group's items reached that group's own server.
+    for m in ["m1", "m2"] {
+        for t in 0..3 {
+            assert_eq!(p.read(&format!("out/{m}-t{t}.txt")), format!("{m}\n"));
+        }
+    }
+    // One server at a time: m1's stopped before m2's came up; m2's
+    // stopped when the stage ended.
+    let log: Vec<String> = p
+        .lines("servers.log")
+        .iter()
+        .map(|l| l.split(' ').take(2).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(log, ["up m1", "down m1", "up m2", "down m2"], "{log:?}");
+    // Nothing changed: no server starts.
+    p.cairn(&["run"]).success();
+    assert_eq!(p.lines("servers.log").len(), 4);
+}
+
+#[test]
+fn a_per_group_service_needs_items_run_group_by_group() {
+    let p = Project::new();
+    p.file("items.jsonl", "{\"key\": \"a\", \"model\": \"m\"}\n");
+    p.file(
+        "cairn.toml",
+        r#"[pipeline]
+name = "groups"
+
+[services.server]
+per_group = true
+run = "exec python3 group.py {service.port} {service.group}"
+url = "http://127.0.0.1:{service.port}/"
+
+[services.shared]
+run = "exec python3 group.py {service.port} {service.group}"
+url = "http://127.0.0.1:{service.port}/"
+
+[stages.trials]
+foreach = { items = "items.jsonl", key = "key" }
+services = ["server"]
+run = "true"
+outputs = { results = "trials.jsonl" }
+"#,
+    );
+    let out = p.cairn(&["run"]);
+    out.code_is(2);
+    assert!(
+        out.stderr().contains("stage `trials` uses `server`, which serves one group at a time, but does not run its items group by group"),
+        "{}",
+        out.stderr()
+    );
+    assert!(
+        out.stderr()
+            .contains("service `shared` has `{service.group}` but serves every group at once"),
+        "{}",
+        out.stderr()
+    );
+}
+
+/// The stage command that fetches `$SERVER`.
+const FETCH_SERVER: &str = r#"python3 -c 'import os, urllib.request; print(urllib.request.urlopen(os.environ["SERVER"]).read().decode().strip())'"#;
+
+#[test]
+fn a_service_that_needs_gpus_is_not_started_without_them() {
+    let p = project(
+        r#"[services.web]
+run = "exec python3 serve.py {service.port}"
+url = "http://127.0.0.1:{service.port}/"
+env = "WEB"
+gpus = { count = 2, memory_gib = 40 }
+"#,
+        &format!(
+            r#"[stages.fetch]
+run = '''{FETCH} > {{out.o}}'''
+outputs = {{ o = "fetched.txt" }}
+services = ["web"]
+"#
+        ),
+    );
+    // An `nvidia-smi` that lists what this test says: two 80 GiB GPUs,
+    // one of them nearly full.
+    std::fs::create_dir_all(p.path("bin")).unwrap();
+    let smi = p.path("bin/nvidia-smi");
+    std::fs::write(&smi, "#!/bin/sh\ncat \"$(dirname \"$0\")/gpus.csv\"\n").unwrap();
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p.file(
+        "bin/gpus.csv",
+        "0, NVIDIA A100-SXM4-80GB, 81920, 1024\n1, NVIDIA A100-SXM4-80GB, 81920, 71680\n",
+    );
+    let path = format!(
+        "{}:{}",
+        p.path("bin").display(),
+        std::env::var("PATH").unwrap()
+    );
+    let run = |p: &Project| {
+        let output = p
+            .command(&["run"])
+            .env("PATH", &path)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        common::Run { output }
+    };
+    let out = run(&p);
+    out.code_is(1);
+    assert!(
+        out.stderr().contains(
+            "service `web` needs 2 GPU(s) with 40 GiB free each; this machine has 1 such: GPU 0 (NVIDIA A100-SXM4-80GB, 79.0 GiB free of 80.0), GPU 1 (NVIDIA A100-SXM4-80GB, 10.0 GiB free of 80.0)"
+        ),
+        "{}",
+        out.stderr()
+    );
+    assert!(starts(&p).is_empty(), "the server was never started");
+    // The other job finished: both GPUs free.
+    p.file(
+        "bin/gpus.csv",
+        "0, NVIDIA A100-SXM4-80GB, 81920, 1024\n1, NVIDIA A100-SXM4-80GB, 81920, 2048\n",
+    );
+    run(&p).success();
+    assert_eq!(p.read("fetched.txt"), "hello\n");
+}

@@ -2,10 +2,11 @@
 """A scripted policy behind the OpenAI-compatible API vLLM serves, for the
 canary on a machine with no GPU:
 
-    policy_server.py --port PORT --models DIR --tasks FREEZE
+    policy_server.py --port PORT --models DIR --tasks FREEZE [--only NAME]
 
-    GET  /v1/models             every checkpoint under DIR, as vLLM lists
-                                them (id, root, max_model_len)
+    GET  /v1/models             every checkpoint under DIR (or only NAME, as
+                                one vLLM process serves one model), as vLLM
+                                lists them (id, root, max_model_len)
     POST /v1/chat/completions   the next step of an agent on a task of the
                                 freeze FREEZE (its `items/ID/`), drawn from
                                 the request's `seed`
@@ -61,10 +62,12 @@ def behaviour(policy, model, task, seed):
 
 
 class Policy:
-    def __init__(self, models_dir, freeze):
+    def __init__(self, models_dir, freeze, only=None):
         self.freeze = freeze
         self.models = {}
         for name in sorted(os.listdir(models_dir)):
+            if only is not None and name != only:
+                continue
             config = os.path.join(models_dir, name, "config.json")
             if os.path.isfile(config):
                 with open(config) as f:
@@ -197,8 +200,11 @@ def main():
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--models", required=True)
     parser.add_argument("--tasks", required=True, help="the registered freeze the canary's tasks come from")
+    parser.add_argument("--only", help="serve this checkpoint alone")
     args = parser.parse_args()
-    policy = Policy(args.models, args.tasks)
+    policy = Policy(args.models, args.tasks, args.only)
+    if not policy.models:
+        parser.error(f"no checkpoint to serve under {args.models}" + (f" named {args.only}" if args.only else ""))
     server = ThreadingHTTPServer((args.host, args.port), handler(policy))
     print(f"serving {', '.join(policy.models)} on http://{args.host}:{args.port}/v1", flush=True)
     server.serve_forever()

@@ -30,7 +30,7 @@ use foreach::item_list_missing;
 use output_places::OutputPlaces;
 use paths::normalise;
 use pipeline::{manifest_dir, resolve_root};
-pub use services::PORT as SERVICE_PORT;
+pub use services::{GROUP as SERVICE_GROUP, PORT as SERVICE_PORT};
 
 const TOP_KEYS: &[&str] = &[
     "pipeline",

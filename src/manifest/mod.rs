@@ -18,11 +18,11 @@ pub mod shell;
 
 pub use error::{LoadError, ManifestErrors, Problem, line_col};
 pub use image::{ImageRef, PinnedImage, sha256_digest};
-pub use load::{SERVICE_PORT, load, load_str};
+pub use load::{SERVICE_GROUP, SERVICE_PORT, load, load_str};
 pub use model::{
     ClassifyRule, Command, Compare, Ended, EnvValue, ErrorsCount, ExecutorSpec, Expect, Foreach,
-    Isolate, ItemClass, ItemOutput, KubernetesSettings, Link, Manifest, Named, OutputIndex,
-    PathDecl, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry, RootVolume, Samples,
-    Service, SlurmSettings, Stage, Toleration, Uses, is_per_item, lock_path_of,
+    GpuNeed, Isolate, ItemClass, ItemOutput, KubernetesSettings, Link, Manifest, Named,
+    OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry, RootVolume,
+    Samples, Service, SlurmSettings, Stage, Toleration, Uses, is_per_item, lock_path_of,
 };
 pub use raw::Span;

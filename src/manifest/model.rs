@@ -66,6 +66,21 @@ pub struct Service {
     pub secrets: Vec<String>,
     /// How long it may take to come up (and `check` to pass).
     pub start_timeout: Duration,
+    /// One server per group of its stages' `isolate` groups, one at a
+    /// time (`{service.group}` names the group): each model of a canary on
+    /// its own server.
+    pub per_group: bool,
+    /// The GPUs this machine must have free before cairn starts it.
+    pub gpus: Option<GpuNeed>,
+}
+
+/// `gpus = { count = 2, memory_gib = 40 }`: at least `count` GPUs with at
+/// least `memory_gib` GiB free each, by `nvidia-smi`, before the server is
+/// started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuNeed {
+    pub count: u32,
+    pub memory_gib: u32,
 }
 
 /// `[cache] link`: how a stored file and its workspace copy share the disk.

@@ -39,6 +39,8 @@ enum State {
     Up {
         url: String,
         process: Option<ServiceProcess>,
+        /// The group it serves, for a per-group service.
+        group: Option<String>,
     },
     /// It could not come up, or died: the stages that use it fail with
     /// this reason, and it is not started again in this run.
@@ -152,33 +154,78 @@ impl Services {
     /// (the variable, the URL) a stage's commands are given; or why it
     /// could not be.
     pub async fn reach(&self, name: &str) -> Result<(String, String), String> {
+        self.reach_for(name, None).await
+    }
+
+    /// Whether the service `name` serves one group at a time
+    /// (`per_group`): its stages reach it group by group, through
+    /// [`Services::reach_for`], not once for the stage.
+    pub fn is_per_group(&self, name: &str) -> bool {
+        self.specs.get(name).is_some_and(|spec| spec.per_group)
+    }
+
+    /// [`Services::reach`] for `group` of a per-group service: the server
+    /// of another group is stopped first (one at a time, as one GPU
+    /// machine serves one model), then this group's is brought up.
+    pub async fn reach_for(
+        &self,
+        name: &str,
+        group: Option<&str>,
+    ) -> Result<(String, String), String> {
         let (Some(spec), Some(state)) = (self.specs.get(name), self.states.get(name)) else {
             return Err(format!("no service `{name}`"));
         };
+        let group = group.filter(|_| spec.per_group);
+        if let Some(group) = group
+            && !group
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(format!(
+                "service `{name}` cannot serve group `{group}`: a per-group service's group is named by letters, digits, `.`, `_` and `-` only"
+            ));
+        }
         // A service comes up once, whoever asks first; the others wait.
         let mut state = state.lock().await;
         self.notice_exit(spec, &mut state);
-        match &*state {
-            State::Up { url, .. } => return Ok((spec.env.clone(), url.clone())),
+        match &mut *state {
+            State::Up {
+                url, group: serves, ..
+            } if serves.as_deref() == group => return Ok((spec.env.clone(), url.clone())),
+            State::Up {
+                process,
+                group: Some(serves),
+                ..
+            } => {
+                if let Some(process) = process.take() {
+                    process.stop().await;
+                    tracing::info!(
+                        "service `{name}` for group `{serves}` stopped: the next group's comes up"
+                    );
+                }
+                *state = State::Down;
+            }
+            State::Up { .. } | State::Down => {}
             State::Failed(why) => return Err(why.clone()),
-            State::Down => {}
         }
         let started = Instant::now();
-        match self.bring_up(spec).await {
+        let whose = group.map_or_else(String::new, |g| format!(" for group `{g}`"));
+        match self.bring_up(spec, group).await {
             Ok((url, process)) => {
                 tracing::info!(
-                    "service `{name}` is up ({:.1} s)",
+                    "service `{name}`{whose} is up ({:.1} s)",
                     started.elapsed().as_secs_f64()
                 );
                 *state = State::Up {
                     url: url.clone(),
                     process,
+                    group: group.map(str::to_owned),
                 };
                 Ok((spec.env.clone(), url))
             }
             Err(why) => {
                 self.redact_log(spec).await;
-                let why = format!("service `{name}` {why}");
+                let why = format!("service `{name}`{whose} {why}");
                 *state = State::Failed(why.clone());
                 Err(why)
             }
@@ -262,21 +309,30 @@ impl Services {
         }
     }
 
-    async fn bring_up(&self, spec: &Service) -> Result<(String, Option<ServiceProcess>), String> {
+    async fn bring_up(
+        &self,
+        spec: &Service,
+        group: Option<&str>,
+    ) -> Result<(String, Option<ServiceProcess>), String> {
         let deadline = Instant::now() + spec.start_timeout;
         let log = self.log_dir.join(format!("{}.log", spec.name));
-        // `{service.port}` filled in everything that names it (and the
-        // literal braces a first pass kept escaped, unescaped).
+        if let Some(need) = &spec.gpus {
+            gpus_free(need).await?;
+        }
+        // `{service.port}` (and `{service.group}`) filled in everything
+        // that names it (and the literal braces a first pass kept escaped,
+        // unescaped).
         let port = match &spec.run {
             None => None,
             Some(_) => Some(free_port().map_err(|e| format!("found no free port: {e}"))?),
         };
-        let url = fill(&spec.url, port);
+        let filled = Filled { port, group };
+        let url = filled.text(&spec.url);
         let mut process = match &spec.run {
             None => None,
-            Some(run) => Some(self.spawn(&fill_command(run, port), spec, &url, &log)?),
+            Some(run) => Some(self.spawn(&filled.command(run), spec, &url, &log)?),
         };
-        let probe = ready_url(&url, &fill(&spec.ready, port));
+        let probe = ready_url(&url, &filled.text(&spec.ready));
         crate::tls::install_provider();
         let client = reqwest::Client::builder()
             .build()
@@ -319,7 +375,7 @@ impl Services {
             tokio::time::sleep(READY_POLL).await;
         }
         if let Some(check) = &spec.check {
-            self.check(&fill_command(check, port), spec, &url, &log, deadline)
+            self.check(&filled.command(check), spec, &url, &log, deadline)
                 .await?;
         }
         Ok((url, process))
@@ -433,6 +489,90 @@ impl Services {
     }
 }
 
+/// `Err` with what this machine has unless `nvidia-smi` shows at least
+/// `need.count` GPUs with `need.memory_gib` GiB free each: a server that
+/// cannot load its model is not started to find out.
+async fn gpus_free(need: &crate::manifest::GpuNeed) -> Result<(), String> {
+    let wanted = format!(
+        "needs {} GPU(s) with {} GiB free each",
+        need.count, need.memory_gib
+    );
+    let output = tokio::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=index,name,memory.total,memory.used",
+            "--format=csv,noheader,nounits",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("{wanted}, and `nvidia-smi` cannot be run here: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{wanted}, and `nvidia-smi` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    let gpus = parse_gpus(&String::from_utf8_lossy(&output.stdout));
+    let fit = gpus
+        .iter()
+        .filter(|g| g.free_mib >= u64::from(need.memory_gib) * 1024)
+        .count();
+    if fit >= need.count as usize {
+        return Ok(());
+    }
+    let shown: Vec<String> = gpus
+        .iter()
+        .map(|g| {
+            format!(
+                "GPU {} ({}, {:.1} GiB free of {:.1})",
+                g.index,
+                g.name,
+                g.free_mib as f64 / 1024.0,
+                g.total_mib as f64 / 1024.0
+            )
+        })
+        .collect();
+    Err(format!(
+        "{wanted}; this machine has {fit} such: {}",
+        if shown.is_empty() {
+            "nvidia-smi lists no GPU".to_owned()
+        } else {
+            shown.join(", ")
+        }
+    ))
+}
+
+/// One GPU as `nvidia-smi` lists it.
+#[derive(Debug, PartialEq)]
+struct Gpu {
+    index: String,
+    name: String,
+    total_mib: u64,
+    free_mib: u64,
+}
+
+/// `nvidia-smi --query-gpu=index,name,memory.total,memory.used
+/// --format=csv,noheader,nounits`, read (lines it cannot read are left
+/// out).
+fn parse_gpus(text: &str) -> Vec<Gpu> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            let [index, name, total, used] = fields[..] else {
+                return None;
+            };
+            let (total, used) = (total.parse::<u64>().ok()?, used.parse::<u64>().ok()?);
+            Some(Gpu {
+                index: index.to_owned(),
+                name: name.to_owned(),
+                total_mib: total,
+                free_mib: total.saturating_sub(used),
+            })
+        })
+        .collect()
+}
+
 /// (name, value) of each of the service's secrets set in cairn's
 /// environment.
 fn secret_values(spec: &Service) -> Vec<(String, String)> {
@@ -458,21 +598,34 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// `text` (a template: literal braces escaped) with `{service.port}`
-/// filled in, if there is a port, and every other brace made literal.
-fn fill(text: &str, port: Option<u16>) -> String {
-    let filled: Result<String, Vec<()>> = walk(text, false, |p| {
-        Ok(port
-            .filter(|_| &text[p.range.clone()] == crate::manifest::SERVICE_PORT)
-            .map(|port| port.to_string()))
-    });
-    filled.unwrap_or_else(|_| text.to_owned())
+/// What a service's templates are filled with: its port, if cairn starts
+/// it, and the group it serves, if it serves one at a time. (A group is a
+/// plain word, checked before: it needs no quoting.)
+struct Filled<'f> {
+    port: Option<u16>,
+    group: Option<&'f str>,
 }
 
-fn fill_command(command: &Command, port: Option<u16>) -> Command {
-    match command {
-        Command::Shell(script) => Command::Shell(fill(script, port)),
-        Command::Exec(argv) => Command::Exec(argv.iter().map(|a| fill(a, port)).collect()),
+impl Filled<'_> {
+    /// `text` (a template: literal braces escaped) with `{service.port}`
+    /// and `{service.group}` filled in, where there is one, and every
+    /// other brace made literal.
+    fn text(&self, text: &str) -> String {
+        let filled: Result<String, Vec<()>> = walk(text, false, |p| {
+            Ok(match &text[p.range.clone()] {
+                crate::manifest::SERVICE_PORT => self.port.map(|port| port.to_string()),
+                crate::manifest::SERVICE_GROUP => self.group.map(str::to_owned),
+                _ => None,
+            })
+        });
+        filled.unwrap_or_else(|_| text.to_owned())
+    }
+
+    fn command(&self, command: &Command) -> Command {
+        match command {
+            Command::Shell(script) => Command::Shell(self.text(script)),
+            Command::Exec(argv) => Command::Exec(argv.iter().map(|a| self.text(a)).collect()),
+        }
     }
 }
 
@@ -520,16 +673,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_port_is_filled_in_urls_and_commands_and_nothing_else_is() {
+    fn the_port_and_group_are_filled_in_urls_and_commands_and_nothing_else_is() {
+        let fill = |text: &str, port, group| Filled { port, group }.text(text);
         assert_eq!(
-            fill("http://127.0.0.1:{service.port}/v1", Some(8123)),
+            fill("http://127.0.0.1:{service.port}/v1", Some(8123), None),
             "http://127.0.0.1:8123/v1"
         );
         assert_eq!(
-            fill("serve --port {service.port} '{{x.y}}' {other.z}", Some(9)),
+            fill(
+                "serve --port {service.port} '{{x.y}}' {other.z}",
+                Some(9),
+                None
+            ),
             "serve --port 9 '{x.y}' {other.z}"
         );
-        assert_eq!(fill("check '{{x}}'", None), "check '{x}'");
+        assert_eq!(fill("check '{{x}}'", None, None), "check '{x}'");
+        assert_eq!(
+            fill(
+                "serve --model {service.group} {service.port}",
+                Some(7),
+                Some("model-a")
+            ),
+            "serve --model model-a 7"
+        );
+        // Not a per-group service: the placeholder stays as it is.
+        assert_eq!(fill("{service.group}", None, None), "{service.group}");
+    }
+
+    #[test]
+    fn nvidia_smi_lines_are_read_and_the_free_memory_is_what_is_not_used() {
+        let gpus = parse_gpus(
+            "0, NVIDIA A100-SXM4-80GB, 81920, 1024\n1, NVIDIA A100-SXM4-80GB, 81920, 81000\nnot a line\n",
+        );
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].free_mib, 80896);
+        assert_eq!(gpus[1].free_mib, 920);
+        assert_eq!(gpus[1].name, "NVIDIA A100-SXM4-80GB");
     }
 
     #[test]

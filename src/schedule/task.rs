@@ -510,6 +510,10 @@ impl StageTask {
             return Ok(());
         };
         for name in &self.services {
+            if services.is_per_group(name) {
+                // Reached group by group, as each group's items run.
+                continue;
+            }
             let (variable, url) = tokio::select! {
                 reached = services.reach(name) => reached.map_err(ScheduleError::Service)?,
                 () = self.limits.stopped() => return Ok(()),
@@ -518,6 +522,26 @@ impl StageTask {
             self.job.env.push((variable, url));
         }
         Ok(())
+    }
+
+    /// The per-group services the stage uses, up for `group` (another
+    /// group's stopped first): the variables and URLs its items get.
+    async fn reach_group_services(
+        &self,
+        group: &str,
+    ) -> Result<Vec<(String, String)>, ScheduleError> {
+        let Some(services) = self.run_services.clone() else {
+            return Ok(Vec::new());
+        };
+        let mut env = Vec::new();
+        for name in self.services.iter().filter(|n| services.is_per_group(n)) {
+            let reached = tokio::select! {
+                reached = services.reach_for(name, Some(group)) => reached.map_err(ScheduleError::Service)?,
+                () = self.limits.stopped() => return Ok(env),
+            };
+            env.push(reached);
+        }
+        Ok(env)
     }
 
     /// Looks its items up in `remote` before they run, and uploads what

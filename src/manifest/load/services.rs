@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::super::interpolate::walk;
-use super::super::model::{Command, Service, Stage};
+use super::super::model::{Command, GpuNeed, Service, Stage};
 use super::super::raw::{Entry, Node, NodeKind};
 use super::super::shell::{self, Context};
 use super::{Checker, find, scalar};
@@ -22,11 +22,17 @@ const KEYS: &[&str] = &[
     "check",
     "secrets",
     "start_timeout",
+    "per_group",
+    "gpus",
 ];
+const GPU_KEYS: &[&str] = &["count", "memory_gib"];
 /// How long a service may take to come up unless `start_timeout` says.
 const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
 /// The placeholder a service's `run` and `url` are given its port in.
 pub const PORT: &str = "{service.port}";
+/// The placeholder a per-group service's `run`, `url`, `ready` and
+/// `check` are given the group it serves in.
+pub const GROUP: &str = "{service.group}";
 
 impl Checker<'_> {
     /// `[services]`, with the selected profiles' replacements applied in
@@ -200,6 +206,40 @@ impl Checker<'_> {
         let start_timeout = find(table, "start_timeout")
             .and_then(|e| self.timeout(&e.value))
             .unwrap_or(DEFAULT_START_TIMEOUT);
+        let per_group = match find(table, "per_group") {
+            None => false,
+            Some(e) => match e.value.kind {
+                NodeKind::Boolean(b) => b,
+                _ => {
+                    self.type_error(&e.value, "`per_group`", "true or false");
+                    false
+                }
+            },
+        };
+        let gpus = match find(table, "gpus") {
+            None => None,
+            Some(entry) => self.gpu_need(name, entry, run.is_some())?,
+        };
+        let run_text = match &run {
+            Some(Command::Shell(script)) => script.clone(),
+            Some(Command::Exec(argv)) => argv.join(" "),
+            None => String::new(),
+        };
+        if !per_group
+            && [&run_text, &url, &ready, &check_text]
+                .iter()
+                .any(|t| t.contains(GROUP))
+        {
+            self.problems.push(
+                Problem::new(
+                    format!("service `{name}` has `{GROUP}` but serves every group at once"),
+                    node.span.clone(),
+                    "here",
+                )
+                .help("with `per_group = true` cairn starts one server per group of the stage's `isolate` groups, one at a time, and fills in the group"),
+            );
+            return None;
+        }
         Some(Service {
             name: name.to_owned(),
             description,
@@ -210,7 +250,45 @@ impl Checker<'_> {
             check,
             secrets,
             start_timeout,
+            per_group,
+            gpus,
         })
+    }
+
+    /// `gpus = { count, memory_gib }` of service `name` (`Some(None)` for
+    /// none given; `None` if it is wrong, the problem recorded).
+    fn gpu_need(&mut self, name: &str, entry: &Entry, starts: bool) -> Option<Option<GpuNeed>> {
+        let table = self.expect_table(&entry.value, "`gpus`")?;
+        self.unknown_keys(table, GPU_KEYS, "`gpus`");
+        if !starts {
+            self.problems.push(
+                Problem::new(
+                    format!("service `{name}` has `gpus` but no `run`"),
+                    entry.value.span.clone(),
+                    "here",
+                )
+                .help("`gpus` is checked on this machine before cairn starts the server; a server already running at `url` has its GPUs where it runs"),
+            );
+            return None;
+        }
+        let Some(count) = find(table, "count") else {
+            self.problems.push(
+                Problem::new(
+                    format!("service `{name}` has `gpus` without `count`"),
+                    entry.value.span.clone(),
+                    "here",
+                )
+                .help("say how many GPUs the server needs, e.g. `gpus = { count = 2, memory_gib = 40 }`"),
+            );
+            return None;
+        };
+        let count = self.count(&count.value, "`gpus.count`", 1)?;
+        let memory_gib = find(table, "memory_gib")
+            .map_or(Some(0), |e| self.count(&e.value, "`gpus.memory_gib`", 0))?;
+        Some(Some(GpuNeed {
+            count: count as u32,
+            memory_gib: memory_gib as u32,
+        }))
     }
 
     /// A service's `run` or `check`: a shell script or an argv, with
@@ -263,7 +341,7 @@ impl Checker<'_> {
         };
         let filled = walk(text, true, |p| {
             let whole = &text[p.range.clone()];
-            if whole == PORT {
+            if whole == PORT || whole == GROUP {
                 return Ok(None);
             }
             let value = match p.namespace {
@@ -274,7 +352,7 @@ impl Checker<'_> {
                 return Err((
                     whole,
                     format!(
-                        "service `{name}` cannot fill `{whole}`: a service has `{{params.NAME}}` (a string, number or boolean) and `{PORT}`"
+                        "service `{name}` cannot fill `{whole}`: a service has `{{params.NAME}}` (a string, number or boolean), `{PORT}` and, serving one group at a time, `{GROUP}`"
                     ),
                 ));
             };
@@ -313,7 +391,25 @@ impl Checker<'_> {
     ) {
         for stage in stages {
             for used in &stage.services {
-                if services.contains_key(&used.name) {
+                if let Some(service) = services.get(&used.name) {
+                    let by_groups = stage
+                        .foreach
+                        .as_ref()
+                        .and_then(|f| f.isolate.as_ref())
+                        .is_some_and(|i| i.one_at_a_time);
+                    if service.per_group && !by_groups {
+                        self.problems.push(
+                            Problem::new(
+                                format!(
+                                    "stage `{}` uses `{}`, which serves one group at a time, but does not run its items group by group",
+                                    stage.name, used.name
+                                ),
+                                used.span.clone(),
+                                "here",
+                            )
+                            .help("give the stage `isolate = { by = \"model\", one_at_a_time = true }`: each group's items then run with its own server"),
+                        );
+                    }
                     continue;
                 }
                 let help = self.did_you_mean(

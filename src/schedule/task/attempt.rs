@@ -30,6 +30,9 @@ pub(super) struct ItemRunner {
     pub(super) producer: Producer,
     /// What its items read, looked at again as each attempt ends.
     pub(super) inputs_read: Option<Arc<InputsRead>>,
+    /// The per-group services of the group running now (variable, URL):
+    /// set as each group starts, groups running one at a time.
+    pub(super) group_env: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 impl ItemRunner {
@@ -91,6 +94,12 @@ impl ItemRunner {
                             .or_else(|| self.job.image.clone()),
                         ..self.job.clone()
                     };
+                    if let Ok(group_env) = self.group_env.lock() {
+                        for (variable, url) in group_env.iter() {
+                            job.env.retain(|(k, _)| k != variable);
+                            job.env.push((variable.clone(), url.clone()));
+                        }
+                    }
                     job.env
                         .push((ITEM_MARKER.to_owned(), item.item_key().to_owned()));
                     if let Some(sample) = &item.sample {

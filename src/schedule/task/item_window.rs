@@ -129,14 +129,16 @@ impl StageTask {
             uploads: self.uploads.clone(),
             producer: self.producer.clone(),
             inputs_read: self.inputs_read.clone(),
+            group_env: std::sync::Mutex::default(),
         });
         // With `isolate`, each group's smoke items run first; a group one
         // of them fails is marked, and its other items are not run. With
         // `one_at_a_time`, group after group (its smoke items, then the
         // rest); else every group's smoke items, then every group's rest.
         let isolate = items.spec.isolate.clone();
-        let phases: Vec<Vec<usize>> = match &isolate {
-            None => vec![todo],
+        // (Each phase with its group, when groups take turns.)
+        let phases: Vec<(Option<String>, Vec<usize>)> = match &isolate {
+            None => vec![(None, todo)],
             Some(isolate) if isolate.one_at_a_time => {
                 let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
                 for i in todo {
@@ -145,16 +147,34 @@ impl StageTask {
                         .or_default()
                         .push(i);
                 }
-                groups.into_values().collect()
+                groups
+                    .into_iter()
+                    .map(|(g, items)| (Some(g), items))
+                    .collect()
             }
-            Some(_) => vec![todo],
+            Some(_) => vec![(None, todo)],
         };
         let group_jobs = GroupJobs::of(isolate.as_ref(), &items.plan);
         // Items that ended in error in this run: key, why, last log.
         let mut errors: Vec<(String, Option<String>, Option<PathBuf>)> = Vec::new();
         let mut marked = BTreeMap::new();
         let mut stopped = false;
-        for phase in phases {
+        for (group, phase) in phases {
+            // A per-group service comes up for its group (the previous
+            // group's stopped first): one model served at a time.
+            if let Some(group) = &group {
+                match self.reach_group_services(group).await {
+                    Ok(env) => {
+                        if let Ok(mut group_env) = runner.group_env.lock() {
+                            *group_env = env;
+                        }
+                    }
+                    Err(error) => {
+                        release_windows(held_across).await;
+                        return Err(error);
+                    }
+                }
+            }
             let (smoke, rest): (Vec<usize>, Vec<usize>) = match &isolate {
                 None => (phase, Vec::new()),
                 Some(isolate) => phase
