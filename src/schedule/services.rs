@@ -38,7 +38,8 @@ enum State {
     Down,
     Up {
         url: String,
-        process: Option<ServiceProcess>,
+        /// (Boxed: a child process is large, and `Down` holds nothing.)
+        process: Option<Box<ServiceProcess>>,
         /// The group it serves, for a per-group service.
         group: Option<String>,
     },
@@ -198,7 +199,7 @@ impl Services {
                 ..
             } => {
                 if let Some(process) = process.take() {
-                    process.stop().await;
+                    (*process).stop().await;
                     tracing::info!(
                         "service `{name}` for group `{serves}` stopped: the next group's comes up"
                     );
@@ -218,7 +219,7 @@ impl Services {
                 );
                 *state = State::Up {
                     url: url.clone(),
-                    process,
+                    process: process.map(Box::new),
                     group: group.map(str::to_owned),
                 };
                 Ok((spec.env.clone(), url))
@@ -278,7 +279,7 @@ impl Services {
         self.notice_exit(spec, &mut state);
         if let State::Up { process, .. } = &mut *state {
             if let Some(process) = process.take() {
-                process.stop().await;
+                (*process).stop().await;
                 tracing::info!("service `{name}` stopped: no stage of this run needs it any more");
             }
             self.redact_log(spec).await;

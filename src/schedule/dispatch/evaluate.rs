@@ -46,11 +46,13 @@ impl Dispatcher<'_, '_> {
             return false;
         };
         self.ctx.item_plans.get(&i).is_some_and(|plan| {
-            plan.iter().any(|p| match (&p.outcome, only) {
-                (None, Only::Pending) => true,
-                (Some((ItemClass::Infra, _)), Only::Infra) => true,
-                (Some((ItemClass::Error, _)), Only::Error) => true,
-                _ => false,
+            plan.iter().any(|p| {
+                matches!(
+                    (&p.outcome, only),
+                    (None, Only::Pending)
+                        | (Some((ItemClass::Infra, _)), Only::Infra)
+                        | (Some((ItemClass::Error, _)), Only::Error)
+                )
             })
         })
     }
