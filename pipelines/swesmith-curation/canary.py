@@ -13,7 +13,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 
@@ -44,7 +43,6 @@ def canary(model_name, task_id, receipt, agent_path, result):
     with open(os.path.join(task_dir, "task.json")) as f:
         meta = json.load(f)
     attempt = int(os.environ.get("CAIRN_ATTEMPT", "1"))
-    started = time.time()
     seed = int(os.environ.get("CAIRN_SEED", "0"))
     messages = [
         {"role": "system", "content": f"You are a software engineering agent ({agent['prompt_profile']})."},
@@ -81,8 +79,7 @@ def canary(model_name, task_id, receipt, agent_path, result):
         passed = bool(trajectory) and run_tests(repo, meta["test"])
     write_json(result, {"model": model_name, "task": task_id, "turns": len([t for t in trajectory if t["role"] == "assistant"]),
                         "reward": 1 if passed else 0, "action": action, "attempt": attempt, "seed": seed,
-                        "usage": answer.get("usage", {}),
-                        "started_at": round(started, 3), "ended_at": round(time.time(), 3)})
+                        "usage": answer.get("usage", {})})
     print(f"{model_name} {task_id} seed {seed}: reward {1 if passed else 0}, action {action}")
 
 

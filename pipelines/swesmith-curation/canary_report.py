@@ -76,7 +76,8 @@ def canary_report(results, summary_path, models_path, agent_path, receipt, trial
              f"| agent profile | {agent['prompt_profile']}, configs/agent.toml sha256 `{file_sha256(agent_path)}` |",
              f"| context / max tokens / steps | {agent['max_context']} / {agent['max_tokens']} / {agent['max_steps']} (checked against the server and the trainer before the first trial) |",
              f"| sampling | temperature {agent['temperature']}, top_p {agent['top_p']}; k = {k} samples per task, seed {summary['samples']['seed']} + sample index (a re-drawn sample's own seed is in the ledger) |",
-             f"| concurrency | one model at a time; at most {ran_at_once(spans) if spans else '—'} samples ran at once (from when each ran) |",
+             "| concurrency | one model at a time; " + (f"at most {ran_at_once(spans)} samples ran at once (from when each ran) |" if spans else
+                 "how many samples ran at once is not in the results, which a re-run reproduces byte for byte (`cairn show canary` has each attempt's times) |"),
              f"| retries | verdicts: 0 (a sample with a verdict is never drawn again); infrastructure: {sum(a > 1 for a in attempts)} samples retried, at most {max(attempts) if attempts else '—'} attempts of one |",
              f"| runtime images | {len(images)} task images by digest" + (f", list sha256 `{hashlib.sha256(chr(10).join(images).encode()).hexdigest()}`" if images else " (none: the trials ran on this machine)") + " |",
              f"| kind | internal experiment on fixture models |" if all("fixture" in m.get("revision", "") for m in models.values()) else "| kind | evaluation |",
