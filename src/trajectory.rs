@@ -58,6 +58,8 @@ impl Trajectory {
             },
             _ => return Err("is neither an object nor an array of messages".to_owned()),
         };
+        // The limits the harness applied, from its config.
+        let agent = |name: &str| value.pointer("/info/config/agent")?.get(name);
         let mut trajectory = Trajectory {
             format: text(value.get("trajectory_format")),
             exit_status: text(value.pointer("/info/exit_status")),
@@ -68,15 +70,9 @@ impl Trajectory {
             model_calls: value
                 .pointer("/info/model_stats/api_calls")
                 .and_then(Value::as_u64),
-            step_limit: value
-                .pointer("/info/config/agent/step_limit")
-                .and_then(Value::as_u64),
-            cost_limit: value
-                .pointer("/info/config/agent/cost_limit")
-                .and_then(Value::as_f64),
-            wall_time_limit_seconds: value
-                .pointer("/info/config/agent/wall_time_limit_seconds")
-                .and_then(Value::as_f64),
+            step_limit: agent("step_limit").and_then(Value::as_u64),
+            cost_limit: agent("cost_limit").and_then(Value::as_f64),
+            wall_time_limit_seconds: agent("wall_time_limit_seconds").and_then(Value::as_f64),
             harness_version: text(value.pointer("/info/mini_version")),
         };
         for message in messages {

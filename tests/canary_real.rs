@@ -71,18 +71,7 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     common::require_tool("python3");
     common::require_tool("git");
     let p = Project::new();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::fs::create_dir_all(p.path("pipelines")).unwrap();
-    common::copy_tree(
-        &repo.join("pipelines/swesmith-real"),
-        &p.path("pipelines/swesmith-real"),
-        &["__pycache__"],
-    );
-    std::fs::copy(
-        repo.join("pipelines/swesmith-real.toml"),
-        p.path("pipelines/swesmith-real.toml"),
-    )
-    .unwrap();
+    common::copy_shipped_pipeline(&p, "swesmith-real");
 
     let out = cairn(&p, &["run"]);
     out.success();

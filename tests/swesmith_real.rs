@@ -44,14 +44,7 @@ fn real_tasks_are_generated_and_graded_and_a_new_repository_validates_only_its_o
     common::require_tool("python3");
     common::require_tool("git");
     let p = Project::new();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::fs::create_dir_all(p.path("pipelines")).unwrap();
-    common::copy_tree(
-        &repo.join("pipelines/swesmith-real"),
-        &p.path("pipelines/swesmith-real"),
-        &["__pycache__"],
-    );
-    let manifest = std::fs::read_to_string(repo.join("pipelines/swesmith-real.toml")).unwrap();
+    let manifest = common::copy_shipped_pipeline(&p, "swesmith-real");
     let four = "repos = \"toolz,cachetools,parse,inflection\"";
     assert!(manifest.contains(four), "the ci profile's repositories");
     // The first version has stage A's repositories only.

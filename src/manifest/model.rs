@@ -382,7 +382,7 @@ impl Foreach {
     /// Final classes are; so is an error of a sampled stage whose errors
     /// count as fails (see [`Foreach::keeps_errors`]).
     pub fn keeps(&self, class: &ItemClass) -> bool {
-        class.is_final() || (*class == ItemClass::Error && self.keeps_errors())
+        class.is_kept(self.keeps_errors())
     }
 
     /// A sample in error counts as a fail (`samples.errors = "fail"`, the
@@ -575,6 +575,13 @@ impl ItemClass {
     /// Ok and verdicts are final: reused by later runs, never retried.
     pub fn is_final(&self) -> bool {
         matches!(self, ItemClass::Ok | ItemClass::Verdict(_))
+    }
+
+    /// Whether an outcome of this class is kept (reused, never tried
+    /// again unless asked): a final one, or an error where errors are
+    /// kept (see [`Foreach::keeps_errors`]).
+    pub fn is_kept(&self, errors_kept: bool) -> bool {
+        self.is_final() || (errors_kept && *self == ItemClass::Error)
     }
 }
 

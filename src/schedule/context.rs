@@ -690,11 +690,7 @@ impl<'m> Context<'m> {
             // fingerprint and has no final outcome: the run adopts it.
             let wanted: std::collections::HashSet<(&str, Digest)> = planned
                 .iter()
-                .filter(|p| {
-                    !p.outcome.as_ref().is_some_and(|(class, _)| {
-                        stage.foreach.as_ref().is_some_and(|f| f.keeps(class))
-                    })
-                })
+                .filter(|p| !p.is_kept(stage.foreach.as_ref()))
                 .map(|p| (p.item.key.as_str(), p.fingerprint))
                 .collect();
             let orphans = orphaned_jobs(&mut self.orphaned, ledger, &stage.name)?

@@ -789,13 +789,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             plan = Some(items);
         }
         let foreach = self.ctx.manifest.stages[i].foreach.as_ref();
-        let kept = |p: &PlannedItem| {
-            p.outcome
-                .as_ref()
-                .is_some_and(|(class, _)| foreach.is_some_and(|f| f.keeps(class)))
-        };
         let items = plan.as_ref().map(|plan| {
-            let done = plan.iter().filter(|p| kept(p)).count();
+            let done = plan.iter().filter(|p| p.is_kept(foreach)).count();
             (plan.len(), done)
         });
         self.reporter.event(Event::StageStarted {
@@ -911,11 +906,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             })
             .collect();
         let foreach = self.ctx.manifest.stages[i].foreach.as_ref();
-        let items = plan.unwrap_or_default().iter().filter(|p| {
-            !p.outcome
-                .as_ref()
-                .is_some_and(|(class, _)| foreach.is_some_and(|f| f.keeps(class)))
-        });
+        let items = plan
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| !p.is_kept(foreach));
         let item_paths: Vec<PathBuf> = items
             .flat_map(|planned| planned.inputs.iter())
             .filter(|(path, _)| !path.starts_with('\0'))

@@ -144,7 +144,7 @@ impl ItemOutputs {
             let Some((class, _)) = &planned.outcome else {
                 continue;
             };
-            if !(class.is_final() || (self.keeps_errors && *class == ItemClass::Error)) {
+            if !class.is_kept(self.keeps_errors) {
                 continue;
             }
             let records = match &planned.outputs {
@@ -207,7 +207,7 @@ impl ItemOutputs {
             let Some((class, _)) = &planned.outcome else {
                 continue;
             };
-            if !(class.is_final() || (self.keeps_errors && *class == ItemClass::Error)) {
+            if !class.is_kept(self.keeps_errors) {
                 continue;
             }
             let Some(records) = &planned.outputs else {

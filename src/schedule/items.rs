@@ -137,6 +137,17 @@ pub struct PlannedItem {
     pub inputs: Box<[(String, Digest)]>,
 }
 
+impl PlannedItem {
+    /// Whether its outcome is kept by its stage (`foreach`): reused, not
+    /// run again (see [`Foreach::keeps`]).
+    pub fn is_kept(&self, foreach: Option<&crate::manifest::Foreach>) -> bool {
+        let errors_kept = foreach.is_some_and(crate::manifest::Foreach::keeps_errors);
+        self.outcome
+            .as_ref()
+            .is_some_and(|(class, _)| class.is_kept(errors_kept))
+    }
+}
+
 /// A stage's planned items found by fingerprint, through the first eight
 /// bytes of each (BLAKE3 output already): a million items' index takes
 /// 36 MB where one keyed by whole digests took 86. Items whose first

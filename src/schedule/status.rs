@@ -100,11 +100,7 @@ pub fn evaluate(
                 .map(|plan| {
                     let foreach = ctx.manifest.stages[i].foreach.as_ref();
                     plan.iter()
-                        .filter(|p| {
-                            !p.outcome
-                                .as_ref()
-                                .is_some_and(|(c, _)| foreach.is_some_and(|f| f.keeps(c)))
-                        })
+                        .filter(|p| !p.is_kept(foreach))
                         .take(20)
                         .map(|p| match &p.outcome {
                             Some((class, _)) => format!("{} ({})", p.item.key, class.name()),

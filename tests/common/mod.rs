@@ -378,3 +378,18 @@ pub fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
         }
     }
 }
+
+/// A shipped pipeline copied into `p`: its directory of scripts and its
+/// manifest, both under `pipelines/`; the manifest's text.
+pub fn copy_shipped_pipeline(p: &Project, name: &str) -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(p.path("pipelines")).unwrap();
+    copy_tree(
+        &repo.join(format!("pipelines/{name}")),
+        &p.path(&format!("pipelines/{name}")),
+        &["__pycache__"],
+    );
+    let manifest = std::fs::read_to_string(repo.join(format!("pipelines/{name}.toml"))).unwrap();
+    p.file(&format!("pipelines/{name}.toml"), &manifest);
+    manifest
+}
