@@ -848,3 +848,87 @@ outputs = { results = "state/canary.jsonl" }
     assert_eq!(finished.len(), 2, "three models in turn: {events:?}");
     assert!(peak <= 2, "at most 2 trials of a model at once, saw {peak}");
 }
+
+/// Two models on the same tasks under two evaluation protocols (each
+/// item names its profile, whose file is the item's input): every figure
+/// and every comparison is made per protocol, none over both, and editing
+/// one protocol's profile draws only its samples again.
+#[test]
+fn results_of_two_protocols_are_never_pooled_or_compared() {
+    let p = Project::new();
+    let mut items = String::new();
+    // (profile, model, tasks passed of 10)
+    for (profile, model, passing) in [
+        ("official-32k", "a", 8),
+        ("official-32k", "b", 3),
+        ("hardened-64k", "a", 2),
+        ("hardened-64k", "b", 9),
+    ] {
+        for task in 0..10 {
+            items.push_str(&format!(
+                "{{\"id\": \"{profile}.{model}-t{task}\", \"profile\": \"{profile}\", \"model\": \"{model}\", \"task\": \"t{task}\", \"pass\": {}}}\n",
+                task < passing
+            ));
+        }
+    }
+    p.file("trials.jsonl", &items);
+    p.file("profiles/official-32k.txt", "step_limit 200\n");
+    p.file("profiles/hardened-64k.txt", "step_limit 200\n");
+    p.file(
+        "cairn.toml",
+        r#"[pipeline]
+name = "protocols"
+
+[stages.canary]
+foreach = { items = "trials.jsonl", key = "id" }
+item_inputs = ["profiles/{item.profile}.txt"]
+samples = { k = 1, summary = "passk", protocol = "profile", compare = { by = "model", on = "task" } }
+run = 'echo "$CAIRN_ITEM" >> draws.log; {item.pass}'
+classify = [{ exit = 1, as = "failed" }]
+outputs = { results = "state/canary.jsonl", passk = "state/passk.json" }
+"#,
+    );
+    p.cairn(&["run"]).success();
+    let report = summary(&p);
+    for pooled in ["all", "splits", "comparisons"] {
+        assert!(
+            report.get(pooled).is_none(),
+            "a pooled `{pooled}`: {report}"
+        );
+    }
+    assert_eq!(report["protocol_by"], "profile");
+    let protocols = report["protocols"].as_object().unwrap();
+    assert_eq!(
+        protocols.keys().collect::<Vec<_>>(),
+        ["hardened-64k", "official-32k"]
+    );
+    for (name, rate_a, rate_b) in [("official-32k", 0.8, 0.3), ("hardened-64k", 0.2, 0.9)] {
+        let section = &protocols[name];
+        assert_eq!(section["all"]["items"], 20, "{name}: {section}");
+        let pairs = section["comparisons"].as_array().unwrap();
+        assert_eq!(pairs.len(), 1, "{name}: {section}");
+        assert_eq!(pairs[0]["paired_items"], 10, "{name}: only its own tasks");
+        assert_eq!(pairs[0]["pass_rate_a"], rate_a, "{name}");
+        assert_eq!(pairs[0]["pass_rate_b"], rate_b, "{name}");
+    }
+    for line in merged(&p) {
+        assert_eq!(line["protocol"], line["item"]["profile"], "{line}");
+    }
+    let shown = p.cairn(&["show", "canary"]).stdout();
+    assert!(
+        shown.contains("profile = official-32k (figures of this protocol alone)")
+            && shown.contains("profile = hardened-64k (figures of this protocol alone)"),
+        "{shown}"
+    );
+
+    // One protocol's profile edited: only its 20 samples are drawn again.
+    std::fs::remove_file(p.path("draws.log")).unwrap();
+    p.file("profiles/hardened-64k.txt", "step_limit 250\n");
+    p.cairn(&["run"]).success();
+    let drawn = p.lines("draws.log");
+    assert_eq!(drawn.len(), 20, "{drawn:?}");
+    assert!(
+        drawn.iter().all(|d| d.starts_with("hardened-64k.")),
+        "{drawn:?}"
+    );
+}

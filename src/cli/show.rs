@@ -241,34 +241,58 @@ fn sample_lines(summary: &serde_json::Value, spec: &crate::manifest::Samples) ->
         text.push_str(&format!("; groups {}", groups.join(", ")));
         text
     };
-    lines.push(line("all", &summary["all"]));
-    if let Some(splits) = summary["splits"].as_object() {
-        for (name, figures) in splits {
-            lines.push(line(name, figures));
+    for (protocol, section) in sections(summary) {
+        if let Some(name) = protocol {
+            lines.push(format!(
+                "  {} = {name} (figures of this protocol alone)",
+                summary["protocol_by"].as_str().unwrap_or("protocol")
+            ));
         }
-    }
-    for pair in summary["comparisons"].as_array().into_iter().flatten() {
-        let name = format!(
-            "{} vs {}",
-            pair["a"].as_str().unwrap_or("?"),
-            pair["b"].as_str().unwrap_or("?")
-        );
-        let Some(difference) = pair["difference"].as_f64() else {
-            lines.push(format!("  {name:<11} no items in common"));
-            continue;
-        };
-        let mut text = format!(
-            "  {name:<11} {difference:+.3} pass rate (95 % {:+.3} to {:+.3}) over {} paired items",
-            pair["interval95"][0].as_f64().unwrap_or(f64::NAN),
-            pair["interval95"][1].as_f64().unwrap_or(f64::NAN),
-            pair["paired_items"]
-        );
-        if let Some(p) = pair["mcnemar"]["p"].as_f64() {
-            text.push_str(&format!("; McNemar p = {p:.4}"));
+        lines.push(line("all", &section["all"]));
+        if let Some(splits) = section["splits"].as_object() {
+            for (name, figures) in splits {
+                lines.push(line(name, figures));
+            }
         }
-        lines.push(text);
+        for pair in section["comparisons"].as_array().into_iter().flatten() {
+            lines.push(comparison_line(pair));
+        }
     }
     lines
+}
+
+/// A sampled stage's summary as its sections: the one section, or one per
+/// protocol (with its name) when the stage names a protocol field.
+pub(crate) fn sections(summary: &serde_json::Value) -> Vec<(Option<&str>, &serde_json::Value)> {
+    match summary["protocols"].as_object() {
+        Some(protocols) => protocols
+            .iter()
+            .map(|(name, section)| (Some(name.as_str()), section))
+            .collect(),
+        None => vec![(None, summary)],
+    }
+}
+
+/// One compared pair: the difference in pass rate, its interval, McNemar.
+fn comparison_line(pair: &serde_json::Value) -> String {
+    let name = format!(
+        "{} vs {}",
+        pair["a"].as_str().unwrap_or("?"),
+        pair["b"].as_str().unwrap_or("?")
+    );
+    let Some(difference) = pair["difference"].as_f64() else {
+        return format!("  {name:<11} no items in common");
+    };
+    let mut text = format!(
+        "  {name:<11} {difference:+.3} pass rate (95 % {:+.3} to {:+.3}) over {} paired items",
+        pair["interval95"][0].as_f64().unwrap_or(f64::NAN),
+        pair["interval95"][1].as_f64().unwrap_or(f64::NAN),
+        pair["paired_items"]
+    );
+    if let Some(p) = pair["mcnemar"]["p"].as_f64() {
+        text.push_str(&format!("; McNemar p = {p:.4}"));
+    }
+    text
 }
 
 /// `cairn show STAGE --items [--code FINGERPRINT]`: the recorded outcomes

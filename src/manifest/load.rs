@@ -92,7 +92,7 @@ const ITEM_ONLY_KEYS: &[&str] = &[
 ];
 const ISOLATE_KEYS: &[&str] = &["by", "smoke", "mark", "one_at_a_time", "jobs"];
 const SAMPLES_KEYS: &[&str] = &[
-    "k", "seed", "pass_at", "split", "errors", "summary", "compare",
+    "k", "seed", "pass_at", "split", "protocol", "errors", "summary", "compare",
 ];
 const COMPARE_KEYS: &[&str] = &["by", "on"];
 /// The most samples of one item: more is a typo, not an evaluation.

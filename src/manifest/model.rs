@@ -429,6 +429,10 @@ pub struct Samples {
     /// The item field naming the sub-list an item belongs to (e.g.
     /// `split` = `train` | `validation`), reported apart.
     pub split: Option<String>,
+    /// The item field naming the evaluation protocol an item was run
+    /// under (e.g. `profile` = `official-32k`): every figure is made per
+    /// protocol, none over two (no pooled total, no comparison across).
+    pub protocol: Option<String>,
     /// Whether samples that ended in error count as fails (the default)
     /// or leave the denominator.
     pub errors: ErrorsCount,
@@ -462,6 +466,9 @@ impl Samples {
         );
         if let Some(split) = &self.split {
             text.push_str(&format!(", split = {split}"));
+        }
+        if let Some(protocol) = &self.protocol {
+            text.push_str(&format!(", protocol = {protocol}"));
         }
         if let Some(summary) = &self.summary {
             text.push_str(&format!(", summary = {summary}"));

@@ -135,23 +135,20 @@ pub fn merged(plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Ve
         if let Some(split) = split_of(first, samples) {
             line["split"] = Value::String(split);
         }
+        if let Some(field) = &samples.protocol {
+            line["protocol"] = Value::String(protocol_of(first, field));
+        }
         out.extend_from_slice(canonical_json(&line).as_bytes());
         out.push(b'\n');
     }
     out
 }
 
-/// The stage's summary over all its items and over each sub-list.
+/// The stage's summary over all its items and over each sub-list, and its
+/// comparisons. With a `protocol` field, each of these is made per
+/// protocol (under `protocols`), and nothing over two: no figure pools
+/// results of two protocols, no comparison pairs them.
 pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples, mark: Option<&str>) -> Value {
-    let mut all = Summary::default();
-    let mut splits: BTreeMap<String, Summary> = BTreeMap::new();
-    for (_, units) in by_item(plan) {
-        let tally = Tally::of(&units, mark);
-        all.add(&tally, samples);
-        if let Some(split) = split_of(&units[0].item, samples) {
-            splits.entry(split).or_default().add(&tally, samples);
-        }
-    }
     let mut out = json!({
         "stage": stage,
         "samples": {
@@ -161,10 +158,47 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples, mark: Optio
             "errors": samples.errors.name(),
         },
         "denominator": denominator_name(samples.errors),
-        "all": all.to_json(samples),
     });
+    let Some(field) = &samples.protocol else {
+        let units: Vec<&PlannedItem> = plan.iter().collect();
+        put_section(&mut out, &units, samples, mark);
+        return out;
+    };
+    let mut protocols: BTreeMap<String, Vec<&PlannedItem>> = BTreeMap::new();
+    for unit in plan {
+        protocols
+            .entry(protocol_of(&unit.item, field))
+            .or_default()
+            .push(unit);
+    }
+    out["protocol_by"] = Value::String(field.clone());
+    out["protocols"] = protocols
+        .into_iter()
+        .map(|(name, units)| {
+            let mut section = json!({});
+            put_section(&mut section, &units, samples, mark);
+            (name, section)
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    out
+}
+
+/// Into `out`: the figures over `units` (all, each sub-list, the
+/// comparisons).
+fn put_section(out: &mut Value, units: &[&PlannedItem], samples: &Samples, mark: Option<&str>) {
+    let mut all = Summary::default();
+    let mut splits: BTreeMap<String, Summary> = BTreeMap::new();
+    for (_, units) in by_item(units.iter().copied()) {
+        let tally = Tally::of(&units, mark);
+        all.add(&tally, samples);
+        if let Some(split) = split_of(&units[0].item, samples) {
+            splits.entry(split).or_default().add(&tally, samples);
+        }
+    }
+    out["all"] = all.to_json(samples);
     if let Some(compare) = &samples.compare {
-        out["comparisons"] = Value::Array(comparisons(plan, samples, compare, mark));
+        out["comparisons"] = Value::Array(comparisons(units, samples, compare, mark));
     }
     if let Some(field) = &samples.split {
         out["split_by"] = Value::String(field.clone());
@@ -174,7 +208,6 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples, mark: Optio
             .collect::<serde_json::Map<_, _>>()
             .into();
     }
-    out
 }
 
 /// One item's (passes, denominator) in each of two compared groups.
@@ -188,7 +221,7 @@ const BOOTSTRAP: usize = 10_000;
 /// bootstrap interval over the shared items, and, when every item has one
 /// counted sample, McNemar's exact test.
 fn comparisons(
-    plan: &[PlannedItem],
+    plan: &[&PlannedItem],
     samples: &Samples,
     compare: &Compare,
     mark: Option<&str>,
@@ -196,7 +229,7 @@ fn comparisons(
     // group → paired-on value → (passed, denominator)
     let mut groups: BTreeMap<String, BTreeMap<String, (u32, u32)>> = BTreeMap::new();
     let (mut missing, mut pooled) = (0, 0);
-    for (_, units) in by_item(plan) {
+    for (_, units) in by_item(plan.iter().copied()) {
         let value = units[0].item.value();
         let (Ok(group), Ok(on)) = (field(&value, &compare.by), field(&value, &compare.on)) else {
             missing += 1;
@@ -415,8 +448,15 @@ fn split_of(item: &super::items::Item, samples: &Samples) -> Option<String> {
     Some(field(&item.value(), split).unwrap_or_else(|_| "(none)".to_owned()))
 }
 
+/// The protocol an item was run under, by its `protocol` field.
+fn protocol_of(item: &super::items::Item, field_name: &str) -> String {
+    field(&item.value(), field_name).unwrap_or_else(|_| "(none)".to_owned())
+}
+
 /// The plan's units grouped by item, in item-key order.
-fn by_item(plan: &[PlannedItem]) -> BTreeMap<&str, Vec<&PlannedItem>> {
+fn by_item<'a>(
+    plan: impl IntoIterator<Item = &'a PlannedItem>,
+) -> BTreeMap<&'a str, Vec<&'a PlannedItem>> {
     let mut items: BTreeMap<&str, Vec<&PlannedItem>> = BTreeMap::new();
     for unit in plan {
         items.entry(unit.item.item_key()).or_default().push(unit);

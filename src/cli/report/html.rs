@@ -690,55 +690,70 @@ fn samples(page: &mut String, report: &Report) {
             summary["samples"]["seed"],
             esc(summary["denominator"].as_str().unwrap_or(""))
         );
-        page.push_str("<table class=\"passk\"><thead><tr><th>items</th><th>count</th><th>samples</th><th>valid</th><th>passed</th><th>error</th><th>infra</th>");
-        for k in &ks {
-            let _ = write!(page, "<th>pass@{k}</th>");
-        }
-        page.push_str("<th>groups</th></tr></thead><tbody>\n");
-        let mut scopes = vec![("all".to_owned(), &summary["all"])];
-        if let Some(splits) = summary["splits"].as_object() {
-            let by = summary["split_by"].as_str().unwrap_or("split");
-            scopes.extend(splits.iter().map(|(name, s)| (format!("{by} = {name}"), s)));
-        }
-        for (scope, s) in scopes {
-            let _ = write!(
-                page,
-                "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>",
-                esc(&scope),
-                s["items"],
-                s["requested"],
-                s["valid"],
-                s["passed"],
-                s["error"],
-                s["infra"]
-            );
-            for k in &ks {
-                let value = s[format!("pass@{k}")].as_f64();
-                let _ = write!(
+        for (protocol, section) in crate::cli::show::sections(summary) {
+            if let Some(name) = protocol {
+                let _ = writeln!(
                     page,
-                    "<td class=\"num passk-value\">{}</td>",
-                    value
-                        .map(|v| format!("{v:.3}"))
-                        .unwrap_or_else(|| "—".to_owned())
+                    "<h4 class=\"protocol\">{} = {} <span class=\"hint\">(this protocol's figures alone)</span></h4>",
+                    esc(summary["protocol_by"].as_str().unwrap_or("protocol")),
+                    esc(name)
                 );
             }
-            let groups = s["groups"]
-                .as_object()
-                .map(|g| {
-                    g.iter()
-                        .map(|(name, n)| format!("{name} {n}"))
-                        .collect::<Vec<_>>()
-                        .join(" · ")
-                })
-                .unwrap_or_default();
-            let _ = writeln!(page, "<td>{}</td></tr>", esc(&groups));
-        }
-        page.push_str("</tbody></table>\n");
-        if let Some(comparisons) = summary["comparisons"].as_array().filter(|c| !c.is_empty()) {
-            comparison_plot(page, comparisons);
+            passk_table(page, section, &ks);
         }
     }
     page.push_str("</section>\n");
+}
+
+/// One section's pass@k table (all, each sub-list) and its comparisons.
+fn passk_table(page: &mut String, section: &serde_json::Value, ks: &[u64]) {
+    page.push_str("<table class=\"passk\"><thead><tr><th>items</th><th>count</th><th>samples</th><th>valid</th><th>passed</th><th>error</th><th>infra</th>");
+    for k in ks {
+        let _ = write!(page, "<th>pass@{k}</th>");
+    }
+    page.push_str("<th>groups</th></tr></thead><tbody>\n");
+    let mut scopes = vec![("all".to_owned(), &section["all"])];
+    if let Some(splits) = section["splits"].as_object() {
+        let by = section["split_by"].as_str().unwrap_or("split");
+        scopes.extend(splits.iter().map(|(name, s)| (format!("{by} = {name}"), s)));
+    }
+    for (scope, s) in scopes {
+        let _ = write!(
+            page,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>",
+            esc(&scope),
+            s["items"],
+            s["requested"],
+            s["valid"],
+            s["passed"],
+            s["error"],
+            s["infra"]
+        );
+        for k in ks {
+            let value = s[format!("pass@{k}")].as_f64();
+            let _ = write!(
+                page,
+                "<td class=\"num passk-value\">{}</td>",
+                value
+                    .map(|v| format!("{v:.3}"))
+                    .unwrap_or_else(|| "—".to_owned())
+            );
+        }
+        let groups = s["groups"]
+            .as_object()
+            .map(|g| {
+                g.iter()
+                    .map(|(name, n)| format!("{name} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(" · ")
+            })
+            .unwrap_or_default();
+        let _ = writeln!(page, "<td>{}</td></tr>", esc(&groups));
+    }
+    page.push_str("</tbody></table>\n");
+    if let Some(comparisons) = section["comparisons"].as_array().filter(|c| !c.is_empty()) {
+        comparison_plot(page, comparisons);
+    }
 }
 
 /// Each compared pair: both pass rates as bars, the difference with its

@@ -237,6 +237,8 @@ impl Checker<'_> {
             }
         };
         let split = find(table, "split").and_then(|e| self.string(&e.value, "`samples.split`"));
+        let protocol =
+            find(table, "protocol").and_then(|e| self.string(&e.value, "`samples.protocol`"));
         let errors = match find(table, "errors") {
             None => ErrorsCount::AsFails,
             Some(e) => match self.string(&e.value, "`samples.errors`")?.as_str() {
@@ -277,6 +279,7 @@ impl Checker<'_> {
             seed,
             pass_at,
             split,
+            protocol,
             errors,
             summary,
             compare,
