@@ -77,7 +77,7 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     out.success();
     assert!(
         out.stderr()
-            .contains("group `model-c` of `canary` is harness-incompatible"),
+            .contains("group `model-c.official-32k` of `canary` is harness-incompatible"),
         "{}",
         out.stderr()
     );
@@ -197,10 +197,11 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     }
 
     // The report, from the records.
-    let facts = json(&p, "state/swesmith-real/canary/report.json");
-    assert_eq!(facts["label"], "internal-experiment");
-    assert_eq!(facts["harness"]["pinned"], "2.4.6");
-    assert_eq!(facts["harness"]["ran"], serde_json::json!(["2.4.6"]));
+    let all_facts = json(&p, "state/swesmith-real/canary/report.json");
+    assert_eq!(all_facts["label"], "internal-experiment");
+    assert_eq!(all_facts["harness"]["pinned"], "2.4.6");
+    assert_eq!(all_facts["harness"]["ran"], serde_json::json!(["2.4.6"]));
+    let facts = &all_facts["profiles"]["official-32k"];
     assert_eq!(facts["profile"]["name"], "official-32k");
     assert_eq!(facts["profile"]["context"], 32768);
     assert_eq!(
@@ -280,6 +281,103 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
     let again = cairn(&p, &["run"]);
     again.success();
     assert!(again.stderr().contains("0 ran"), "{}", again.stderr());
+
+    // A second evaluation profile: its samples run on servers of their own
+    // at its context; the first profile's samples are kept as they were;
+    // no figure pools the two, no comparison pairs them.
+    let merged = |p: &Project| -> Vec<Value> {
+        p.lines("state/swesmith-real/canary.jsonl")
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let sample_key = |line: &Value, s: &Value| format!("{} {}", line["key"], s["sample"]);
+    let before: BTreeMap<String, Value> = merged(&p)
+        .iter()
+        .flat_map(|line| {
+            line["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| (sample_key(line, s), s.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let manifest = p.read("pipelines/swesmith-real.toml");
+    p.file(
+        "pipelines/swesmith-real.toml",
+        &manifest.replace(
+            "canary_profiles = \"official-32k\"",
+            "canary_profiles = \"official-32k,hardened-64k\"",
+        ),
+    );
+    let both = cairn(&p, &["run"]);
+    both.success();
+    assert!(
+        both.stderr()
+            .contains("group `model-c.hardened-64k` of `canary` is harness-incompatible"),
+        "{}",
+        both.stderr()
+    );
+    let lines = merged(&p);
+    for line in &lines {
+        let profile = line["item"]["profile"].as_str().unwrap();
+        assert_eq!(line["protocol"], profile);
+        for s in line["samples"].as_array().unwrap() {
+            if profile == "official-32k" {
+                assert_eq!(
+                    before[&sample_key(line, s)],
+                    *s,
+                    "a sample of the first profile ran again"
+                );
+            } else if s["class"] != "harness-incompatible" {
+                let trajectory = json(
+                    &p,
+                    &format!(
+                        "state/swesmith-real/canary/trajectories/hardened-64k.{}.{}.{}.traj.json",
+                        line["item"]["model"].as_str().unwrap(),
+                        line["item"]["task"].as_str().unwrap(),
+                        s["sample"]
+                    ),
+                );
+                let system = trajectory["messages"][0]["content"].as_str().unwrap_or("");
+                assert!(
+                    system.contains("Never repeat a command"),
+                    "the hardened prompt: {system}"
+                );
+            }
+        }
+    }
+    assert!(lines.iter().any(|l| l["item"]["profile"] == "hardened-64k"));
+    let passk = json(&p, "state/swesmith-real/canary/passk.json");
+    for pooled in ["all", "splits", "comparisons"] {
+        assert!(passk.get(pooled).is_none(), "pooled `{pooled}`: {passk}");
+    }
+    let protocols = passk["protocols"].as_object().unwrap();
+    assert_eq!(protocols.len(), 2, "{passk}");
+    let both_facts = json(&p, "state/swesmith-real/canary/report.json");
+    assert_eq!(
+        both_facts["profiles"]["hardened-64k"]["profile"]["context"],
+        65536
+    );
+    assert_eq!(
+        both_facts["profiles"]["official-32k"]["models"], facts["models"],
+        "the first profile's figures are its own"
+    );
+    for name in ["official-32k", "hardened-64k"] {
+        let section = &both_facts["profiles"][name];
+        assert_eq!(section["models"]["model-c"]["harness_incompatible"], true);
+        let tasks = section["models"]["model-a"]["lists"]["validation6"]["tasks"].clone();
+        assert_eq!(tasks, 6, "{name}: its own tasks, not both profiles'");
+        let pairs = section["comparisons"].as_array().unwrap();
+        assert_eq!(pairs.len(), 1, "{name}: model-a vs model-b only");
+        assert_eq!(pairs[0]["paired_items"], 8, "{name}: 8 tasks, not 16");
+    }
+    let report = p.read("state/swesmith-real/canary/report.md");
+    assert!(
+        report.contains("## Profile official-32k") && report.contains("## Profile hardened-64k"),
+        "{report}"
+    );
 
     // A pinned list edited: the canary stops before any trial.
     let list = "pipelines/swesmith-real/canary/lists/validation6.txt";

@@ -253,7 +253,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
         }
     }
     p.file(&format!("{state}/registered.json"), "{}");
-    p.file("configs/agent.toml", "");
+    p.file("configs/profiles/selection-32k.toml", "");
     p.file("configs/models.toml", "");
     let hostile_fields = [
         "$(touch PWNED)",
@@ -317,6 +317,8 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
                 "oracle.py".to_owned(),
                 format!("{state}/tasks/{id}"),
                 format!("{state}/oracle/{id}.json"),
+                "--budget".to_owned(),
+                "120".to_owned(),
                 "--fault-rate".to_owned(),
                 "0.0".to_owned(),
             ],
@@ -325,7 +327,7 @@ fn the_shipped_per_item_stages_run_no_code_from_a_hostile_candidate_pool() {
                 field.to_string(),
                 id.clone(),
                 format!("{state}/registered.json"),
-                "configs/agent.toml".to_owned(),
+                "configs/profiles/selection-32k.toml".to_owned(),
                 format!("{state}/canary/trials/{field}/{id}/0.json"),
             ],
         ];

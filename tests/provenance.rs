@@ -417,3 +417,80 @@ fn lineage_is_traced_as_the_run_fingerprinted_from_a_subdirectory_with_a_passed_
     assert_eq!(lineage["items"]["beta.t1"][0]["outcome"], "ok", "{lineage}");
     assert!(!p.read("state/lineage.json").contains("t0k3n-value"));
 }
+
+/// A frozen item's lineage reaches every step that decided it, not only
+/// those that wrote its files: here a check and an oracle that read the
+/// task the validator wrote, each with its verdict. An item that read a
+/// file upstream of it (the repository) did not judge this task and is
+/// not in its chain.
+#[test]
+fn a_frozen_items_lineage_reaches_the_verdicts_on_it() {
+    let p = items_manifest("");
+    let manifest = p.read("cairn.toml");
+    let judges = r#"
+[stages.static-check]
+foreach = { items = "tasks.jsonl", key = "id" }
+item_inputs = ["state/tasks/{item.id}"]
+item_result = "state/static/{item.id}.json"
+needs = ["validate"]
+run = "mkdir -p state/static && echo '{\"verdict\": \"accepted\"}' > state/static/{item.id}.json"
+outputs = { results = "state/static.jsonl" }
+
+[stages.oracle]
+foreach = { items = "tasks.jsonl", key = "id" }
+item_inputs = ["state/tasks/{item.id}"]
+item_result = "state/oracle/{item.id}.json"
+needs = ["validate"]
+run = "mkdir -p state/oracle && echo '{\"nop\": \"fail\", \"gold\": \"pass\"}' > state/oracle/{item.id}.json"
+outputs = { results = "state/oracle.jsonl" }
+
+[stages.repo-lint]
+foreach = { items = "repos.jsonl", key = "key" }
+item_inputs = ["state/repos/{item.key}"]
+item_result = "state/lint/{item.key}.json"
+needs = ["fetch"]
+run = "mkdir -p state/lint && echo '{}' > state/lint/{item.key}.json"
+outputs = { results = "state/lint.jsonl" }
+"#;
+    p.file(
+        "cairn.toml",
+        &manifest.replace(
+            "[stages.freeze]",
+            &format!("{judges}\n[stages.freeze]"),
+        ),
+    );
+    let freeze_needs = "needs = [\"validate\"]\nwith = { name = \"demo\"";
+    let manifest = p.read("cairn.toml");
+    assert!(manifest.contains(freeze_needs));
+    p.file(
+        "cairn.toml",
+        &manifest.replace(
+            freeze_needs,
+            "needs = [\"validate\", \"static-check\", \"oracle\"]\nwith = { name = \"demo\"",
+        ),
+    );
+    p.cairn(&["run"]).success();
+    let lineage: serde_json::Value = serde_json::from_str(&p.read("state/lineage.json")).unwrap();
+    let steps: Vec<(&str, &str)> = lineage["items"]["beta.t1"]
+        .as_array()
+        .expect("beta.t1's chain")
+        .iter()
+        .map(|s| (s["stage"].as_str().unwrap(), s["key"].as_str().unwrap()))
+        .collect();
+    assert!(steps.contains(&("static-check", "beta.t1")), "{steps:?}");
+    assert!(steps.contains(&("oracle", "beta.t1")), "{steps:?}");
+    assert!(steps.contains(&("fetch", "beta")), "{steps:?}");
+    assert!(!steps.iter().any(|(s, _)| *s == "repo-lint"), "{steps:?}");
+    assert!(!steps.contains(&("oracle", "alpha.t1")), "{steps:?}");
+    let oracle = lineage["items"]["beta.t1"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "oracle")
+        .unwrap();
+    assert_eq!(oracle["result"]["gold"], "pass", "{oracle}");
+    // `cairn provenance` of a frozen file says the same.
+    let traced = p.cairn(&["provenance", "state/freeze/items/beta.t1/task.json", "--json"]);
+    traced.success();
+    assert!(traced.stdout().contains("\"oracle\""), "{}", traced.stdout());
+}

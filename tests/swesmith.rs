@@ -587,11 +587,14 @@ fn the_shipped_freeze_moves_through_a_remote_cache_and_verifies_where_it_is_pull
 
 /// Before any canary trial, the model server's check runs against the
 /// server the run started: a checkpoint whose weights are not the declared
-/// ones, or a context length the trainer does not share, stops the canary
-/// with the reason and no trial runs; put right, the canary runs, asking the
-/// server once per sample (its log has the requests) and stopping it after.
+/// ones, or a server launched at another context than the canary's
+/// evaluation profile, stops the canary with the reason and no trial runs;
+/// put right, the canary runs, asking the server once per sample (its log
+/// has the requests) and stopping it after. The agreement is per profile:
+/// a trainer at another context does not stop the selection canary, only
+/// the training it disagrees with.
 #[test]
-fn the_canary_runs_only_against_the_declared_checkpoints_at_one_context_length() {
+fn the_canary_runs_only_against_the_declared_checkpoints_at_its_profiles_context() {
     let p = shipped();
     let weights = "pipelines/swesmith-curation/models/model-b/model.safetensors";
     let original = std::fs::read(p.path(weights)).unwrap();
@@ -612,27 +615,48 @@ fn the_canary_runs_only_against_the_declared_checkpoints_at_one_context_length()
         "{stderr}"
     );
     assert!(!p.exists(trials), "no trial ran");
-
     std::fs::write(p.path(weights), &original).unwrap();
+
+    // The server launched at the trainer's context, not the profile's.
+    let manifest = p.read("pipelines/swesmith-curation.toml");
+    p.file(
+        "pipelines/swesmith-curation.toml",
+        &manifest.replace("--max-model-len 32768", "--max-model-len 65536"),
+    );
+    let long = cairn(&p, &["run", "canary"]);
+    long.code_is(1);
+    assert!(
+        long.stderr().contains(
+            "model-a: context length disagrees: server 65536, profile selection-32k 32768"
+        ),
+        "{}",
+        long.stderr()
+    );
+    assert!(!p.exists(trials), "no trial ran");
+    p.file("pipelines/swesmith-curation.toml", &manifest);
+
+    // A trainer at 32K: the selection canary runs (its profile is its
+    // own); training, whose profile is 64K, is refused before it starts.
     let trainer = p.read("configs/trainer.yaml");
     p.file(
         "configs/trainer.yaml",
         &trainer.replace("max_seq_len: 65536", "max_seq_len: 32768"),
     );
-    let short = cairn(&p, &["run", "canary"]);
-    short.code_is(1);
-    assert!(
-        short.stderr().contains(
-            "model-a: context length disagrees: server 65536, agent 65536, trainer 32768"
-        ),
-        "{}",
-        short.stderr()
-    );
-    assert!(!p.exists(trials), "no trial ran");
-
-    p.file("configs/trainer.yaml", &trainer);
     let ok = cairn(&p, &["run", "canary"]);
     ok.success();
+    let train = cairn(&p, &["run", "train"]);
+    train.code_is(1);
+    assert!(
+        train
+            .stdout()
+            .contains("context length disagrees: agent 65536, server 65536, trainer 32768")
+            || train
+                .stderr()
+                .contains("context length disagrees: agent 65536, server 65536, trainer 32768"),
+        "{}",
+        train.stderr()
+    );
+    p.file("configs/trainer.yaml", &trainer);
     let results = jsonl(&p, "state/swesmith-curation/canary.jsonl");
     let samples: usize = results
         .iter()
@@ -820,4 +844,62 @@ fn the_report_of_the_shipped_pipeline_opens_in_a_browser_and_counts_what_the_led
         data["releases"][0]["items"].as_array().unwrap().len(),
         items.len()
     );
+}
+
+/// The oracle decides under a stated budget: the budget is in every
+/// verdict's fingerprint (a new budget decides every task again), and a
+/// task whose test runs past it is `times-out`, a verdict recorded with the
+/// budget it was made under. A frozen task's lineage reaches the static
+/// check's and the oracle's verdicts on it, not only the step that made it.
+#[test]
+fn the_oracle_decides_under_its_budget_and_the_lineage_reaches_its_verdicts() {
+    let p = shipped();
+    cairn(&p, &["run"]).success();
+    let lineage: serde_json::Value =
+        serde_json::from_str(&p.read("state/swesmith-curation/lineage.json")).unwrap();
+    let items = lineage["items"].as_object().unwrap();
+    assert!(!items.is_empty());
+    for (id, chain) in items {
+        let steps: Vec<(&str, &str)> = chain
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["stage"].as_str().unwrap(), s["key"].as_str().unwrap()))
+            .collect();
+        for stage in ["materialize", "static-filter", "oracle"] {
+            assert!(steps.contains(&(stage, id.as_str())), "{id}: {steps:?}");
+        }
+        let oracle = chain
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == "oracle")
+            .unwrap();
+        assert_eq!(oracle["outcome"], "ok", "{id}: {oracle}");
+        assert_eq!(oracle["result"]["budget_seconds"], 120.0, "{id}: {oracle}");
+    }
+
+    let manifest = p.read("pipelines/swesmith-curation.toml");
+    p.file(
+        "pipelines/swesmith-curation.toml",
+        &manifest.replace("oracle_budget = 120 ", "oracle_budget = 0.001 "),
+    );
+    let tight = cairn(&p, &["run", "oracle"]);
+    tight.success();
+    let decided = jsonl(&p, "state/swesmith-curation/oracle.jsonl");
+    let run = tight
+        .stderr()
+        .rsplit("(run ")
+        .next()
+        .and_then(|tail| tail.split(')').next())
+        .and_then(|n| n.parse::<i64>().ok())
+        .unwrap();
+    assert_eq!(
+        items_run_in(&p, "oracle", run).len(),
+        decided.len(),
+        "a new budget decides every task again"
+    );
+    for line in &decided {
+        assert_eq!(line["class"], "times-out", "{line}");
+    }
 }

@@ -73,8 +73,8 @@ def canary_report(results, summary_path, models_path, agent_path, receipt, trial
              "| | |", "|---|---|",
              f"| dataset | {manifest['name']} {manifest['version']} (semantic digest `{manifest['semantic_digest']}`) |",
              f"| lists | {', '.join(sorted({t['list'] for t in trials}))} ({len({t['task'] for t in trials})} tasks) |",
-             f"| agent profile | {agent['prompt_profile']}, configs/agent.toml sha256 `{file_sha256(agent_path)}` |",
-             f"| context / max tokens / steps | {agent['max_context']} / {agent['max_tokens']} / {agent['max_steps']} (checked against the server and the trainer before the first trial) |",
+             f"| evaluation profile | {agent['name']} (prompt {agent['prompt_profile']}), {agent_path} sha256 `{file_sha256(agent_path)}` |",
+             f"| context / max tokens / steps | {agent['max_context']} / {agent['max_tokens']} / {agent['max_steps']} (the context checked against the model server before the first trial) |",
              f"| sampling | temperature {agent['temperature']}, top_p {agent['top_p']}; k = {k} samples per task, seed {summary['samples']['seed']} + sample index (a re-drawn sample's own seed is in the ledger) |",
              "| concurrency | one model at a time; " + (f"at most {ran_at_once(spans)} samples ran at once (from when each ran) |" if spans else
                  "how many samples ran at once is not in the results, which a re-run reproduces byte for byte (`cairn show canary` has each attempt's times) |"),

@@ -50,9 +50,20 @@ def registered(receipt_path):
 
 
 def agent_profile(path):
+    """An agent profile's settings, its name (the file's, ending in its
+    context size: `selection-32k`) checked against its `max_context`."""
+    import re
     import tomllib
     with open(path, "rb") as f:
-        return tomllib.load(f)["agent"]
+        agent = tomllib.load(f)["agent"]
+    name = os.path.splitext(os.path.basename(path))[0]
+    named = re.fullmatch(r"[a-z0-9-]+-(\d+)k", name)
+    if not named:
+        sys.exit(f"agent profile `{path}`: its name must end in its context size, e.g. `selection-32k`")
+    if int(named.group(1)) * 1024 != agent["max_context"]:
+        sys.exit(f"agent profile `{path}`: max_context is {agent['max_context']}, but its name says "
+                 f"{int(named.group(1)) * 1024}")
+    return {**agent, "name": name}
 
 
 def declared_models(path):
@@ -78,6 +89,12 @@ def git_apply(repo, patch, *flags):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def run_tests(repo, test):
-    done = subprocess.run([sys.executable, "-B", test], cwd=repo, capture_output=True, text=True)
+def run_tests(repo, test, budget=None):
+    """Whether `test` passes in `repo`; None when it ran past `budget`
+    seconds (and was killed)."""
+    try:
+        done = subprocess.run([sys.executable, "-B", test], cwd=repo, capture_output=True, text=True,
+                              timeout=budget)
+    except subprocess.TimeoutExpired:
+        return None
     return done.returncode == 0

@@ -138,10 +138,9 @@ def main():
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--models", required=True)
-    parser.add_argument("--config", required=True, help="the launch config (max_model_len)")
+    parser.add_argument("--max-model-len", type=int, required=True, help="the context length served")
     args = parser.parse_args()
-    with open(args.config) as f:
-        max_model_len = json.load(f)["max_model_len"]
+    max_model_len = args.max_model_len
     models = Models(args.models, max_model_len)
     server = ThreadingHTTPServer((args.host, args.port), handler(models))
     print(f"serving {', '.join(models.models)} on http://{args.host}:{args.port}/v1 "

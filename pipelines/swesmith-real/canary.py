@@ -142,7 +142,8 @@ def main(model, task_id, task_dir, tree, tests, pythonpath, profile, agent_wheel
     if status not in AGENT_ENDS:
         sys.exit(f"{model} {task_id} seed {seed}: mini-swe-agent stopped on {status} (exit {code})")
     patch = info.get("submission") or ""
-    outcome = {"model": model, "task": task_id, "seed": seed, "submitted": status == "Submitted",
+    outcome = {"model": model, "task": task_id, "profile": os.path.splitext(os.path.basename(profile))[0],
+               "seed": seed, "submitted": status == "Submitted",
                "started_at": round(started, 3)}
     if status == "Submitted" and patch.strip():
         graded = grade(patch, record, tree, bug, repo, test_python, test_requirements,

@@ -1,6 +1,7 @@
 """What the canary's scripts share (apart from the pipeline's common.py,
 so that editing them re-validates no task): the declared models, their
-checkpoints' digests, and the evaluation profile's context length."""
+checkpoints' digests, the evaluation profiles' context lengths, and the
+name of the server a trial needs."""
 
 import hashlib
 import os
@@ -35,3 +36,20 @@ def declared_models(path):
     import tomllib
     with open(path, "rb") as f:
         return tomllib.load(f)["models"]
+
+
+def server_name(model, profile):
+    """The model server a trial needs: its model at its profile's context
+    (`model-a.official-32k`; a profile's name holds no `.`). One server
+    serves one model at one context, so a profile of another context needs
+    a server of its own."""
+    return f"{model}.{profile}"
+
+
+def server_parts(server):
+    """`model-a.official-32k` → (`model-a`, `official-32k`, 32768)."""
+    model, dot, profile = server.rpartition(".")
+    if not dot or not model:
+        sys.exit(f"model server `{server}`: expected MODEL.PROFILE, e.g. `model-a.official-32k`")
+    name, context = profile_context(profile)
+    return model, name, context

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """The canary's pinned task lists.
 
-    canary_lists.py RECEIPT REPOS LISTS DECLARED MODELS TRIALS NAME=SHA256...
+    canary_lists.py RECEIPT REPOS LISTS DECLARED MODELS PROFILES_DIR PROFILES TRIALS NAME=SHA256...
 
 checks each list LISTS/NAME.txt (one task id a line) against the SHA-256
 the manifest pins it by, and against the registered freeze RECEIPT names
 (every task in it, in the split the list is for: `validation…` lists the
 `val` split, `train…` the `train` split), then writes TRIALS: one trial per
-model (MODELS, comma-separated) and task, each carrying its list, its
+evaluation profile (PROFILES, comma-separated, each PROFILES_DIR/NAME.yaml,
+its name ending in its context size), model (MODELS, comma-separated) and
+task, each carrying its profile, the model server it needs (the model at
+the profile's context: `model-a.official-32k`), its list, its
 repository (REPOS: where its clean tree is and how its tests run), its
 model's checkpoint as DECLARED (revision and weights digest: a new
 checkpoint is a new trial, the other models' samples are kept) and whether
-it is its model's smoke task (the first task of the first list).
+it is its server's smoke task (the first task of the first list).
 A list that does not match its digest, or names a task outside the
 freeze, stops the canary before any trial.
 
@@ -26,7 +29,7 @@ import hashlib
 import os
 import sys
 
-from canary_common import declared_models
+from canary_common import declared_models, profile_context, server_name
 from common import read_json, read_jsonl, write_jsonl
 
 SPLITS = {"validation": "val", "train": "train"}
@@ -68,8 +71,25 @@ def read_list(lists, name, pinned, manifest):
     return tasks
 
 
-def trials(receipt, repos_path, lists, declared_path, models, out, *pins):
+def profiles_named(profiles_dir, names):
+    """Each profile named, checked to exist and to say its context."""
+    named = [n for n in names.split(",") if n]
+    if not named:
+        sys.exit("no evaluation profile named (`canary_profiles`)")
+    for name in named:
+        path = os.path.join(profiles_dir, f"{name}.yaml")
+        if not os.path.isfile(path):
+            have = sorted(os.path.splitext(n)[0] for n in os.listdir(profiles_dir) if n.endswith(".yaml"))
+            sys.exit(f"evaluation profile `{name}`: there is no {path} (profiles: {', '.join(have)})")
+        profile_context(path)
+    if len(set(named)) != len(named):
+        sys.exit(f"an evaluation profile is named twice in `{names}`")
+    return named
+
+
+def trials(receipt, repos_path, lists, declared_path, models, profiles_dir, profiles, out, *pins):
     manifest = registered_manifest(receipt)
+    profiles = profiles_named(profiles_dir, profiles)
     declared = declared_models(declared_path)
     unknown = [m for m in models.split(",") if m not in declared]
     if unknown:
@@ -81,18 +101,20 @@ def trials(receipt, repos_path, lists, declared_path, models, out, *pins):
         named.append((name, read_list(lists, name, digest, manifest)))
     smoke = next((tasks[0] for _, tasks in named if tasks), None)
     rows = []
-    for model in models.split(","):
-        for name, tasks in named:
-            for task in tasks:
-                repo = repos[manifest["items"][task]["group"]]
-                rows.append({"key": f"{model}:{task}", "model": model, "task": task, "list": name,
-                             "repo": repo["key"], "tests": repo["tests"], "pythonpath": repo["pythonpath"],
-                             "revision": declared[model]["revision"],
-                             "weights_sha256": declared[model]["weights_sha256"],
-                             "smoke": task == smoke})
+    for profile in profiles:
+        for model in models.split(","):
+            for name, tasks in named:
+                for task in tasks:
+                    repo = repos[manifest["items"][task]["group"]]
+                    rows.append({"key": f"{profile}:{model}:{task}", "profile": profile,
+                                 "server": server_name(model, profile), "model": model, "task": task, "list": name,
+                                 "repo": repo["key"], "tests": repo["tests"], "pythonpath": repo["pythonpath"],
+                                 "revision": declared[model]["revision"],
+                                 "weights_sha256": declared[model]["weights_sha256"],
+                                 "smoke": task == smoke})
     write_jsonl(out, rows)
     print(", ".join(f"{name}: {len(tasks)} tasks" for name, tasks in named)
-          + f"; {len(rows)} trials over {len(models.split(','))} models")
+          + f"; {len(rows)} trials over {len(models.split(','))} models and the profiles {', '.join(profiles)}")
 
 
 def make(receipt, planned, lists, n_train):

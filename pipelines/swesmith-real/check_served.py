@@ -1,31 +1,31 @@
 #!/usr/bin/env python3
-"""check_served.py MODELS PROFILE [NAME]: the model server's check, before
-any canary trial: every model declared in MODELS (or NAME alone, for a
-server of one model) is served at $OPENAI_BASE_URL
-under its name from its checkpoint, whose weights, tokenizer and chat
-template have the declared digests, with the context length the evaluation
-profile PROFILE is named for (`official-32k`: 32,768). Exits 1 with every
-problem found."""
+"""check_served.py MODELS SERVER: the model server's check, before any
+canary trial: the server SERVER (`MODEL.PROFILE`, one model at one
+evaluation profile's context) serves, at $OPENAI_BASE_URL, the model MODEL
+declared in MODELS under its name from its checkpoint, whose weights,
+tokenizer and chat template have the declared digests, with the context
+length the profile is named for (`official-32k`: 32,768; `hardened-64k`:
+65,536), neither less nor more. Exits 1 with every problem found."""
 
 import json
 import os
 import sys
 import urllib.request
 
-from canary_common import checkpoint_digests, declared_models, profile_context
+from canary_common import checkpoint_digests, declared_models, server_parts
 
 
-def check_served(models_path, profile, only=None):
+def check_served(models_path, server):
     base = os.environ["OPENAI_BASE_URL"].rstrip("/")
     with urllib.request.urlopen(base + "/models", timeout=30) as answer:
         served = {m["id"]: m for m in json.loads(answer.read())["data"]}
-    name, context = profile_context(profile)
+    only, name, context = server_parts(server)
     problems = []
     declared_all = declared_models(models_path)
-    if only is not None and only not in declared_all:
+    if only not in declared_all:
         sys.exit(f"{only} is not declared in {models_path}")
     for model_name, declared in declared_all.items():
-        if only is not None and model_name != only:
+        if model_name != only:
             continue
         model = served.get(declared["served_name"])
         if model is None:

@@ -3,10 +3,13 @@
 canary on a machine with no GPU:
 
     policy_server.py --port PORT --models DIR --tasks FREEZE [--only NAME]
+                     [--max-model-len N] [--serve NAME.PROFILE]
 
     GET  /v1/models             every checkpoint under DIR (or only NAME, as
                                 one vLLM process serves one model), as vLLM
-                                lists them (id, root, max_model_len)
+                                lists them (id, root, max_model_len: N, as
+                                `vllm serve --max-model-len N`, or the
+                                checkpoint's own)
     POST /v1/chat/completions   the next step of an agent on a task of the
                                 freeze FREEZE (its `items/ID/`), drawn from
                                 the request's `seed`
@@ -40,6 +43,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from canary_common import server_parts
+
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A && git diff --cached"
 BEHAVIOURS = ("solve", "miss", "wander", "silent", "busy")
 
@@ -62,8 +67,9 @@ def behaviour(policy, model, task, seed):
 
 
 class Policy:
-    def __init__(self, models_dir, freeze, only=None):
+    def __init__(self, models_dir, freeze, only=None, max_model_len=None):
         self.freeze = freeze
+        self.max_model_len = max_model_len
         self.models = {}
         for name in sorted(os.listdir(models_dir)):
             if only is not None and name != only:
@@ -82,7 +88,7 @@ class Policy:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": self.created, "owned_by": "cairn-fixture",
              "root": model["root"], "parent": None,
-             "max_model_len": model["config"]["max_model_len"]}
+             "max_model_len": self.max_model_len or model["config"]["max_model_len"]}
             for name, model in self.models.items()]}
 
     def task(self, task_id):
@@ -201,10 +207,18 @@ def main():
     parser.add_argument("--models", required=True)
     parser.add_argument("--tasks", required=True, help="the registered freeze the canary's tasks come from")
     parser.add_argument("--only", help="serve this checkpoint alone")
+    parser.add_argument("--max-model-len", type=int, help="the context served (default: each checkpoint's own)")
+    parser.add_argument("--serve", metavar="NAME.PROFILE",
+                        help="the server a canary trial needs: NAME alone, at the evaluation profile's context")
     args = parser.parse_args()
-    policy = Policy(args.models, args.tasks, args.only)
+    if args.serve:
+        args.only, _, args.max_model_len = server_parts(args.serve)
+    policy = Policy(args.models, args.tasks, args.only, args.max_model_len)
     if not policy.models:
         parser.error(f"no checkpoint to serve under {args.models}" + (f" named {args.only}" if args.only else ""))
+    longest = min(model["config"]["max_model_len"] for model in policy.models.values())
+    if args.max_model_len and args.max_model_len > longest:
+        parser.error(f"--max-model-len {args.max_model_len} is more than a checkpoint holds ({longest})")
     server = ThreadingHTTPServer((args.host, args.port), handler(policy))
     print(f"serving {', '.join(policy.models)} on http://{args.host}:{args.port}/v1", flush=True)
     server.serve_forever()

@@ -8,6 +8,10 @@
 //! ledger holds under that fingerprint, so a chain that is shown is the
 //! chain of the files as they are now. An item whose inputs changed since
 //! it ran has no outcome under them, and says so.
+//!
+//! A chain also holds the items that judged the file's item: those that
+//! read what it wrote (a static check, an oracle, each with its verdict),
+//! since they decided that it is there as much as the item that made it.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -113,6 +117,9 @@ pub struct ItemTracer<'c> {
     writers: OutputIndex,
     /// Each item's step, and the items that wrote what it read.
     made: RefCell<HashMap<At, (ItemStep, Vec<At>)>>,
+    /// Each item's judges: the items that read what it wrote (made on
+    /// first use).
+    judges: RefCell<Option<HashMap<At, Vec<At>>>>,
 }
 
 impl<'c> ItemTracer<'c> {
@@ -123,7 +130,40 @@ impl<'c> ItemTracer<'c> {
             files: ItemFiles::new(ctx),
             writers: OutputIndex::new(&ctx.manifest.stages),
             made: RefCell::new(HashMap::new()),
+            judges: RefCell::new(None),
         }
+    }
+
+    /// The items (not samples) that read a file `at` wrote, in stage and
+    /// plan order.
+    fn judges_of(&self, at: At) -> Vec<At> {
+        let mut judges = self.judges.borrow_mut();
+        let judges = judges.get_or_insert_with(|| {
+            let mut by_item: HashMap<At, Vec<At>> = HashMap::new();
+            let mut stages: Vec<usize> = self.ctx.item_plans.keys().copied().collect();
+            stages.sort_unstable();
+            for i in stages {
+                for (j, planned) in self.ctx.item_plans[&i].iter().enumerate() {
+                    if planned.item.sample.is_some() {
+                        continue;
+                    }
+                    let mut read: Vec<At> = planned
+                        .inputs
+                        .iter()
+                        .filter(|(path, _)| !path.starts_with('\0'))
+                        .filter_map(|(path, _)| self.files.owner_of(path))
+                        .filter(|&owner| owner != (i, j))
+                        .collect();
+                    read.sort_unstable();
+                    read.dedup();
+                    for owner in read {
+                        by_item.entry(owner).or_default().push((i, j));
+                    }
+                }
+            }
+            by_item
+        });
+        judges.get(&at).cloned().unwrap_or_default()
     }
 
     /// The chain of items behind `target` (a path), the item that wrote it
@@ -138,6 +178,13 @@ impl<'c> ItemTracer<'c> {
         let mut steps = Vec::new();
         let mut queue = VecDeque::from([start]);
         let mut seen = HashSet::from([start]);
+        // The verdicts on the item itself; not those on its upstream (a
+        // repository's fetch is read by every task of it).
+        for judge in self.judges_of(start) {
+            if seen.insert(judge) {
+                queue.push_back(judge);
+            }
+        }
         while let Some(at) = queue.pop_front() {
             if !self.made.borrow().contains_key(&at) {
                 let made = self.step(at)?;
