@@ -454,10 +454,7 @@ outputs = { results = "state/lint.jsonl" }
 "#;
     p.file(
         "cairn.toml",
-        &manifest.replace(
-            "[stages.freeze]",
-            &format!("{judges}\n[stages.freeze]"),
-        ),
+        &manifest.replace("[stages.freeze]", &format!("{judges}\n[stages.freeze]")),
     );
     let freeze_needs = "needs = [\"validate\"]\nwith = { name = \"demo\"";
     let manifest = p.read("cairn.toml");
@@ -490,7 +487,15 @@ outputs = { results = "state/lint.jsonl" }
         .unwrap();
     assert_eq!(oracle["result"]["gold"], "pass", "{oracle}");
     // `cairn provenance` of a frozen file says the same.
-    let traced = p.cairn(&["provenance", "state/freeze/items/beta.t1/task.json", "--json"]);
+    let traced = p.cairn(&[
+        "provenance",
+        "state/freeze/items/beta.t1/task.json",
+        "--json",
+    ]);
     traced.success();
-    assert!(traced.stdout().contains("\"oracle\""), "{}", traced.stdout());
+    assert!(
+        traced.stdout().contains("\"oracle\""),
+        "{}",
+        traced.stdout()
+    );
 }
