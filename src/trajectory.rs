@@ -40,6 +40,9 @@ pub struct Trajectory {
     pub step_limit: Option<u64>,
     pub cost_limit: Option<f64>,
     pub wall_time_limit_seconds: Option<f64>,
+    /// The time limit of each command the agent ran
+    /// (`info.config.environment.timeout`).
+    pub command_timeout_seconds: Option<f64>,
     /// The harness's version (`info.mini_version`).
     pub harness_version: Option<String>,
 }
@@ -73,6 +76,9 @@ impl Trajectory {
             step_limit: agent("step_limit").and_then(Value::as_u64),
             cost_limit: agent("cost_limit").and_then(Value::as_f64),
             wall_time_limit_seconds: agent("wall_time_limit_seconds").and_then(Value::as_f64),
+            command_timeout_seconds: value
+                .pointer("/info/config/environment/timeout")
+                .and_then(Value::as_f64),
             harness_version: text(value.pointer("/info/mini_version")),
         };
         for message in messages {
@@ -131,6 +137,7 @@ impl Trajectory {
             "step_limit": self.step_limit,
             "cost_limit": self.cost_limit,
             "wall_time_limit_seconds": self.wall_time_limit_seconds,
+            "command_timeout_seconds": self.command_timeout_seconds,
             "harness_version": self.harness_version,
         })
     }
@@ -162,7 +169,9 @@ mod tests {
             "trajectory_format": "mini-swe-agent-1.1",
             "info": {"exit_status": "Submitted", "mini_version": "2.4.6",
                      "model_stats": {"api_calls": 3},
-                     "config": {"agent": {"step_limit": 200, "cost_limit": 0.0}}},
+                     "config": {"agent": {"step_limit": 200, "cost_limit": 0.0,
+                                          "wall_time_limit_seconds": 1800},
+                                "environment": {"timeout": 120}}},
             "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                          turn(Some(5)), {"role": "user", "content": "o"}, turn(Some(7))],
         }));
@@ -171,6 +180,8 @@ mod tests {
         assert_eq!(t.prompt_tokens, 20);
         assert_eq!(t.model_calls, Some(3));
         assert_eq!(t.step_limit, Some(200));
+        assert_eq!(t.wall_time_limit_seconds, Some(1800.0));
+        assert_eq!(t.command_timeout_seconds, Some(120.0));
         assert_eq!(t.exit_status.as_deref(), Some("Submitted"));
         assert_eq!(t.harness_version.as_deref(), Some("2.4.6"));
         assert_eq!(t.empty(), None);

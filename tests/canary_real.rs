@@ -208,6 +208,14 @@ fn a_real_agent_on_real_tasks_every_outcome_classified_from_its_trajectory() {
         facts["profile"]["step_limit_applied"],
         serde_json::json!([200])
     );
+    assert_eq!(
+        facts["timeouts"]["wall_time_limit_seconds_applied"],
+        serde_json::json!([1800.0])
+    );
+    assert_eq!(
+        facts["timeouts"]["command_timeout_seconds_applied"],
+        serde_json::json!([120.0])
+    );
     let at_once = facts["concurrency"]["most_samples_at_once"]
         .as_u64()
         .unwrap();

@@ -76,6 +76,7 @@ def model_rows(rows, k, mark):
             "tasks": 0, "requested": 0, "valid": 0, "error": 0, "infra": 0, "passed": 0, "marked": 0,
             "attempts": 0, "infra_attempts": 0, "pass@1": [], f"pass@{k}": [], "undefined": 0,
             "completion_tokens": 0, "prompt_tokens": 0, "step_limits": set(), "harness": set(),
+            "wall_time_limits": set(), "command_timeouts": set(),
             "exit_status": {}, "spans": []})
         s["tasks"] += 1
         for key in ("requested", "valid", "error", "infra", "passed"):
@@ -97,6 +98,10 @@ def model_rows(rows, k, mark):
             s["prompt_tokens"] += trajectory.get("prompt_tokens") or 0
             if trajectory.get("step_limit") is not None:
                 s["step_limits"].add(trajectory["step_limit"])
+            if trajectory.get("wall_time_limit_seconds") is not None:
+                s["wall_time_limits"].add(trajectory["wall_time_limit_seconds"])
+            if trajectory.get("command_timeout_seconds") is not None:
+                s["command_timeouts"].add(trajectory["command_timeout_seconds"])
             if trajectory.get("harness_version"):
                 s["harness"].add(trajectory["harness_version"])
             if trajectory.get("exit_status"):
@@ -116,6 +121,8 @@ def profile_section(name, path, rows, section, k, mark):
     stats, incompatible = model_rows(rows, k, mark)
     spans = [span for lists in stats.values() for s in lists.values() for span in s["spans"]]
     step_limits = sorted({x for lists in stats.values() for s in lists.values() for x in s["step_limits"]})
+    applied = lambda key: sorted({x for lists in stats.values() for s in lists.values() for x in s[key]}) or None
+    wall_times, command_timeouts = applied("wall_time_limits"), applied("command_timeouts")
     attempts = [sample["attempts"] for row in rows for sample in row["samples"] if sample["attempts"]]
     seeds = sorted({sample["seed"] for row in rows for sample in row["samples"] if sample["seed"] is not None})
     facts = {
@@ -123,6 +130,8 @@ def profile_section(name, path, rows, section, k, mark):
                     "max_tokens": sampling.get("max_tokens"), "step_limit_applied": step_limits or None},
         "sampling": {"temperature": sampling.get("temperature"), "top_p": sampling.get("top_p"), "k": k,
                      "seeds": seeds},
+        "timeouts": {"wall_time_limit_seconds_applied": wall_times,
+                     "command_timeout_seconds_applied": command_timeouts},
         "concurrency": {"most_samples_at_once": ran_at_once(spans) if spans else None},
         "retries": {"verdict_retries": 0, "most_attempts_of_a_sample": max(attempts) if attempts else None,
                     "samples_retried": sum(1 for a in attempts if a > 1)},
@@ -136,6 +145,9 @@ def profile_section(name, path, rows, section, k, mark):
              f"{', '.join(map(str, step_limits)) or MISSING} (the step limit as the harness applied it) |",
              f"| sampling | temperature {sampling.get('temperature', MISSING)}, top_p {sampling.get('top_p', MISSING)}; "
              f"k = {k}; seeds {', '.join(map(str, seeds)) or MISSING} |",
+             f"| timeouts | {', '.join(f'{t:g}' for t in wall_times or []) or MISSING} s per sample, "
+             f"{', '.join(f'{t:g}' for t in command_timeouts or []) or MISSING} s per command (as the harness "
+             "applied them) |",
              f"| concurrency | at most {facts['concurrency']['most_samples_at_once'] or MISSING} samples at once "
              "(from when each sample ran) |",
              f"| retries | verdicts: 0 (a sample with a verdict is never drawn again); infrastructure: "
