@@ -212,7 +212,7 @@ def canary_report(results, summary_path, models_path, profiles_dir, agent_requir
                                       "manifest.json"))
     trials = read_jsonl(trials_path)
     version, wheel = harness_pin(agent_requirements)
-    harness_seen = sorted({(sample.get("result") or {}).get("trajectory", {}).get("harness_version")
+    harness_seen = sorted({((sample.get("result") or {}).get("trajectory") or {}).get("harness_version")
                            for row in rows for sample in row["samples"]} - {None})
     lists = {}
     for t in trials:

@@ -164,12 +164,13 @@ pub fn summary(stage: &str, plan: &[PlannedItem], samples: &Samples, mark: Optio
         put_section(&mut out, &units, samples, mark);
         return out;
     };
+    // An item's samples share its protocol: read once per item.
     let mut protocols: BTreeMap<String, Vec<&PlannedItem>> = BTreeMap::new();
-    for unit in plan {
+    for (_, units) in by_item(plan) {
         protocols
-            .entry(protocol_of(&unit.item, field))
+            .entry(protocol_of(&units[0].item, field))
             .or_default()
-            .push(unit);
+            .extend(units);
     }
     out["protocol_by"] = Value::String(field.clone());
     out["protocols"] = protocols
