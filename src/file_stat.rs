@@ -170,7 +170,7 @@ fn stat_by_name(path: &Path, dir: &mut OpenDir, follow: bool) -> io::Result<File
 /// workspace, by path, each with the moment before it was taken and
 /// whether the path itself is a symbolic link (the `stat` is then of what
 /// it points to): a fresh proof that failed leaves those of the files it
-/// found as the last run left them (see [`crate::schedule::fresh_proof`]).
+/// found as the last run left them (see [`crate::schedule::proof`]).
 /// Each stands in once for the `stat` of its path a run would make next,
 /// so a path is `stat`ed once a run; they are taken only for paths no
 /// stage of the run writes before it looks (see

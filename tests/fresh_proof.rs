@@ -417,7 +417,7 @@ fn kept_histories(p: &Project) -> usize {
 
 #[test]
 fn a_kept_history_the_ledger_disagrees_with_is_an_internal_error_under_the_check() {
-    use cairn::schedule::kept_history;
+    use cairn::schedule::proof::kept_history;
     let p = project();
     run(&p, &[]);
     settle(&p);

@@ -1,7 +1,7 @@
 //! `cairn run` with nothing to do, told by the fresh proof alone: the
 //! manifest is hashed, not parsed; the stages are not decided again; every
 //! path the last run read and wrote is `stat`ed (see
-//! [`crate::schedule::fresh_proof`]). Anything else goes the usual way.
+//! [`crate::schedule::proof`]). Anything else goes the usual way.
 
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ use super::workspace;
 use crate::file_stat::Stated;
 use crate::fingerprint::Digest;
 use crate::manifest::lock_path_of;
-use crate::schedule::fresh_proof::{self, CHECK_VAR, Checked, Proof};
+use crate::schedule::proof::{self, CHECK_VAR, Checked, FailedProof, Proof};
 use crate::store::{Ledger, RunCounts, StageRun, WorkspaceLock, now_ms};
 
 /// What became of a `cairn run` the proof was asked about.
@@ -24,23 +24,13 @@ pub enum Asked {
     Decide(Option<Box<Held>>),
 }
 
-/// The workspace's lock and ledger, taken to check a proof that failed.
+/// A proof that was read and failed, and what the run takes on from its
+/// check.
 pub struct Held {
-    pub lock: WorkspaceLock,
-    pub ledger: Ledger,
-    /// The project root the proof was made for.
-    pub root: PathBuf,
-    /// The manifest's lock file, as the proof's manifest path names it.
-    pub lock_path: PathBuf,
-    /// The key of the proof, when it was checked and failed: what the
-    /// item plans kept beside it are kept under.
-    pub key: Option<[u8; 32]>,
+    pub failed: FailedProof,
     /// The validated manifest kept beside the proof that failed, encoded
     /// (see [`crate::manifest::kept`]).
     pub kept_manifest: Option<Vec<u8>>,
-    /// The history kept beside the proof that failed, encoded (see
-    /// [`crate::schedule::kept_history`]).
-    pub kept_history: Option<Vec<u8>>,
     /// The `stat`s the proof's check took of the files it found unchanged,
     /// while the lock was held.
     pub stated: Stated,
@@ -50,19 +40,21 @@ pub struct Held {
 
 /// Answers `cairn run` from the proof the last run kept, if it holds.
 pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
-    // (`-v` lists every fresh stage as it is decided.)
-    let plain = global.verbose == 0
-        && args.targets.is_empty()
-        && args.force.is_empty()
-        && !args.dry_run
-        && !args.locked
-        && !args.json
-        && !args.detach
-        && args.limit.is_none()
-        && args.only.is_none()
-        && args.remote.remote_cache.is_none()
-        && args.jobs != Some(0);
-    if !plain {
+    let policy = proof::Policy {
+        every_stage: args.targets.is_empty(),
+        remote_cache: args.remote.remote_cache.is_some(),
+        only: args.only.is_some(),
+        // (`-v` lists every fresh stage as it is decided.)
+        asks_more: global.verbose > 0
+            || !args.force.is_empty()
+            || args.dry_run
+            || args.locked
+            || args.json
+            || args.detach
+            || args.limit.is_some()
+            || args.jobs == Some(0),
+    };
+    if !policy.may_answer() {
         return Ok(Asked::Decide(None));
     }
     let path = workspace::manifest_path(global)?;
@@ -71,12 +63,12 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     };
     let profile = global.profile.as_deref();
     let (Some(key), Ok(text)) = (
-        fresh_proof::key(&path, &source, profile),
+        proof::key(&path, &source, profile),
         std::str::from_utf8(&source),
     ) else {
         return Ok(Asked::Decide(None));
     };
-    let Some(root) = fresh_proof::root_hint(&path, text) else {
+    let Some(root) = proof::root_hint(&path, text) else {
         return Ok(Asked::Decide(None));
     };
     let cache = root.join("cache");
@@ -97,13 +89,15 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     };
     let held = |lock, ledger, key, (kept_manifest, kept_history)| {
         Box::new(Held {
-            lock,
-            ledger,
-            root: root.clone(),
-            lock_path: lock_path_of(&path),
-            key,
+            failed: FailedProof {
+                lock,
+                ledger,
+                root: root.clone(),
+                lock_path: lock_path_of(&path),
+                key,
+                kept_history,
+            },
             kept_manifest,
-            kept_history,
             stated: Stated::default(),
             changed: None,
         })

@@ -8,7 +8,7 @@ use crate::file_stat::Stated;
 use crate::graph::Dag;
 use crate::manifest::{self, LoadError, Manifest};
 use crate::schedule::Context;
-use crate::schedule::fresh_proof::{self, CHECK_VAR};
+use crate::schedule::proof::{self, CHECK_VAR};
 use crate::store::{Ledger, PipelineId, WorkspaceLock};
 
 pub struct Loaded {
@@ -138,7 +138,7 @@ impl Loaded {
         let mut ctx = Context::new(&self.manifest, &self.dag, ledger)?;
         // A per-item stage whose list is unchanged since the last proof is
         // planned from the plan kept beside it, as a run would plan it.
-        if let Some(key) = fresh_proof::key_of(&self.manifest) {
+        if let Some(key) = proof::key_of(&self.manifest) {
             ctx = ctx.with_plans_kept_under(key);
         }
         if let Some(problem) = &ctx.lock_problem {

@@ -1,5 +1,5 @@
 //! A validated manifest kept beside the fresh proof of the run that used
-//! it (see `schedule::fresh_proof`), for the next run of the same manifest
+//! it (see `schedule::proof`), for the next run of the same manifest
 //! to take up without parsing and checking it again.
 //!
 //! Validation reads the manifest's bytes, its path, the working directory

@@ -14,7 +14,7 @@ use super::items::{
     Fields, Item, PlanIndex, PlannedItem, fill, fill_fields, for_each_item, in_key_order,
     load_items,
 };
-use super::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
+use super::proof::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::file_stat::FileStat;
 use crate::fingerprint::{
@@ -277,9 +277,10 @@ impl History {
     ) -> Result<Self, ScheduleError> {
         // (The lock file's digest comes first: the rest is decoded only
         // if it is the one kept.)
-        let lock_is_kept = std::fs::read(lock_path)
-            .is_ok_and(|text| Some(Digest::of(&text)) == super::kept_history::lock_digest(kept));
-        let refused = match lock_is_kept.then(|| super::kept_history::decode(kept)) {
+        let lock_is_kept = std::fs::read(lock_path).is_ok_and(|text| {
+            Some(Digest::of(&text)) == super::proof::kept_history::lock_digest(kept)
+        });
+        let refused = match lock_is_kept.then(|| super::proof::kept_history::decode(kept)) {
             None => Err("the lock file is not the one it was kept with"),
             Some(None) => Err("it cannot be read"),
             Some(Some(kept)) if kept.lock.pipeline != pipeline => Err("it is another pipeline's"),
@@ -293,19 +294,19 @@ impl History {
             }
         };
         tracing::debug!("the history was taken up as it was kept");
-        let stat = match std::env::var_os(super::fresh_proof::CHECK_VAR) {
+        let stat = match std::env::var_os(super::proof::CHECK_VAR) {
             // Read as well, the history must be the kept one; the run goes
             // on from the kept one.
             Some(_) => {
                 let read = Self::read(lock_path, pipeline, Some(ledger.another_connection()?))?;
-                let as_read = super::kept_history::KeptHistory {
+                let as_read = super::proof::kept_history::KeptHistory {
                     lock_digest: kept.lock_digest,
                     lock: read.lock.unwrap_or_else(|| LockFile::new("")),
                     latest_ok: read.latest_ok,
                     latest_failure: read.latest_failure,
                     inline_held: read.inline_held,
                 };
-                if let Some(what) = super::kept_history::difference(&kept, &as_read) {
+                if let Some(what) = super::proof::kept_history::difference(&kept, &as_read) {
                     return Err(ScheduleError::Internal(format!(
                         "the history kept beside the fresh proof is not the ledger's now: {what}"
                     )));
@@ -444,7 +445,7 @@ impl<'m> Context<'m> {
     }
 
     /// With the item plans kept beside the proof made under `key` (see
-    /// [`super::fresh_proof::key_of`]), read once a per-item stage is
+    /// [`super::proof::key_of`]), read once a per-item stage is
     /// planned: a stage whose list is unchanged since is planned from its
     /// plan, as a run after a failed proof does.
     pub fn with_plans_kept_under(self, key: [u8; 32]) -> Self {
@@ -715,11 +716,11 @@ impl<'m> Context<'m> {
         let Some(kept) = self.plan_from_kept(i, template, cancelled) else {
             return self.list_items(i, template, cancelled, draws);
         };
-        if std::env::var_os(super::fresh_proof::CHECK_VAR).is_some()
+        if std::env::var_os(super::proof::CHECK_VAR).is_some()
             && let Ok(kept) = &kept
         {
             let usual = self.list_items(i, template, cancelled, draws)?;
-            if let Some(difference) = super::kept_plans::difference(kept, &usual) {
+            if let Some(difference) = super::proof::kept_plans::difference(kept, &usual) {
                 return Err(ScheduleError::Items {
                     stage: self.manifest.stages[i].name.clone(),
                     message: format!(
@@ -790,7 +791,7 @@ impl<'m> Context<'m> {
                 .ledger
                 .as_ref()
                 .and_then(|ledger| ledger.kept_plans(&key).ok().flatten())
-                .and_then(|plans| super::kept_plans::decode_unchanged(&plans))
+                .and_then(|plans| super::proof::kept_plans::decode_unchanged(&plans))
                 .unwrap_or_default();
             let by_stage = plans.into_iter().map(|plan| (plan.stage.clone(), plan));
             self.kept_plans.extend(by_stage);

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use super::ScheduleError;
 use super::items::for_each_keyed;
-use super::kept_plans::{KeptPlan, list_unchanged};
+use super::proof::kept_plans::{KeptPlan, list_unchanged};
 use crate::manifest::interpolate::walk;
 use crate::manifest::{Command, Manifest, Stage, line_col};
 

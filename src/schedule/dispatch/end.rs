@@ -6,9 +6,9 @@
 //! command.
 
 use super::*;
-use crate::schedule::fresh_proof::{self, ProofDraft};
-use crate::schedule::kept_history;
-use crate::schedule::kept_plans::{self, KeptPlan};
+use crate::schedule::proof::kept_history;
+use crate::schedule::proof::kept_plans::{self, KeptPlan};
+use crate::schedule::proof::{self, ProofDraft};
 use crate::store::RenderedStages;
 
 /// The end of a run made ahead (see [`Dispatcher::draft_end`]).
@@ -51,7 +51,7 @@ impl Dispatcher<'_, '_> {
     }
 
     /// Keeps what this run saw, if it left every stage valid, for the next
-    /// no-op to check by `stat` alone (see [`fresh_proof`]). Written
+    /// no-op to check by `stat` alone (see [`proof`]). Written
     /// after everything else the run wrote; a proof is an optimisation, so
     /// one that cannot be made or kept is only logged.
     fn keep_fresh_proof(&mut self) {
@@ -73,7 +73,7 @@ impl Dispatcher<'_, '_> {
         };
         let options = self.options;
         let ctx = &*self.ctx;
-        let (Some(ledger), Some(key)) = (&ctx.ledger, fresh_proof::key_of(ctx.manifest)) else {
+        let (Some(ledger), Some(key)) = (&ctx.ledger, proof::key_of(ctx.manifest)) else {
             return;
         };
         let plans = plans.map(|plans| kept_plans::encode(&plans));
@@ -94,15 +94,17 @@ impl Dispatcher<'_, '_> {
     }
 
     /// Whether a proof may be kept of this run, if it leaves every stage
-    /// valid: a run of every stage, without a remote cache (a run with one
-    /// prints what the remote did, so a manifest that names one gets none
-    /// even when a run goes without it) and without `--only`.
+    /// valid (see [`proof::Policy`]; a manifest that names a remote cache
+    /// gets none even when a run goes without it).
     fn may_keep_proof(&self) -> bool {
         let options = self.options;
-        options.selected.iter().all(|s| *s)
-            && options.remote.is_none()
-            && self.ctx.manifest.remote_cache.is_none()
-            && options.only.is_none()
+        proof::Policy {
+            every_stage: options.selected.iter().all(|s| *s),
+            remote_cache: options.remote.is_some() || self.ctx.manifest.remote_cache.is_some(),
+            only: options.only.is_some(),
+            asks_more: false,
+        }
+        .may_keep()
     }
 
     /// Makes ahead what the run's end can be made of while its last
@@ -168,9 +170,9 @@ impl Dispatcher<'_, '_> {
     }
 
     /// The proof of this run, whose lock file says `lock`, with the item
-    /// plans to keep beside it (see [`fresh_proof::Proof::make`]); made of
+    /// plans to keep beside it (see [`proof::Proof::make`]); made of
     /// the draft and the stages done since, where the end was drafted.
-    fn proof(&mut self, lock: &str) -> Option<(fresh_proof::Proof, Option<Vec<KeptPlan>>)> {
+    fn proof(&mut self, lock: &str) -> Option<(proof::Proof, Option<Vec<KeptPlan>>)> {
         let ctx = &*self.ctx;
         let order = ctx.dag.order();
         // (Without a draft, or with one that failed, perhaps for what held
@@ -181,7 +183,7 @@ impl Dispatcher<'_, '_> {
             ..
         }) = self.end_draft.take()
         else {
-            return fresh_proof::Proof::make(ctx, &self.used, order, lock);
+            return proof::Proof::make(ctx, &self.used, order, lock);
         };
         let rest = order.iter().copied().filter(|&i| !drafted[i]);
         proof

@@ -1,6 +1,6 @@
 //! The `fresh_proofs` table: what the last run that left every stage of a
 //! pipeline valid saw, for a no-op to check without deciding anything
-//! again (see `schedule::fresh_proof`). Its triggers (in [`schema`])
+//! again (see `schedule::proof`). Its triggers (in [`schema`])
 //! delete every proof when a result, an item outcome or an inline object
 //! is written.
 
@@ -112,7 +112,7 @@ impl Ledger {
     }
 
     /// The item plans kept beside this pipeline's last proof, if it was
-    /// made under `key` (see `schedule::kept_plans`).
+    /// made under `key` (see `schedule::proof::kept_plans`).
     pub fn kept_plans(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.kept_beside("kept_plans", key)
     }
@@ -124,7 +124,7 @@ impl Ledger {
     }
 
     /// The history kept beside this pipeline's last proof, if it was kept
-    /// under `key` (see `schedule::kept_history`).
+    /// under `key` (see `schedule::proof::kept_history`).
     pub fn kept_history(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.kept_beside("kept_histories", key)
     }

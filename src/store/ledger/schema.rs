@@ -18,9 +18,9 @@
 //! | 13 | item attempts indexed by class |
 //! | 14 | `fresh_proofs`: what a run that left every stage valid saw, for the next no-op to check by `stat` alone; triggers on every table a stage's freshness is read from delete them |
 //! | 15 | item attempts indexed by fingerprint (a stage's attempts so far under one fingerprint, counted from the index alone) |
-//! | 16 | `kept_plans`: each pipeline's item plans, kept beside its last fresh proof for the run after it (see `schedule::kept_plans`) |
+//! | 16 | `kept_plans`: each pipeline's item plans, kept beside its last fresh proof for the run after it (see `schedule::proof::kept_plans`) |
 //! | 17 | `kept_manifests`: each pipeline's validated manifest, kept beside its last fresh proof for the run after it (see `manifest::kept`) |
-//! | 18 | `kept_histories`: each pipeline's history as its last fresh proof's run left it, kept beside the proof for the run after it (see `schedule::kept_history`) |
+//! | 18 | `kept_histories`: each pipeline's history as its last fresh proof's run left it, kept beside the proof for the run after it (see `schedule::proof::kept_history`) |
 //! | 19 | `fresh_stage_runs`: a run's fresh stages in one row (`stage_runs` holds the others) |
 //! | 20 | the index of cancelled and abandoned attempts holds only those (`item_attempts_stopped`, partial; it replaces `item_attempts_by_class`) |
 //!
@@ -191,7 +191,7 @@ CREATE TABLE IF NOT EXISTS pipelines (
     manifest TEXT NOT NULL
 );
 -- What the last run that left every stage of a pipeline valid saw (see
--- schedule::fresh_proof), under the digest of what it ran: the manifest's
+-- schedule::proof), under the digest of what it ran: the manifest's
 -- bytes and path, the profile, the cairn binary. Any write to a table a
 -- stage's freshness is read from deletes every proof (the triggers below),
 -- in the transaction that writes it.
@@ -204,7 +204,7 @@ CREATE TABLE IF NOT EXISTS fresh_proofs (
     made_ms INTEGER NOT NULL,
     body BLOB NOT NULL
 );
--- Each pipeline's item plans (see schedule::kept_plans), kept beside its
+-- Each pipeline's item plans (see schedule::proof::kept_plans), kept beside its
 -- last proof under that proof's key. Not voided: a plan holds no verdict,
 -- and is used only for the same key, stage code and unchanged item list.
 CREATE TABLE IF NOT EXISTS kept_plans (
@@ -221,7 +221,7 @@ CREATE TABLE IF NOT EXISTS kept_manifests (
     body BLOB NOT NULL
 );
 -- Each pipeline's history (its lock file, current results, failures and
--- held inline objects: see schedule::kept_history) as the run that made
+-- held inline objects: see schedule::proof::kept_history) as the run that made
 -- its last proof left it, kept and replaced with the proof. Taken up only
 -- while that proof is kept (so the tables it was read from are unchanged)
 -- and the lock file's bytes are the ones it was kept with.

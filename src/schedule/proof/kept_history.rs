@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::fresh_proof::{Decoder, Encoder};
+use super::codec::{Decoder, Encoder};
 use crate::fingerprint::Digest;
 use crate::store::{
     LOCK_FORMAT_VERSION, LockFile, OutputKind, OutputRecord, ResultRecord, ResultStatus,

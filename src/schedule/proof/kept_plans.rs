@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::fresh_proof::{Decoder, Encoder};
-use super::items::{Item, PlannedItem};
+use super::super::items::{Item, PlannedItem};
+use super::codec::{Decoder, Encoder};
 use crate::fingerprint::{Digest, StatEntry};
 use crate::store::{ItemOutcomes, Ledger};
 
