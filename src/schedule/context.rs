@@ -6,8 +6,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use super::ScheduleError;
 use super::item_fields::FieldCheck;
 use super::items::{
@@ -18,119 +16,21 @@ use super::proof::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::file_stat::FileStat;
 use crate::fingerprint::{
-    Change, Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint,
-    path_bytes, stage_key, tree_digest,
+    Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint, path_bytes,
+    stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
 use crate::manifest::{Manifest, OutputIndex, ProjectPath, is_per_item};
 use crate::store::{
     COMMAND_ITEM, Draws, ItemOutcomes, Ledger, LockFile, ObjectStore, OrphanedJobs, OutputRecord,
-    ResultRecord, ResultStatus, StoreError, current_ok, key_hash,
+    ResultRecord, StoreError, current_ok, key_hash,
 };
 
 /// How many items are listed before what they read is read (their files
 /// `stat`ed side by side): enough to keep the threads busy, few enough
 /// that their reads are not held for a million items at once.
 const ITEM_BLOCK: usize = 16_384;
-
-/// Why a stage must run (or why `status` calls it stale).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "reason", rename_all = "kebab-case")]
-pub enum DirtyReason {
-    /// No successful result was ever recorded for this stage.
-    NeverRun,
-    /// `--force` named it.
-    Forced,
-    /// These components differ from the last successful result.
-    Changed { changes: Vec<Change> },
-    /// The last attempt under this very fingerprint failed.
-    Failed {
-        exit_code: Option<i32>,
-        error: Option<String>,
-    },
-    /// A result exists but its stored objects are gone or damaged.
-    StoreIncomplete { output: String },
-    /// Upstream stages will run first; this one may or may not follow.
-    UpstreamStale { stages: Vec<String> },
-    /// Its fingerprint cannot be computed (an unreadable input or item
-    /// list); running it would fail the same way.
-    Unreadable { error: String },
-    /// A result exists, but the work it stands for beyond its outputs is
-    /// gone (a `register` stage's import into its registry, an
-    /// `oci-mirror` stage's copies in an OCI layout).
-    EffectMissing { effect: String },
-}
-
-impl DirtyReason {
-    /// A one-line explanation.
-    pub fn summary(&self) -> String {
-        match self {
-            DirtyReason::NeverRun => "never run".to_owned(),
-            DirtyReason::Forced => "forced".to_owned(),
-            DirtyReason::Changed { changes } if changes.is_empty() => "changed".to_owned(),
-            DirtyReason::Changed { changes } => {
-                const SHOWN: usize = 3;
-                let mut names: Vec<String> = changes
-                    .iter()
-                    .take(SHOWN)
-                    .map(describe_component_change)
-                    .collect();
-                if changes.len() > SHOWN {
-                    names.push(format!("{} more", changes.len() - SHOWN));
-                }
-                format!("changed: {}", names.join(", "))
-            }
-            DirtyReason::Failed { exit_code, error } => match (error, exit_code) {
-                (Some(error), _) => format!("last attempt failed: {error}"),
-                (None, Some(code)) => format!("last attempt failed (exit {code})"),
-                (None, None) => "last attempt failed".to_owned(),
-            },
-            DirtyReason::StoreIncomplete { output } => {
-                format!("stored copy of output `{output}` is missing or damaged")
-            }
-            DirtyReason::UpstreamStale { stages } => {
-                format!("upstream {} will run first", quote_list(stages))
-            }
-            DirtyReason::Unreadable { error } => format!("cannot be fingerprinted: {error}"),
-            DirtyReason::EffectMissing { effect } => effect.clone(),
-        }
-    }
-}
-
-fn describe_component_change(change: &Change) -> String {
-    let (kind, name) = change
-        .component
-        .split_once(':')
-        .unwrap_or((&change.component, ""));
-    let what = match kind {
-        "input" => format!("input `{name}`"),
-        "param" => format!("param `{name}`"),
-        "env" => format!("env `{name}`"),
-        other => other.to_owned(),
-    };
-    match (&change.old, &change.new) {
-        (None, Some(_)) => format!("{what} (added)"),
-        (Some(_), None) => format!("{what} (removed)"),
-        _ => what,
-    }
-}
-
-pub(crate) fn quote_list(items: &[String]) -> String {
-    items
-        .iter()
-        .map(|s| format!("`{s}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The freshness of one stage.
-#[derive(Debug, Clone)]
-pub enum Freshness<'a> {
-    /// A valid result exists for the current fingerprint.
-    Fresh(Cow<'a, ResultRecord>),
-    Dirty(DirtyReason),
-}
 
 /// Everything needed to evaluate stages of one manifest.
 pub struct Context<'m> {
@@ -982,73 +882,6 @@ impl<'m> Context<'m> {
         }
     }
 
-    /// Fresh or dirty (and why), given the stage's current key.
-    pub fn freshness(&self, i: usize, key: &StageKey) -> Result<Freshness<'_>, ScheduleError> {
-        let stage = &self.manifest.stages[i];
-        let fingerprint = key.fingerprint();
-        if let Some(record) = self.lookup(&stage.name, &fingerprint)? {
-            for output in &record.outputs {
-                if !self.stored_completely(output)? {
-                    return Ok(Freshness::Dirty(DirtyReason::StoreIncomplete {
-                        output: output.name.clone(),
-                    }));
-                }
-            }
-            if let Some(effect) = self.missing_effect(stage, &record)? {
-                return Ok(Freshness::Dirty(DirtyReason::EffectMissing { effect }));
-            }
-            return Ok(Freshness::Fresh(record));
-        }
-        if let Some(attempt) = self.latest_failure.get(&stage.name)
-            && attempt.status == ResultStatus::Failed
-            && attempt.fingerprint == fingerprint
-        {
-            return Ok(Freshness::Dirty(DirtyReason::Failed {
-                exit_code: attempt.exit_code,
-                error: attempt.error.clone(),
-            }));
-        }
-        Ok(Freshness::Dirty(match self.latest_ok.get(&stage.name) {
-            None => DirtyReason::NeverRun,
-            // Reading the recorded key back costs a query per stage; a run
-            // nobody watches (`--quiet`) only needs to know it changed.
-            Some(previous) if self.explain => DirtyReason::Changed {
-                changes: key.diff(&self.recorded_key(previous)?),
-            },
-            Some(_) => DirtyReason::Changed {
-                changes: Vec::new(),
-            },
-        }))
-    }
-
-    /// What is missing of the work a built-in's result stands for beyond
-    /// its outputs (`register`'s import), read from the stored copy of the
-    /// output that describes it; `None` if nothing is, or if that copy
-    /// cannot be read (a damaged copy is the restore's to find).
-    fn missing_effect(
-        &self,
-        stage: &crate::manifest::Stage,
-        record: &ResultRecord,
-    ) -> Result<Option<String>, ScheduleError> {
-        let Some(uses) = &stage.uses else {
-            return Ok(None);
-        };
-        let Some(port) = crate::builtins::effect_output(&uses.name) else {
-            return Ok(None);
-        };
-        let Some(output) = record.outputs.iter().find(|o| o.name == port) else {
-            return Ok(None);
-        };
-        let bytes = match (&self.ledger, output.inline) {
-            (Some(ledger), true) => ledger.inline_object(&output.digest)?,
-            (None, true) => None,
-            (_, false) => std::fs::read(self.store.object_path(&output.digest)).ok(),
-        };
-        Ok(bytes
-            .filter(|bytes| Digest::of(bytes) == output.digest)
-            .and_then(|bytes| crate::builtins::missing_effect(uses, &bytes, &self.manifest.root)))
-    }
-
     /// Whether the inline object `digest` was found in the ledger when the
     /// history was read.
     pub(super) fn held_inline(&self, digest: &Digest) -> bool {
@@ -1058,7 +891,7 @@ impl<'m> Context<'m> {
     /// Whether every object `output` needs is stored (present with its
     /// size; restores verify the bytes). An inline object removed as
     /// damaged counts as missing.
-    fn stored_completely(&self, output: &OutputRecord) -> Result<bool, ScheduleError> {
+    pub(super) fn stored_completely(&self, output: &OutputRecord) -> Result<bool, ScheduleError> {
         if !self.store.is_complete(output) {
             return Ok(false);
         }

@@ -23,7 +23,9 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinSet;
 
 use super::ScheduleError;
-use super::context::{Context, DirtyReason, Freshness};
+use super::context::Context;
+use super::decision::DirtyReason;
+use super::decision::{Asked, Verdict, decide};
 use super::events::{Done, Event, Reporter};
 use super::executors::Executors;
 use super::inputs_read::{InputsRead, Read, made};

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::context::DirtyReason;
+use super::decision::DirtyReason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Done {

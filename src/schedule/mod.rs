@@ -5,6 +5,7 @@
 //! `events` is what reporters consume.
 
 mod context;
+mod decision;
 mod dispatch;
 mod events;
 mod executors;
@@ -23,7 +24,8 @@ mod task;
 mod timeline;
 mod transfer;
 
-pub use context::{Context, DirtyReason, Freshness, History};
+pub use context::{Context, History};
+pub use decision::DirtyReason;
 pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
 pub use item_fields::check_item_lists;

@@ -1,11 +1,14 @@
-//! What would run, and why — without running anything.
+//! What would run, and why — without running anything: each stage's
+//! [`super::decision`], reported.
 
 use std::collections::HashSet;
 
 use serde::Serialize;
 
 use super::ScheduleError;
-use super::context::{Context, DirtyReason, Freshness};
+use super::context::Context;
+use super::decision::DirtyReason;
+use super::decision::{Asked, Verdict, decide};
 use super::item_outputs::ItemOutputs;
 use super::items::ItemCounts;
 use crate::fingerprint::{Change, Digest, StageKey};
@@ -78,10 +81,16 @@ pub fn evaluate(
             .filter(|&&u| will_run[u])
             .map(|&u| ctx.manifest.stages[u].name.clone())
             .collect();
-        let (key, key_error) = match ctx.key_of(i) {
-            Ok(key) => (Some(key), None),
-            Err(error) => (None, Some(super::with_causes(&error))),
-        };
+        let forced = forced.contains(&i);
+        let decision = decide(
+            ctx,
+            i,
+            Asked {
+                forced,
+                upstream_pending: pending,
+            },
+        )?;
+        let key = decision.key.ok();
         forget_unrestorable_items(ctx, i);
         let previous = ctx.latest_ok.get(&name).cloned();
 
@@ -112,45 +121,14 @@ pub fn evaluate(
             key: key.clone(),
         };
 
-        let reason = if forced.contains(&i) {
-            Some(DirtyReason::Forced)
-        } else if !pending.is_empty() {
-            Some(DirtyReason::UpstreamStale { stages: pending })
-        } else {
-            match &key {
-                // No upstream stage is pending, so nothing will create
-                // what is missing: running it would fail the same way.
-                None => Some(match key_error {
-                    Some(error) => DirtyReason::Unreadable { error },
-                    None => DirtyReason::NeverRun,
-                }),
-                Some(key) => match ctx.freshness(i, key)? {
-                    Freshness::Fresh(record) => {
-                        let record = record.into_owned();
-                        ctx.note_outputs(&record.outputs);
-                        status.last_ok_ms = Some(record.finished_ms);
-                        let mut damaged = None;
-                        for output in &record.outputs {
-                            if ctx.workspace_matches(output) {
-                                continue;
-                            }
-                            // `run` restores it only if every stored byte
-                            // is sound; else the stage runs again.
-                            if damaged.is_none() && !ctx.stored_intact(output)? {
-                                damaged = Some(DirtyReason::StoreIncomplete {
-                                    output: output.name.clone(),
-                                });
-                            }
-                            status.outputs_to_restore.push(output.name.clone());
-                        }
-                        if damaged.is_some() {
-                            status.outputs_to_restore.clear();
-                        }
-                        damaged
-                    }
-                    Freshness::Dirty(reason) => Some(reason),
-                },
+        let reason = match decision.verdict {
+            Verdict::Fresh { record, restore } => {
+                ctx.note_outputs(&record.outputs);
+                status.last_ok_ms = Some(record.finished_ms);
+                status.outputs_to_restore = restore.into_iter().map(|o| o.name).collect();
+                None
             }
+            Verdict::Run(reason) => Some(reason),
         };
 
         if let Some(reason) = reason {

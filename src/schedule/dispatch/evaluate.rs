@@ -1,5 +1,5 @@
-//! Deciding a stage as its turn comes: its key, fresh or why not, and a
-//! fresh stage's outputs brought back from the store when the workspace
+//! A stage's turn: its [`decision`](crate::schedule::decision) acted on,
+//! a fresh stage's outputs brought back from the store when the workspace
 //! lost or changed them.
 
 use super::*;
@@ -64,28 +64,30 @@ impl Dispatcher<'_, '_> {
         i: usize,
     ) -> Result<Option<(StageKey, DirtyReason)>, ScheduleError> {
         let started = Instant::now();
-        let key = match self.ctx.key_of(i) {
+        let asked = Asked {
+            forced: self.options.forced.contains(&i) || self.has_units_only_wants(i),
+            upstream_pending: Vec::new(),
+        };
+        let decision = decide(self.ctx, i, asked)?;
+        let key = match decision.key {
             Ok(key) => key,
             Err(error) => {
-                self.fail(i, &super::super::with_causes(&error), None);
+                self.fail(i, &error, None);
                 return Ok(None);
             }
         };
         let name = &self.ctx.manifest.stages[i].name;
         tracing::debug!(stage = %name, fingerprint = %key.fingerprint(), "evaluated");
-        if self.options.forced.contains(&i) || self.has_units_only_wants(i) {
-            return Ok(Some(self.must_run(i, key, DirtyReason::Forced)));
-        }
-        let record = match self.ctx.freshness(i, &key)? {
-            Freshness::Dirty(reason) => {
+        let (record, restore) = match decision.verdict {
+            Verdict::Run(reason) => {
                 tracing::debug!(stage = %name, reason = %reason.summary(), "must run");
                 return Ok(Some(self.must_run(i, key, reason)));
             }
-            Freshness::Fresh(record) => record.into_owned(),
+            Verdict::Fresh { record, restore } => (record, restore),
         };
         // A restore that cannot be made (a full disk) fails this stage,
         // not the run: the others go on.
-        let brought = match self.bring_back(&record) {
+        let brought = match self.bring_back(&restore) {
             Ok(brought) => brought,
             Err(error) => {
                 let message = format!(
@@ -150,15 +152,16 @@ impl Dispatcher<'_, '_> {
         (key, reason)
     }
 
-    /// Makes the workspace copies of a fresh stage's outputs match the
+    /// Makes the workspace copies of a fresh stage's `outputs` match the
     /// store. `Ok(true)` if anything was restored; `Err(reason)` if a stored
-    /// object is damaged, so the result cannot be trusted and must be rebuilt.
+    /// object is damaged (found so as it is restored), so the result cannot
+    /// be trusted and must be rebuilt.
     pub(super) fn bring_back(
         &mut self,
-        record: &ResultRecord,
+        outputs: &[OutputRecord],
     ) -> Result<Result<bool, DirtyReason>, ScheduleError> {
         let mut restored = false;
-        for output in &record.outputs {
+        for output in outputs {
             if self.ctx.workspace_matches(output) {
                 continue;
             }

@@ -83,7 +83,7 @@ impl Dispatcher<'_, '_> {
                 origin,
             },
         )?;
-        match self.bring_back(&record) {
+        match self.bring_back(&record.outputs) {
             Ok(Ok(_)) => {}
             Ok(Err(reason)) => return Ok(Some(reason)),
             // Its outputs cannot be written here (a full disk, say): the
