@@ -14,9 +14,19 @@
 //! | `env:NAME`         | each declared variable's value (or its absence)     |
 //! | `input:PATH`       | the content digest of each input (file or tree)     |
 //! | `version`          | the manual cache-buster, if set                     |
+//! | `secrets`          | the names of the secrets a stage gets (never values)|
+//! | `foreach`          | a per-item stage's item key, inputs, rules, result  |
+//! | `classify`         | a stage's classify rules (not per-item), if given   |
 //! | `image`            | the digest of the image a stage's pods run in       |
-//! |                    | (added by the scheduler, which pins it)             |
+//! |                    | ([`image_component`], once the scheduler pins it)   |
+//! | `items`            | each item's key and fingerprint, in key order       |
+//! | `samples`          | how a sampled stage's samples are reported          |
+//! | `accepts`          | what a per-item stage accepts of its items          |
+//! |                    | (the three: [`add_item_components`], once planned)  |
 //! | (schema version)   | [`KEY_SCHEMA_VERSION`], inside the encoding         |
+//!
+//! That is the whole pre-image of a stage's fingerprint: every component
+//! is built here. An item's own fingerprint is [`item_fingerprint`].
 //!
 //! Never hashed: mtimes, owners, inode numbers, absolute paths of the
 //! project, the order of tables in the manifest, the order `readdir`
@@ -37,7 +47,7 @@ pub use content::{
 pub use digest::{Digest, DigestHashed, DigestMap, ParseDigestError, hex};
 pub use key::{Change, Component, KEY_SCHEMA_VERSION, StageKey};
 
-use crate::manifest::{Command, EnvValue, Stage};
+use crate::manifest::{Command, EnvValue, Foreach, Stage};
 
 /// Builds the key of `stage` from the digests of its inputs (in declaration
 /// order) and a view of cairn's environment for pass-through variables.
@@ -163,6 +173,58 @@ pub fn stage_key(
         );
     }
     key
+}
+
+/// The `image` component: the image a stage's commands run in, by its
+/// pinned digest: by content, so a moved tag re-runs the stage and the
+/// same image mirrored under another name does not.
+pub fn image_component(digest: &str, reference: &str) -> Component {
+    Component::of_value("image", digest.as_bytes(), reference.to_owned())
+}
+
+/// What a per-item stage's key adds once its items are planned: the stage
+/// as a whole is its template plus each item's fingerprint (`items`, each
+/// item's key and fingerprint in key order: adding one item changes it,
+/// the list's order does not), and how it reports and accepts its items
+/// (`samples`, `accepts`: a change to either decides or writes the stage
+/// anew, with no item run).
+pub fn add_item_components<'a>(
+    key: &mut StageKey,
+    foreach: &Foreach,
+    in_key_order: impl Iterator<Item = (&'a str, &'a Digest)>,
+    count: usize,
+) {
+    let listing = in_key_order.flat_map(|(item, fingerprint)| {
+        [
+            item.as_bytes(),
+            b"\0".as_slice(),
+            fingerprint.as_bytes().as_slice(),
+        ]
+    });
+    key.insert(
+        "items",
+        Component::of_parts("items", listing, format!("{count} items")),
+    );
+    if let Some(samples) = &foreach.samples {
+        // How the samples are reported enters the stage (what it writes),
+        // not its items: no sample is drawn again for it.
+        let shown = samples.describe();
+        key.insert(
+            "samples",
+            Component::of_value("samples", shown.as_bytes(), shown.clone()),
+        );
+    }
+    let mut accepts = format!("allow_errors = {}", foreach.allow_errors);
+    if let Some(isolate) = &foreach.isolate {
+        accepts.push_str(&format!(
+            ", isolate by {} (smoke {}, mark {})",
+            isolate.by, isolate.smoke, isolate.mark
+        ));
+    }
+    key.insert(
+        "accepts",
+        Component::of_value("accepts", accepts.as_bytes(), accepts.clone()),
+    );
 }
 
 fn command_component(kind: &str, command: &Command) -> Component {

@@ -16,8 +16,8 @@ use super::proof::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
 use crate::exec::{ImageResolver, PinnedImage};
 use crate::file_stat::FileStat;
 use crate::fingerprint::{
-    Component, Digest, EntryKind, StageKey, StatCache, TreeEntry, item_fingerprint, path_bytes,
-    stage_key, tree_digest,
+    Digest, EntryKind, StageKey, StatCache, TreeEntry, add_item_components, image_component,
+    item_fingerprint, path_bytes, stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::ItemClass;
@@ -407,10 +407,7 @@ impl<'m> Context<'m> {
                     stage: stage.name.clone(),
                     message,
                 })?;
-            key.insert(
-                "image",
-                Component::of_value("image", pinned.digest.as_bytes(), pinned.reference.clone()),
-            );
+            key.insert("image", image_component(&pinned.digest, &pinned.reference));
             self.images.insert(i, pinned);
         }
         if let Some(foreach) = &stage.foreach {
@@ -420,41 +417,10 @@ impl<'m> Context<'m> {
             let code = key.fingerprint();
             self.item_codes.insert(i, code);
             let items = self.plan_items(i, &code)?;
-            // In key order: the list's order is not part of the stage
-            // (its merged output is in key order too).
-            let listing = in_key_order(&items).flat_map(|planned| {
-                [
-                    planned.item.key.as_bytes(),
-                    b"\0".as_slice(),
-                    planned.fingerprint.as_bytes().as_slice(),
-                ]
-            });
-            key.insert(
-                "items",
-                Component::of_parts("items", listing, format!("{} items", items.len())),
-            );
-            if let Some(samples) = &foreach.samples {
-                // How the samples are reported enters the stage (what it
-                // writes), not its items: no sample is drawn again for it.
-                let shown = samples.describe();
-                key.insert(
-                    "samples",
-                    Component::of_value("samples", shown.as_bytes(), shown.clone()),
-                );
-            }
-            // So does what the stage accepts of its items: a change to
-            // either decides (or writes) the stage anew, with no item run.
-            let mut accepts = format!("allow_errors = {}", foreach.allow_errors);
-            if let Some(isolate) = &foreach.isolate {
-                accepts.push_str(&format!(
-                    ", isolate by {} (smoke {}, mark {})",
-                    isolate.by, isolate.smoke, isolate.mark
-                ));
-            }
-            key.insert(
-                "accepts",
-                Component::of_value("accepts", accepts.as_bytes(), accepts.clone()),
-            );
+            // (Its merged output is in key order too.)
+            let listing = in_key_order(&items)
+                .map(|planned| (planned.item.key.as_str(), &planned.fingerprint));
+            add_item_components(&mut key, foreach, listing, items.len());
             self.item_plans.insert(i, items);
         }
         Ok(key)
