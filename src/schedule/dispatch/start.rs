@@ -1,0 +1,255 @@
+//! Starting a stage whose turn came: its task built and spawned with what
+//! it reads, its image tags resolved first when they are not yet.
+
+use super::*;
+
+impl Dispatcher<'_, '_> {
+    /// Starts ready stages, in rank order: fresh ones complete on the
+    /// spot, the others become tasks that wait for a job slot and their
+    /// resources. Returns after the first task it starts, `true` if stages
+    /// are still ready: that task's command starts before the rest are
+    /// weighed, which for a thousand ready stages takes tens of
+    /// milliseconds. While commands run it also returns after
+    /// [`WEIGHED_AT_A_TIME`] stages.
+    pub(super) fn start_ready(
+        &mut self,
+        executors: &Executors,
+        running: &mut JoinSet<Joined>,
+        resolving: &mut JoinSet<usize>,
+        lookups: &mut JoinSet<LookedUp>,
+        hashed: &UnboundedSender<Hashed>,
+        attempts: &UnboundedSender<ItemAttempt>,
+    ) -> Result<bool, ScheduleError> {
+        let mut weighed = 0;
+        while !self.stop {
+            // While commands run, the rest are weighed a few at a time: a
+            // command that ends meanwhile is seen (and what it releases
+            // started) between them, not after them all.
+            if weighed >= WEIGHED_AT_A_TIME && !running.is_empty() && !self.ready.is_empty() {
+                return Ok(true);
+            }
+            weighed += 1;
+            let Some((_, i)) = self.ready.pop_first() else {
+                return Ok(false);
+            };
+            if self.resolve_tags_first(i, resolving) {
+                continue;
+            }
+            let Some((key, reason)) = self.evaluate(i)? else {
+                continue;
+            };
+            let Some((key, reason)) = self.look_up_first(i, key, reason, lookups) else {
+                continue;
+            };
+            let tasks = running.len();
+            self.start(i, key, reason, executors, running, hashed, attempts);
+            if running.len() > tasks && !self.ready.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Starts stage `i`, which must run: its task waits for a job slot and
+    /// its resources.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start(
+        &mut self,
+        i: usize,
+        key: StageKey,
+        reason: DirtyReason,
+        executors: &Executors,
+        running: &mut JoinSet<Joined>,
+        hashed: &UnboundedSender<Hashed>,
+        attempts: &UnboundedSender<ItemAttempt>,
+    ) {
+        let stage = &self.ctx.manifest.stages[i];
+        self.timeline.must_run(i, reason.summary());
+        // A per-item stage's plan, the items `--force` names made pending.
+        let mut plan = None;
+        if stage.foreach.is_some() {
+            let mut items = self.ctx.item_plans.remove(&i).unwrap_or_default();
+            // (Kept for the fresh proof this run may make.)
+            let reads = items
+                .iter()
+                .map(|planned| {
+                    let digests = planned.inputs.iter().map(|(_, digest)| *digest).collect();
+                    (KeptItem::of(planned), digests)
+                })
+                .collect();
+            self.ctx.item_reads.insert(i, reads);
+            if let Err(message) = self.forget_forced_items(i, &mut items) {
+                self.fail(i, &message, None);
+                return;
+            }
+            plan = Some(items);
+        }
+        let foreach = self.ctx.manifest.stages[i].foreach.as_ref();
+        let items = plan.as_ref().map(|plan| {
+            let done = plan.iter().filter(|p| p.is_kept(foreach)).count();
+            (plan.len(), done)
+        });
+        self.reporter.event(Event::StageStarted {
+            stage: &stage.name,
+            reason: &reason,
+            items,
+        });
+        // Windows held across a cluster, in one order everywhere (two
+        // runs taking two windows in opposite orders would wait for each
+        // other forever).
+        let mut windows: Vec<(String, std::sync::Arc<dyn crate::exec::Executor>)> = stage
+            .resources
+            .iter()
+            .filter_map(|held| {
+                let across = self
+                    .ctx
+                    .manifest
+                    .resources
+                    .get(&held.name)?
+                    .across
+                    .as_ref()?;
+                Some((held.name.clone(), executors.named(across)?))
+            })
+            .collect();
+        windows.sort_by(|a, b| a.0.cmp(&b.0));
+        // Each orphan is cancelled on its own engine, which a profile
+        // switch may have made another than the stage's.
+        let orphans = match self.ctx.unwanted_jobs(i, &key.fingerprint()) {
+            Ok(handles) => handles
+                .into_iter()
+                .map(|handle| {
+                    let engine = executors.for_handle(&handle);
+                    (handle, engine)
+                })
+                .collect(),
+            Err(error) => {
+                self.fail(i, &crate::schedule::with_causes(&error), None);
+                return;
+            }
+        };
+        let inputs_read = self.inputs_read(i, plan.as_deref());
+        let task = match StageTask::prepare(
+            self.ctx,
+            i,
+            &key.fingerprint(),
+            &self.log_dir,
+            &self.token,
+            self.run_id,
+            self.limits.clone(),
+            self.holds[i].clone(),
+            self.rank[i] as u64,
+        ) {
+            Ok(task) => match plan {
+                Some(plan) => task.with_items(
+                    stage,
+                    plan,
+                    self.options.only,
+                    self.options.limit,
+                    &self.ctx.stat,
+                ),
+                None => task,
+            },
+            Err(error) => {
+                self.fail(i, &crate::schedule::with_causes(&error), None);
+                return;
+            }
+        }
+        .with_inputs_read(inputs_read)
+        .with_orphans(orphans)
+        .with_windows(windows)
+        .with_services(&self.services)
+        .with_remote(
+            // `--force` means here: nothing of the stage is looked up.
+            self.options
+                .remote
+                .clone()
+                .filter(|_| !self.options.forced.contains(&i)),
+            self.uploads.clone(),
+        );
+        self.set_slot(i, Slot::Running);
+        let links = TaskLinks {
+            stage: i,
+            hashed: hashed.clone(),
+            attempts: attempts.clone(),
+        };
+        let executor = executors.of_stage(i);
+        self.launched = true;
+        // The stage's run is boxed: as a future of its own it is some 12 KiB
+        // (all it may wait on, items included), and the task that spawns it
+        // moves what it holds into place several times.
+        running.spawn(async move { (i, key, Box::pin(task.run(executor, links)).await) });
+    }
+
+    /// What stage `i`'s commands read (its inputs, and the items' of
+    /// `plan`), as its key hashed them, to be looked at again as each
+    /// command ends (see [`super::inputs_read`]).
+    pub(super) fn inputs_read(&self, i: usize, plan: Option<&[PlannedItem]>) -> InputsRead {
+        let root = &self.ctx.manifest.root;
+        let digests = self
+            .ctx
+            .input_digests
+            .get(&i)
+            .map_or(&[][..], Vec::as_slice);
+        let stage: Vec<Read> = self.ctx.manifest.stages[i]
+            .inputs
+            .iter()
+            .zip(digests)
+            .map(|(input, digest)| Read {
+                shown: input.path.to_string(),
+                abs: input.path.resolve(root),
+                digest: *digest,
+                made: made(input.path.as_str(), |p| self.ctx.produced.contains_key(p)),
+            })
+            .collect();
+        let foreach = self.ctx.manifest.stages[i].foreach.as_ref();
+        let items = plan
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| !p.is_kept(foreach));
+        let item_paths: Vec<PathBuf> = items
+            .flat_map(|planned| planned.inputs.iter())
+            .filter(|(path, _)| !path.starts_with('\0'))
+            .map(|(path, _)| root.join(path))
+            .collect();
+        let paths: Vec<&Path> = stage
+            .iter()
+            .map(|read| read.abs.as_path())
+            .chain(item_paths.iter().map(PathBuf::as_path))
+            .collect();
+        let stat = self.ctx.stat.subset_of(&paths);
+        // (Only items need them all: a plain stage's are decided above.)
+        let produced = match plan {
+            Some(_) => self.ctx.produced.keys().cloned().collect(),
+            None => Default::default(),
+        };
+        InputsRead::new(stage, root.clone(), produced, stat)
+    }
+
+    /// Whether stage `i` names image tags not resolved yet: they are then
+    /// resolved on a thread of their own (a slow registry holds up neither
+    /// the other stages nor Ctrl-C), and the stage is ready again once its
+    /// registry has answered, errors included (fingerprinting reports them).
+    pub(super) fn resolve_tags_first(&mut self, i: usize, resolving: &mut JoinSet<usize>) -> bool {
+        if self.tags_resolved.contains(&i) {
+            return false;
+        }
+        let tags = self.ctx.tags_to_resolve(i);
+        if tags.is_empty() {
+            return false;
+        }
+        self.tags_resolved.insert(i);
+        let resolver = self.ctx.resolver();
+        let (done, resolved) = tokio::sync::oneshot::channel::<()>();
+        // A thread, not the blocking pool: an interrupted run exits
+        // without waiting for a registry that does not answer.
+        std::thread::spawn(move || {
+            resolver.prefetch(tags.iter().map(String::as_str), false);
+            let _ = done.send(());
+        });
+        resolving.spawn(async move {
+            let _ = resolved.await;
+            i
+        });
+        true
+    }
+}

@@ -1,0 +1,104 @@
+//! The ledger writer's side of the loop: records handed to the thread that
+//! writes the ledger, and its answers taken in.
+
+use super::*;
+
+impl Dispatcher<'_, '_> {
+    /// Hands `record` to the ledger writer (started by the first).
+    pub(super) fn send_record(&mut self, record: Record) -> Result<(), ScheduleError> {
+        if let Some(answers) = self.answers.take() {
+            let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+            let writer =
+                LedgerWriter::start(ledger.another_connection()?, answers).map_err(|e| {
+                    ScheduleError::Task(format!("could not start the ledger writer: {e}"))
+                })?;
+            self.writer = Some(writer);
+        }
+        let sent = self
+            .writer
+            .as_ref()
+            .is_some_and(|writer| writer.send(record));
+        if !sent {
+            return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));
+        }
+        self.unanswered += 1;
+        Ok(())
+    }
+
+    /// Has the ledger writer commit what it holds without waiting for
+    /// more: the run waits for its answers.
+    pub(super) fn hurry_writer(&self) {
+        if self.unanswered > 0
+            && let Some(writer) = &self.writer
+        {
+            writer.hurry();
+        }
+    }
+
+    /// Waits for the ledger writer to answer everything it was sent.
+    pub(super) async fn all_answered(
+        &mut self,
+        answered: &mut UnboundedReceiver<Recorded>,
+    ) -> Result<(), ScheduleError> {
+        self.hurry_writer();
+        while self.unanswered > 0 {
+            let Some(answer) = answered.recv().await else {
+                return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));
+            };
+            self.answered(answer)?;
+        }
+        Ok(())
+    }
+
+    /// The ledger writer's answer: a result on record is the one its stage
+    /// uses; one that could not be recorded fails its stage.
+    pub(super) fn answered(&mut self, answer: Recorded) -> Result<(), ScheduleError> {
+        self.unanswered -= 1;
+        let (i, row, id) = match answer {
+            Recorded::Attempts(outcome) => return outcome.map_err(ScheduleError::from),
+            Recorded::Result { stage, row, id } => (stage, *row, id),
+        };
+        match id {
+            Ok(id) => {
+                self.result_recorded(i, id, row);
+                self.summary.counts.executed += 1;
+                self.timeline.ended(i, StageState::Ran, None);
+            }
+            // A full disk under the ledger, typically: the outputs are
+            // made and stored but their result is not recorded, so the
+            // stage failed (and runs again next time).
+            Err(error) => {
+                let message = format!(
+                    "its outputs were made but could not be recorded: {}",
+                    crate::schedule::with_causes(&error)
+                );
+                let log = self
+                    .log_dir
+                    .join(format!("{}.log", self.ctx.manifest.stages[i].name));
+                // The attempt failed after all.
+                let attempt = row.attempt.map(|attempt| ItemAttempt {
+                    class: ItemClass::Error.name().to_owned(),
+                    rule: Some(message.clone()),
+                    ..attempt
+                });
+                if let Err(also) = self.record_failure(
+                    i,
+                    &row.key,
+                    Some(0),
+                    row.record.started_ms,
+                    &log,
+                    &message,
+                    attempt.as_ref(),
+                ) {
+                    tracing::warn!(
+                        "could not record that stage `{}` failed either: {}",
+                        self.ctx.manifest.stages[i].name,
+                        crate::schedule::with_causes(&also)
+                    );
+                }
+                self.fail(i, &message, Some(log));
+            }
+        }
+        Ok(())
+    }
+}
