@@ -26,6 +26,10 @@ pub struct Asked {
     /// The upstream stages that will run before it: a prediction's (a run
     /// decides a stage only once its upstream stages ran).
     pub upstream_pending: Vec<String>,
+    /// A prediction reads each stored copy it would restore to find a
+    /// damaged one; a run finds it as it restores (reading every byte
+    /// once), removes it and runs the stage, which stores it afresh.
+    pub predicting: bool,
 }
 
 /// A stage decided.
@@ -40,8 +44,8 @@ pub struct Decision {
 #[derive(Debug)]
 pub enum Verdict {
     /// A valid result exists for its key: `restore` lists the outputs
-    /// whose workspace copy differs from the store, each stored copy sound
-    /// (brought back, nothing run).
+    /// whose workspace copy differs from the store (brought back, nothing
+    /// run), each stored copy sound if a prediction asked.
     Fresh {
         record: Box<ResultRecord>,
         restore: Vec<OutputRecord>,
@@ -68,7 +72,7 @@ pub fn decide(ctx: &mut Context<'_>, i: usize, asked: Asked) -> Result<Decision,
             }),
             Ok(key) => match freshness(ctx, i, key)? {
                 Freshness::Dirty(reason) => Verdict::Run(reason),
-                Freshness::Fresh(record) => fresh(ctx, record.into_owned())?,
+                Freshness::Fresh(record) => fresh(ctx, record.into_owned(), asked.predicting)?,
             },
         }
     };
@@ -76,15 +80,20 @@ pub fn decide(ctx: &mut Context<'_>, i: usize, asked: Asked) -> Result<Decision,
 }
 
 /// A valid result's verdict: fresh, with the outputs the workspace lost or
-/// changed to restore; unless the stored copy of one of them is damaged,
-/// and the stage then runs again (a restore is made only of sound bytes).
-fn fresh(ctx: &mut Context<'_>, record: ResultRecord) -> Result<Verdict, ScheduleError> {
+/// changed to restore; unless a prediction finds the stored copy of one of
+/// them damaged, and the stage then runs again (a restore is made only of
+/// sound bytes; a run finds the damage as it restores).
+fn fresh(
+    ctx: &mut Context<'_>,
+    record: ResultRecord,
+    predicting: bool,
+) -> Result<Verdict, ScheduleError> {
     let mut restore = Vec::new();
     for output in &record.outputs {
         if ctx.workspace_matches(output) {
             continue;
         }
-        if !ctx.stored_intact(output)? {
+        if predicting && !ctx.stored_intact(output)? {
             return Ok(Verdict::Run(DirtyReason::StoreIncomplete {
                 output: output.name.clone(),
             }));

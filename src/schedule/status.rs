@@ -88,6 +88,7 @@ pub fn evaluate(
             Asked {
                 forced,
                 upstream_pending: pending,
+                predicting: true,
             },
         )?;
         let key = decision.key.ok();

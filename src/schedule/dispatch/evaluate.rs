@@ -67,6 +67,7 @@ impl Dispatcher<'_, '_> {
         let asked = Asked {
             forced: self.options.forced.contains(&i) || self.has_units_only_wants(i),
             upstream_pending: Vec::new(),
+            predicting: false,
         };
         let decision = decide(self.ctx, i, asked)?;
         let key = match decision.key {
