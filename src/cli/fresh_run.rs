@@ -71,9 +71,9 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
     let Some(root) = proof::root_hint(&path, text) else {
         return Ok(Asked::Decide(None));
     };
-    let cache = root.join("cache");
+    let cache = crate::store::layout::cache(&root);
     // (Taking the lock makes the cache directory: only where a ledger is.)
-    if !cache.join("ledger.db").is_file() {
+    if !crate::store::layout::ledger(&cache).is_file() {
         return Ok(Asked::Decide(None));
     }
     // Another cairn at work: the usual way waits for it.
@@ -165,7 +165,7 @@ fn record(
 ) -> Result<i64, CliError> {
     let token = format!("{}-{}", std::process::id(), now_ms());
     let digest = Digest::of(source).hex();
-    let run_id = ledger.begin_run(&super::remote::invocation(), profile, &token, &digest)?;
+    let run_id = ledger.begin_run(&super::shared_cache::invocation(), profile, &token, &digest)?;
     let now = now_ms();
     let host = crate::schedule::host_name();
     let stages: Vec<StageRun> = proof

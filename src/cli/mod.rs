@@ -47,12 +47,12 @@ mod locked;
 mod log;
 mod progress;
 mod provenance;
-mod remote;
 mod render;
 mod report;
 mod resample;
 mod run;
 mod run_events;
+mod shared_cache;
 mod show;
 mod status;
 mod targets;
@@ -105,9 +105,9 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Show(args) => show::show(&cli.global, args),
         Command::Gc(args) => gc::gc(&cli.global, args),
         Command::Resample(args) => resample::resample(&cli.global, args),
-        Command::Push(args) => remote::push(&cli.global, args),
-        Command::Pull(args) => remote::pull(&cli.global, args),
-        Command::Key(args) => remote::key(&cli.global, args),
+        Command::Push(args) => shared_cache::push(&cli.global, args),
+        Command::Pull(args) => shared_cache::pull(&cli.global, args),
+        Command::Key(args) => shared_cache::key(&cli.global, args),
         Command::Audit(args) => audit::audit_cmd(&cli.global, args),
         Command::Provenance(args) => provenance::provenance(&cli.global, args),
         Command::Verify(args) => bundle::verify(&cli.global, args),

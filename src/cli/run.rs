@@ -133,11 +133,11 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         forced: forced.stages,
         forced_items: forced.items,
         selected,
-        invocation: super::remote::invocation(),
+        invocation: super::shared_cache::invocation(),
         limit: args.limit,
         only: args.only,
         locked: args.locked,
-        remote: super::remote::open(&loaded, &args.remote)?,
+        remote: super::shared_cache::open(&loaded, &args.remote)?,
         kept_manifest_refused,
         changed,
     };
@@ -145,7 +145,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // One scheduler thread: it only waits on children and hands work out;
     // hashing and copying run on tokio's blocking pool.
     if args.detach {
-        crate::exec::detach_remote_jobs();
+        crate::exec::detach_cluster_jobs();
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -269,7 +269,7 @@ fn engine_error(detail: &str) -> ExecError {
 
 /// Where batch records lie under the project root.
 fn records_dir(root: &Path) -> PathBuf {
-    root.join("cache/batches")
+    crate::store::layout::batches(root)
 }
 
 /// Every job a record in `dir` places, the newest record winning; records

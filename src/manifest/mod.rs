@@ -13,6 +13,7 @@ pub mod kept;
 mod load;
 mod model;
 mod raw;
+mod serde_as;
 pub mod settings;
 pub mod shell;
 

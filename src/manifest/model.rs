@@ -23,7 +23,7 @@ pub struct Manifest {
     pub root_as_written: Option<String>,
     pub profile: Option<String>,
     /// Param values after the profile's overrides.
-    #[serde(with = "super::kept::json_map")]
+    #[serde(with = "super::serde_as::json_map")]
     pub params: BTreeMap<String, serde_json::Value>,
     /// `[resources]`: name → capacity and how it is held.
     pub resources: BTreeMap<String, Resource>,
@@ -287,7 +287,7 @@ pub struct Stage {
     pub outputs: Vec<PathDecl>,
     pub needs: Vec<Named>,
     /// The params that enter the fingerprint, with their values.
-    #[serde(with = "super::kept::json_map")]
+    #[serde(with = "super::serde_as::json_map")]
     pub params: BTreeMap<String, serde_json::Value>,
     pub env: BTreeMap<String, EnvValue>,
     /// Variables passed through from cairn's environment whose values are
@@ -337,7 +337,7 @@ pub struct Uses {
     pub name: String,
     pub version: u32,
     /// The `with` table after interpolation.
-    #[serde(with = "super::kept::json")]
+    #[serde(with = "super::serde_as::json")]
     pub with: serde_json::Value,
 }
 
@@ -521,7 +521,7 @@ pub struct ResultCheck {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Expect {
     /// The value equals this one.
-    Equals(#[serde(with = "super::kept::json")] serde_json::Value),
+    Equals(#[serde(with = "super::serde_as::json")] serde_json::Value),
     /// A number at least this large, or a string, array or object with at
     /// least this many elements.
     Min(f64),
@@ -600,7 +600,7 @@ pub struct ClassifyRule {
     /// An end without an exit code that the rule claims: a timeout, or a
     /// job an engine killed for its memory.
     pub ended: Option<Ended>,
-    #[serde(with = "super::kept::regex")]
+    #[serde(with = "super::serde_as::regex")]
     pub output: Option<regex::Regex>,
     /// A condition on the item's JSON result.
     pub result: Option<ResultCheck>,

@@ -14,15 +14,20 @@ use serde::Serialize;
 
 use super::ScheduleError;
 use super::context::Context;
+use super::task::Only;
 use crate::fingerprint::{Change, Digest, StageKey};
+use crate::manifest::ItemClass;
 use crate::store::ResultStatus;
 use crate::store::{OutputRecord, ResultRecord};
 
 /// What a stage is asked beyond its own state.
 #[derive(Debug, Default)]
 pub struct Asked {
-    /// `--force` named it, or `--only` wants units it keeps.
+    /// `--force` named it.
     pub forced: bool,
+    /// `--only`: it runs if it has items in that state (known once its
+    /// key is made, which plans its items).
+    pub only: Option<Only>,
     /// The upstream stages that will run before it: a prediction's (a run
     /// decides a stage only once its upstream stages ran).
     pub upstream_pending: Vec<String>,
@@ -57,7 +62,7 @@ pub enum Verdict {
 /// Decides stage `i`.
 pub fn decide(ctx: &mut Context<'_>, i: usize, asked: Asked) -> Result<Decision, ScheduleError> {
     let key = ctx.key_of(i).map_err(|error| super::with_causes(&error));
-    let verdict = if asked.forced {
+    let verdict = if asked.forced || asked.only.is_some_and(|only| has_units_in(ctx, i, only)) {
         Verdict::Run(DirtyReason::Forced)
     } else if !asked.upstream_pending.is_empty() {
         Verdict::Run(DirtyReason::UpstreamStale {
@@ -77,6 +82,20 @@ pub fn decide(ctx: &mut Context<'_>, i: usize, asked: Asked) -> Result<Decision,
         }
     };
     Ok(Decision { key, verdict })
+}
+
+/// Whether per-item stage `i` has items in the state `--only` names.
+fn has_units_in(ctx: &Context<'_>, i: usize, only: Only) -> bool {
+    ctx.item_plans.get(&i).is_some_and(|plan| {
+        plan.iter().any(|p| {
+            matches!(
+                (&p.outcome, only),
+                (None, Only::Pending)
+                    | (Some((ItemClass::Infra, _)), Only::Infra)
+                    | (Some((ItemClass::Error, _)), Only::Error)
+            )
+        })
+    })
 }
 
 /// A valid result's verdict: fresh, with the outputs the workspace lost or

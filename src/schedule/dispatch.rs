@@ -15,8 +15,9 @@ mod evaluate;
 mod finish;
 mod interrupts;
 mod record;
-mod remote;
+mod shared_cache;
 mod start;
+mod tally;
 mod writer;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -37,22 +38,24 @@ use super::inputs_read::{InputsRead, Read, made};
 use super::items::PlannedItem;
 use super::limits::Limits;
 use super::proof::kept_plans::KeptItem;
-use super::remote::{UploadWorker, Uploads};
 use super::services::Services;
-use super::task::{Hashed, Holds, Only, StageTask, TaskLinks, TaskResult};
+use super::shared_cache::{UploadWorker, Uploads};
+use super::task::{Hashed, Holds, Only, StageTask, TaskLinks, TaskResult, ThisRun};
 use super::timeline::{StageState, Timeline};
 use crate::exec::kill_marked_processes;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::ItemClass;
-use crate::store::remote::{Fetched, RemoteCache};
 use crate::store::reserve;
+use crate::store::shared_cache::{Fetched, RemoteCache};
 use crate::store::{COMMAND_ITEM, KeptBeside, LedgerWriter, Record, Recorded, ResultRow};
 use crate::store::{
     ItemAttempt, Ledger, LockFile, NewResult, OutputRecord, Published, RUNNING, ResultRecord,
     ResultStatus, RunCounts, StoreError, now_ms,
 };
 use interrupts::Interrupts;
+use record::Failure;
 pub(crate) use record::new_lock_file;
+use tally::Became;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -145,6 +148,54 @@ fn pending(attempts: &mut UnboundedReceiver<ItemAttempt>) -> Vec<ItemAttempt> {
     batch
 }
 
+/// What the run has under way, and the senders its tasks report through.
+struct UnderWay {
+    executors: Executors,
+    /// The stages' tasks.
+    running: JoinSet<Joined>,
+    /// Stages waiting for their image tags to be resolved (off this
+    /// thread): each comes back ready when its registry has answered.
+    resolving: JoinSet<usize>,
+    /// Stages being looked up in the remote cache.
+    lookups: JoinSet<LookedUp>,
+    hashed: UnboundedSender<Hashed>,
+    attempts: UnboundedSender<ItemAttempt>,
+}
+
+/// Where what happens arrives, besides [`UnderWay`]'s tasks ending.
+struct Inbox<'r> {
+    /// A task's outputs, hashed.
+    hashed: UnboundedReceiver<Hashed>,
+    /// An item's attempt, started or ended.
+    attempts: UnboundedReceiver<ItemAttempt>,
+    /// The ledger writer's answers.
+    answered: &'r mut UnboundedReceiver<Recorded>,
+    interrupt: Interrupts,
+}
+
+/// What the event loop waited for; each is handled in one place
+/// ([`Dispatcher::handle`]).
+enum Happened {
+    Hashed(Hashed),
+    Attempt(ItemAttempt),
+    Joined(Joined),
+    LookedUp(LookedUp),
+    Answered(Recorded),
+    /// A stage's image tags are resolved: it is ready again.
+    Resolved(usize),
+    Interrupted,
+    /// The loop let a command just started get its process.
+    Yielded,
+    /// Nothing is left to start: the run's end is drafted meanwhile.
+    DraftDue,
+}
+
+/// Whether the loop goes on.
+enum Flow {
+    Going,
+    Ended,
+}
+
 /// How long a run waits at its end for its uploads to the remote cache.
 const UPLOADS_WAIT: Duration = Duration::from_secs(120);
 
@@ -170,7 +221,7 @@ pub async fn run(
     });
     // A run that ended early (an error) dropped its tasks: their remote
     // jobs are being cancelled on this runtime; let that finish.
-    if !crate::exec::remote_jobs_released(CANCEL_WAIT).await {
+    if !crate::exec::cluster_jobs_released(CANCEL_WAIT).await {
         tracing::warn!("some remote jobs could not be cancelled in time");
     }
     // What this run validated reaches the remote cache before it exits.
@@ -351,11 +402,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         )?;
         reserve::keep(&ctx.manifest.cache_dir());
         let (answers, answered) = unbounded_channel();
-        let log_dir = ctx
-            .manifest
-            .cache_dir()
-            .join("logs")
-            .join(run_id.to_string());
+        let log_dir = crate::store::layout::run_logs(&ctx.manifest.cache_dir(), run_id);
         std::fs::create_dir_all(&log_dir).map_err(|source| ScheduleError::Io {
             path: log_dir.clone(),
             source,
@@ -376,10 +423,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             .filter(|&i| options.selected[i] && remaining[i] == 0)
             .map(|i| (rank[i], i))
             .collect();
-        let mut timeline = Timeline::new(ctx.manifest, &options.selected, ctx.dag.order());
-        for &(_, i) in &ready {
-            timeline.ready(i);
-        }
+        let timeline = Timeline::new(ctx.manifest, &options.selected, ctx.dag.order());
         let names: Vec<&String> = ctx.manifest.resources.keys().collect();
         let limits = Limits::new(
             options.jobs,
@@ -425,7 +469,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             &token,
             &ctx.manifest.services,
         ));
-        let dispatcher = Self {
+        let mut dispatcher = Self {
             ctx,
             options,
             reporter,
@@ -460,41 +504,48 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
             services,
             timeline,
         };
+        for (_, i) in dispatcher.ready.clone() {
+            dispatcher.became(i, Became::Ready);
+        }
         Ok((dispatcher, answered))
     }
 
-    /// The event loop: start what is ready, then wait for a task to report,
-    /// a task to end, the ledger writer to answer, or Ctrl-C.
+    /// The event loop: start what is ready, then wait for what happens
+    /// next (a task reports or ends, the ledger writer answers, Ctrl-C) and
+    /// handle it ([`Self::handle`]).
     async fn drive(
         &mut self,
         answered: &mut UnboundedReceiver<Recorded>,
     ) -> Result<(), ScheduleError> {
-        let executors = Executors::of(self.ctx.manifest);
-        let mut running: JoinSet<Joined> = JoinSet::new();
-        let (hashed_tx, mut hashed_rx) = unbounded_channel::<Hashed>();
-        let (attempts_tx, mut attempts_rx) = unbounded_channel::<ItemAttempt>();
-        // Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh session)
-        // all interrupt the run.
-        let mut interrupt = Interrupts::listen()?;
-
-        // Stages waiting for their image tags to be resolved (off this
-        // thread): each comes back ready when its registry has answered.
-        let mut resolving: JoinSet<usize> = JoinSet::new();
-        // Stages being looked up in the remote cache.
-        let mut lookups: JoinSet<LookedUp> = JoinSet::new();
-
+        let (hashed, hashed_rx) = unbounded_channel::<Hashed>();
+        let (attempts, attempts_rx) = unbounded_channel::<ItemAttempt>();
+        let mut under_way = UnderWay {
+            executors: Executors::of(self.ctx.manifest),
+            running: JoinSet::new(),
+            resolving: JoinSet::new(),
+            lookups: JoinSet::new(),
+            hashed,
+            attempts,
+        };
+        let mut inbox = Inbox {
+            hashed: hashed_rx,
+            attempts: attempts_rx,
+            answered,
+            // Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh
+            // session) all interrupt the run.
+            interrupt: Interrupts::listen()?,
+        };
         loop {
             // A stage that turned out fresh may have been the last to
             // need a service.
             self.release_services().await;
-            let more_ready = self.start_ready(
-                &executors,
-                &mut running,
-                &mut resolving,
-                &mut lookups,
-                &hashed_tx,
-                &attempts_tx,
-            )?;
+            let more_ready = self.start_ready(&mut under_way)?;
+            let UnderWay {
+                running,
+                resolving,
+                lookups,
+                ..
+            } = &mut under_way;
             if running.is_empty()
                 && self.unanswered == 0
                 && ((resolving.is_empty() && lookups.is_empty()) || self.stop)
@@ -511,104 +562,136 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 !running.is_empty() && self.waiting == 0 && self.end_draft.is_none() && !self.stop;
             // In this order: releasing downstream stages first keeps the
             // critical path moving; recording results can wait a moment.
-            tokio::select! {
+            let happened = tokio::select! {
                 biased;
-                Some(hashed) = hashed_rx.recv() => {
-                    // A per-item stage's attempts were all sent before its
-                    // outputs were hashed: they are recorded (and shown)
-                    // before the stage is done.
-                    self.item_attempts(pending(&mut attempts_rx)).await?;
-                    self.outputs_known(hashed);
-                    // Its commands are done: a service only it needed
-                    // stops before the stages it releases start.
-                    self.release_services().await;
-                }
-                Some(attempt) = attempts_rx.recv() => {
-                    // Whatever else has finished meanwhile goes into the
-                    // same transaction.
-                    let mut batch = vec![attempt];
-                    batch.extend(pending(&mut attempts_rx));
-                    self.item_attempts(batch).await?;
-                }
-                joined = running.join_next(), if !running.is_empty() => {
-                    let Some(joined) = joined else { continue };
-                    let (i, key, result) = joined.map_err(|e| ScheduleError::Task(e.to_string()))?;
-                    // A task reports its attempts and digests before it ends.
-                    self.item_attempts(pending(&mut attempts_rx)).await?;
-                    self.drain_hashed(&mut hashed_rx);
-                    // The stages its digests released start their commands
-                    // before its result is recorded (tasks run only when
-                    // this loop waits).
-                    tokio::task::yield_now().await;
-                    // A failure is recorded here, after what the writer
-                    // has of the stage (its attempt's start).
-                    if !succeeded(&result) {
-                        self.all_answered(answered).await?;
-                    }
-                    self.finished(i, &key, result)?;
-                    self.release_services().await;
+                Some(hashed) = inbox.hashed.recv() => Happened::Hashed(hashed),
+                Some(attempt) = inbox.attempts.recv() => Happened::Attempt(attempt),
+                Some(joined) = running.join_next(), if !running.is_empty() => {
+                    Happened::Joined(joined.map_err(|e| ScheduleError::Task(e.to_string()))?)
                 }
                 Some(looked) = lookups.join_next(), if !lookups.is_empty() => {
-                    let (i, key, reason, fetched) = looked.map_err(|e| ScheduleError::Task(e.to_string()))?;
-                    let reason = match fetched {
-                        Some(fetched) => match self.adopt_remote(i, &key, fetched)? {
-                            None => continue,
-                            Some(reason) => reason,
-                        },
-                        None => reason,
-                    };
-                    if !self.stop {
-                        self.start(i, key, reason, &executors, &mut running, &hashed_tx, &attempts_tx);
-                    }
+                    Happened::LookedUp(looked.map_err(|e| ScheduleError::Task(e.to_string()))?)
                 }
-                answer = answered.recv(), if self.unanswered > 0 => {
-                    let Some(answer) = answer else {
-                        return Err(ScheduleError::Task("the ledger writer stopped".to_owned()));
-                    };
-                    self.answered(answer)?;
+                answer = inbox.answered.recv(), if self.unanswered > 0 => {
+                    Happened::Answered(answer.ok_or_else(|| {
+                        ScheduleError::Task("the ledger writer stopped".to_owned())
+                    })?)
                 }
-                Some(resolved) = resolving.join_next(), if !resolving.is_empty() => {
-                    // The task cannot panic: it only waits for its thread.
-                    if let Ok(i) = resolved {
-                        self.ready.insert((self.rank[i], i));
-                    }
+                // (The task cannot fail: it only waits for its thread.)
+                Some(Ok(i)) = resolving.join_next(), if !resolving.is_empty() => {
+                    Happened::Resolved(i)
                 }
-                () = interrupt.recv() => {
-                    // What was running ends now, however long cancelling takes.
-                    let cut_short = (0..self.slots.len()).filter(|&i| self.slots[i] == Slot::Running);
-                    self.timeline.interrupted(cut_short);
-                    resolving.abort_all();
-                    lookups.abort_all();
-                    running.abort_all();
-                    while running.join_next().await.is_some() {}
-                    // The items' tasks are dropped after their stages'
-                    // (each cancels its remote job as it goes): wait for
-                    // them while the runtime still runs.
-                    let released = crate::exec::remote_jobs_released(CANCEL_WAIT).await;
-                    if !released {
-                        tracing::warn!("some remote jobs could not be cancelled in time");
-                    }
-                    // Items that finished before the interrupt are kept.
-                    self.item_attempts(pending(&mut attempts_rx)).await?;
-                    self.all_answered(answered).await?;
-                    // Those that did not are cancelled, or left running
-                    // for the next run to adopt or cancel (`--detach`, or
-                    // a cancellation not confirmed in time).
-                    if let Some(ledger) = &self.ctx.ledger {
-                        let left_running = crate::exec::remote_jobs_detached() || !released;
-                        ledger.close_running_attempts(self.run_id, left_running)?;
-                    }
-                    self.summary.interrupted = true;
-                    self.reporter.event(Event::Interrupted);
-                    return Ok(());
-                }
+                () = inbox.interrupt.recv() => Happened::Interrupted,
                 // A command just started gets its process before the
                 // next ready stage is weighed (this loop and the tasks
                 // share one thread).
-                () = tokio::task::yield_now(), if more_ready => {}
-                () = tokio::task::yield_now(), if draft_due => self.draft_end(),
+                () = tokio::task::yield_now(), if more_ready => Happened::Yielded,
+                () = tokio::task::yield_now(), if draft_due => Happened::DraftDue,
+            };
+            if let Flow::Ended = self.handle(happened, &mut under_way, &mut inbox).await? {
+                return Ok(());
             }
         }
+    }
+
+    /// Handles what the loop waited for.
+    async fn handle(
+        &mut self,
+        happened: Happened,
+        under_way: &mut UnderWay,
+        inbox: &mut Inbox<'_>,
+    ) -> Result<Flow, ScheduleError> {
+        match happened {
+            Happened::Hashed(hashed) => {
+                // A per-item stage's attempts were all sent before its
+                // outputs were hashed: they are recorded (and shown)
+                // before the stage is done.
+                self.item_attempts(pending(&mut inbox.attempts)).await?;
+                self.outputs_known(hashed);
+                // Its commands are done: a service only it needed stops
+                // before the stages it releases start.
+                self.release_services().await;
+            }
+            Happened::Attempt(attempt) => {
+                // Whatever else has finished meanwhile goes into the same
+                // transaction.
+                let mut batch = vec![attempt];
+                batch.extend(pending(&mut inbox.attempts));
+                self.item_attempts(batch).await?;
+            }
+            Happened::Joined((i, key, result)) => {
+                // A task reports its attempts and digests before it ends.
+                self.item_attempts(pending(&mut inbox.attempts)).await?;
+                self.drain_hashed(&mut inbox.hashed);
+                // The stages its digests released start their commands
+                // before its result is recorded (tasks run only when this
+                // loop waits).
+                tokio::task::yield_now().await;
+                // A failure is recorded here, after what the writer has of
+                // the stage (its attempt's start).
+                if !succeeded(&result) {
+                    self.all_answered(inbox.answered).await?;
+                }
+                self.finished(i, &key, result)?;
+                self.release_services().await;
+            }
+            Happened::LookedUp((i, key, reason, fetched)) => {
+                let reason = match fetched {
+                    Some(fetched) => match self.adopt_remote(i, &key, fetched)? {
+                        None => return Ok(Flow::Going),
+                        Some(reason) => reason,
+                    },
+                    None => reason,
+                };
+                if !self.stop {
+                    self.start(i, key, reason, under_way);
+                }
+            }
+            Happened::Answered(answer) => self.answered(answer)?,
+            Happened::Resolved(i) => {
+                self.ready.insert((self.rank[i], i));
+            }
+            Happened::Interrupted => {
+                self.interrupt(under_way, inbox).await?;
+                return Ok(Flow::Ended);
+            }
+            Happened::Yielded => {}
+            Happened::DraftDue => self.draft_end(),
+        }
+        Ok(Flow::Going)
+    }
+
+    /// Ends the run on an interrupt: what was running ends now, however
+    /// long cancelling takes.
+    async fn interrupt(
+        &mut self,
+        under_way: &mut UnderWay,
+        inbox: &mut Inbox<'_>,
+    ) -> Result<(), ScheduleError> {
+        self.interrupting();
+        under_way.resolving.abort_all();
+        under_way.lookups.abort_all();
+        under_way.running.abort_all();
+        while under_way.running.join_next().await.is_some() {}
+        // The items' tasks are dropped after their stages' (each cancels
+        // its remote job as it goes): wait for them while the runtime
+        // still runs.
+        let released = crate::exec::cluster_jobs_released(CANCEL_WAIT).await;
+        if !released {
+            tracing::warn!("some remote jobs could not be cancelled in time");
+        }
+        // Items that finished before the interrupt are kept.
+        self.item_attempts(pending(&mut inbox.attempts)).await?;
+        self.all_answered(inbox.answered).await?;
+        // Those that did not are cancelled, or left running for the next
+        // run to adopt or cancel (`--detach`, or a cancellation not
+        // confirmed in time).
+        if let Some(ledger) = &self.ctx.ledger {
+            let left_running = crate::exec::cluster_jobs_detached() || !released;
+            ledger.close_running_attempts(self.run_id, left_running)?;
+        }
+        self.interrupted();
+        Ok(())
     }
 
     fn drain_hashed(&mut self, hashed_rx: &mut UnboundedReceiver<Hashed>) {

@@ -87,6 +87,7 @@ pub fn evaluate(
             i,
             Asked {
                 forced,
+                only: None,
                 upstream_pending: pending,
                 predicting: true,
             },

@@ -26,12 +26,12 @@ use super::inputs_read::InputsRead;
 use super::item_outputs::ItemOutputs;
 use super::items::{Item, ItemCounts, PlannedItem, aggregate, file_name, fill, fill_command};
 use super::limits::Limits;
-use super::remote::Uploads;
 use super::services::Services;
+use super::shared_cache::Uploads;
 use crate::exec::{Executor, HeldWindow, Job, Outcome, RUN_MARKER, base_environment, redact_text};
 use crate::fingerprint::{Digest, StatCache, StatEntry};
 use crate::manifest::{ClassifyRule, Command, EnvValue, Foreach, ItemClass, Retry, Stage};
-use crate::store::remote::{Producer, RemoteCache};
+use crate::store::shared_cache::{Producer, RemoteCache};
 use crate::store::{ItemAttempt, ObjectStore, OutputRecord, Published, RUNNING, now_ms};
 use attempt::ItemRunner;
 use classify::classify;
@@ -280,14 +280,26 @@ pub struct StageTask {
     inputs_read: Option<Arc<InputsRead>>,
 }
 
+/// The run a task is part of.
+#[derive(Clone, Copy)]
+pub struct ThisRun<'r> {
+    pub id: i64,
+    /// Marks the environment of every command of the run.
+    pub token: &'r str,
+    /// Where the run's logs are written.
+    pub log_dir: &'r Path,
+    /// Job slots and resources, shared by the run's tasks.
+    pub limits: &'r Limits,
+}
+
 /// The start of every job name of `stage`: `cairn-STAGE-WORKSPACE`, where
 /// WORKSPACE is 8 hex digits of the project root, the pipeline name and
-/// the checkout's own id ([`workspace_id`]), so two checkouts of one
+/// the checkout's own id (`store::layout::workspace_id`), so two checkouts of one
 /// pipeline sharing a cluster never adopt each other's jobs, even at the
 /// same path on two machines.
 fn job_prefix(ctx: &Context<'_>, stage: &Stage) -> String {
     let workspace = ctx.workspace_tag.get_or_init(|| {
-        let id = workspace_id(&ctx.manifest.cache_dir());
+        let id = crate::store::layout::workspace_id(&ctx.manifest.cache_dir());
         let digest = crate::fingerprint::Digest::of(
             format!(
                 "{}\0{}\0{id}",
@@ -301,61 +313,25 @@ fn job_prefix(ctx: &Context<'_>, stage: &Stage) -> String {
     format!("cairn-{}-{workspace}", stage.name)
 }
 
-/// This checkout's own id: made by its first run (from the host, the
-/// process, the time and the root), kept in `cache/workspace-id`, and the
-/// same for every later run of the checkout. Two checkouts at one path on
-/// two machines (CI runners) get two ids. Empty if the cache cannot keep
-/// one (the job names then rest on the path alone).
-fn workspace_id(cache: &Path) -> String {
-    let path = cache.join("workspace-id");
-    let read = |path: &Path| {
-        std::fs::read_to_string(path)
-            .ok()
-            .map(|text| text.trim().to_owned())
-            .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-    };
-    if let Some(id) = read(&path) {
-        return id;
-    }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let seed = format!(
-        "{host}\0{}\0{:?}\0{}",
-        std::process::id(),
-        std::time::SystemTime::now(),
-        cache.display()
-    );
-    let id = crate::fingerprint::Digest::of(seed.as_bytes()).hex()[..32].to_owned();
-    // Written beside, then linked into place: of two runs making one at
-    // once, the first link wins and both read it.
-    let temp = cache.join(format!("workspace-id.{}", std::process::id()));
-    let made = std::fs::create_dir_all(cache)
-        .and_then(|()| std::fs::write(&temp, format!("{id}\n")))
-        .and_then(|()| std::fs::hard_link(&temp, &path));
-    let _ = std::fs::remove_file(&temp);
-    if let Err(error) = made
-        && error.kind() != std::io::ErrorKind::AlreadyExists
-    {
-        tracing::warn!(path = %path.display(), error = %error, "could not keep this checkout's id; job names rest on its path alone");
-        return String::new();
-    }
-    read(&path).unwrap_or_default()
-}
-
 impl StageTask {
-    /// Builds the stage's job: the command, the project root, the
-    /// environment.
-    #[allow(clippy::too_many_arguments)]
+    /// Builds stage `i`'s job for `run`: the command, the project root,
+    /// the environment; it holds `holds` while it runs, and goes before
+    /// the ready tasks of a greater `priority`.
     pub fn prepare(
         ctx: &Context<'_>,
         i: usize,
         fingerprint: &Digest,
-        log_dir: &Path,
-        run_token: &str,
-        run_id: i64,
-        limits: Limits,
+        run: &ThisRun<'_>,
         holds: Holds,
         priority: u64,
     ) -> Result<Self, ScheduleError> {
+        let ThisRun {
+            id: run_id,
+            token: run_token,
+            log_dir,
+            limits,
+        } = *run;
+        let limits = limits.clone();
         let stage = &ctx.manifest.stages[i];
         // The same fingerprint and attempt give the same job name in every
         // run: a job an earlier cairn process submitted for this attempt
@@ -467,7 +443,7 @@ impl StageTask {
             windows: Vec::new(),
             remote: None,
             uploads: None,
-            producer: super::remote::producer(ctx.manifest, stage, 0, 0, None),
+            producer: super::shared_cache::producer(ctx.manifest, stage, 0, 0, None),
             services: stage.services.iter().map(|s| s.name.clone()).collect(),
             run_services: None,
             inputs_read: None,

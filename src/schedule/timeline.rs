@@ -64,7 +64,7 @@ pub struct Timeline {
 impl Timeline {
     /// A timeline of the `selected` stages, in `order` (topological).
     pub fn new(manifest: &Manifest, selected: &[bool], order: &[usize]) -> Self {
-        let host = super::remote::host_name();
+        let host = super::shared_cache::host_name();
         let spans = manifest
             .stages
             .iter()

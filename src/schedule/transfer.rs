@@ -13,10 +13,10 @@ use futures::StreamExt as _;
 use super::ScheduleError;
 use super::context::Context;
 use super::item_outputs::ItemOutputs;
-use super::remote::{are_declared, item_entry, producer, reuse_items, stage_entry};
+use super::shared_cache::{are_declared, item_entry, producer, reuse_items, stage_entry};
 use super::timeline::{StageState, Timeline};
 use crate::fingerprint::StatCache;
-use crate::store::remote::{RemoteCache, RemoteStats, What};
+use crate::store::shared_cache::{RemoteCache, RemoteStats, What};
 use crate::store::{NewResult, OutputKind, OutputRecord, ResultStatus};
 
 /// Entries uploaded at once by `push`.

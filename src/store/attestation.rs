@@ -10,7 +10,7 @@
 use sha2::{Digest as _, Sha256};
 
 use super::StoreError;
-use super::objects::OutputKind;
+use super::output_record::OutputKind;
 use super::provenance::Lineage;
 use crate::fingerprint::{Content, Digest, EntryKind, StatCache, hex};
 use crate::manifest::Manifest;

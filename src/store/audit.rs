@@ -31,7 +31,8 @@ use super::StoreError;
 use super::current::{Current, current_results, read_lock};
 use super::ledger::UnreadableResult;
 use super::ledger::{Ledger, ResultRecord};
-use super::objects::{ObjectStore, OutputKind, OutputRecord};
+use super::objects::ObjectStore;
+use super::output_record::{OutputKind, OutputRecord};
 use crate::fingerprint::{Content, Digest, EntryKind, StatCache, hash_file};
 use crate::manifest::Manifest;
 

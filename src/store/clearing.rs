@@ -14,8 +14,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, mpsc};
 
-use super::objects::remove_path;
-
 enum Work {
     Remove(PathBuf),
     /// Answered once everything sent before it is removed.
@@ -108,6 +106,16 @@ fn remove_all(work: &mpsc::Receiver<Work>) {
                 let _ = done.send(());
             }
         }
+    }
+}
+
+/// Removes a file or directory tree; absent is fine.
+pub fn remove_path(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
     }
 }
 

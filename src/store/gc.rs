@@ -8,9 +8,11 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::StoreError;
+use super::clearing::remove_path;
 use super::ledger::Ledger;
 use super::live::live_outputs;
-use super::objects::{ObjectStore, OutputKind, remove_path};
+use super::objects::ObjectStore;
+use super::output_record::OutputKind;
 use crate::fingerprint::Digest;
 use crate::manifest::Manifest;
 

@@ -17,7 +17,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use super::StoreError;
-use super::objects::OutputRecord;
+use super::output_record::OutputRecord;
 use crate::fingerprint::{Digest, StageKey, StatEntry};
 
 mod damage;
@@ -359,7 +359,7 @@ impl Ledger {
     /// recording which manifest the pipeline's name belongs to.
     pub fn open(cache: &Path, pipeline: &PipelineId) -> Result<Self, StoreError> {
         std::fs::create_dir_all(cache).map_err(|e| StoreError::io(cache, e))?;
-        let path = cache.join("ledger.db");
+        let path = super::layout::ledger(cache);
         // The caller holds the workspace lock: no other cairn writes the log.
         super::ledger_health::check_wal(&path)?;
         let conn = Connection::open(&path).map_err(|e| StoreError::db(&path, e))?;
@@ -384,7 +384,7 @@ impl Ledger {
     /// Opens an existing ledger for reading `pipeline`'s history; `None`
     /// if there is none yet.
     pub fn open_existing(cache: &Path, pipeline: &PipelineId) -> Result<Option<Self>, StoreError> {
-        let path = cache.join("ledger.db");
+        let path = super::layout::ledger(cache);
         if !path.exists() {
             return Ok(None);
         }

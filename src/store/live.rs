@@ -14,7 +14,7 @@ use super::StoreError;
 use super::current::{Current, current_results};
 use super::ledger::{Ledger, PipelineId};
 use super::lockfile::LockFile;
-use super::objects::OutputRecord;
+use super::output_record::OutputRecord;
 use crate::manifest::{Manifest, lock_path_of};
 
 /// Every output record that must stay restorable, over all pipelines.

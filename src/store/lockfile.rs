@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::objects::{OutputKind, OutputRecord};
+use super::output_record::{OutputKind, OutputRecord};
 use crate::fingerprint::Digest;
 
 /// 2: the file carries a checksum of its own content.

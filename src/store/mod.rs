@@ -1,20 +1,23 @@
 //! Everything cairn keeps: the object store, the ledger, the lock file and
-//! the workspace lock. This layer is the only writer of `cache/`.
+//! the workspace lock. Every path under `cache/` is named in [`layout`],
+//! with the one room that writes it.
 
 mod attestation;
 mod audit;
 mod clearing;
 mod current;
 mod gc;
+pub mod layout;
 mod ledger;
 mod ledger_health;
 pub mod link;
 mod live;
 mod lockfile;
 mod objects;
+mod output_record;
 mod provenance;
-pub mod remote;
 pub mod reserve;
+pub mod shared_cache;
 mod tree_listing;
 mod workspace_lock;
 
@@ -22,6 +25,7 @@ pub use attestation::{
     AttestationError, PREDICATE_TYPE, STATEMENT_TYPE, items_by_content, statement,
 };
 pub use audit::{AuditReport, Mismatch, MismatchKind, Repair, RepairAction, audit};
+pub use clearing::remove_path;
 pub use clearing::{Cleared, cleared};
 pub use current::{Current, current_ok, current_results, read_lock};
 pub use gc::{Collected, collect_garbage};
@@ -36,9 +40,8 @@ pub use lockfile::{
     LOCK_FORMAT_VERSION, LockFile, LockProblem, LockedOutput, LockedStage, RenderedStages,
     recorded_checksum,
 };
-pub use objects::{
-    INLINE_MAX, ObjectStore, OutputKind, OutputRecord, Published, Staged, remove_path,
-};
+pub use objects::{ObjectStore, Published, Staged};
+pub use output_record::{INLINE_MAX, OutputKind, OutputRecord};
 pub use provenance::{
     InputRecord, ItemInput, ItemStep, Lineage, LineageError, StageRecord, lineage,
 };

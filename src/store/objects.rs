@@ -13,11 +13,12 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use serde::{Deserialize, Serialize};
-
 use super::StoreError;
+use super::clearing::remove_path;
+use super::layout;
 use super::ledger::Ledger;
 use super::link::{self, Link};
+use super::output_record::{INLINE_MAX, OutputKind, OutputRecord};
 use super::tree_listing;
 use crate::fingerprint::{
     Content, Digest, EntryKind, StatCache, StatEntry, TreeEntry, now_ns, open_regular,
@@ -81,34 +82,6 @@ impl Drop for Staged {
     }
 }
 
-/// A stored output: what to restore, and how to check it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputRecord {
-    pub name: String,
-    pub path: String,
-    pub kind: OutputKind,
-    pub digest: Digest,
-    /// Bytes of the file, or the sum over the tree's files.
-    pub size: u64,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub executable: bool,
-    /// A small file kept inside the ledger rather than in `objects/`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub inline: bool,
-}
-
-/// Files up to this size are stored inside the ledger, in the same
-/// transaction as the result that refers to them: no file, no fsync, no
-/// rename, and the object exists exactly when its result does.
-pub const INLINE_MAX: u64 = 16 * 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OutputKind {
-    File,
-    Dir,
-}
-
 #[derive(Debug, Clone)]
 pub struct ObjectStore {
     cache: PathBuf,
@@ -138,7 +111,7 @@ impl ObjectStore {
 
     pub fn object_path(&self, digest: &Digest) -> PathBuf {
         let hex = digest.hex();
-        self.cache.join("objects").join(&hex[..2]).join(&hex[2..])
+        layout::objects(&self.cache).join(&hex[..2]).join(&hex[2..])
     }
 
     /// Where the listing of stored directory `digest` is: the compact
@@ -159,21 +132,19 @@ impl ObjectStore {
     /// Where the listing of stored directory `digest` is written (see
     /// [`super::tree_listing`]).
     pub fn compact_tree_path(&self, digest: &Digest) -> PathBuf {
-        self.cache
-            .join("trees")
-            .join(format!("{}.tree", digest.hex()))
+        layout::trees(&self.cache).join(format!("{}.tree", digest.hex()))
     }
 
     pub fn objects_dir(&self) -> PathBuf {
-        self.cache.join("objects")
+        layout::objects(&self.cache)
     }
 
     pub fn trees_dir(&self) -> PathBuf {
-        self.cache.join("trees")
+        layout::trees(&self.cache)
     }
 
     pub fn tmp_dir(&self) -> PathBuf {
-        self.cache.join("tmp")
+        layout::staging(&self.cache)
     }
 
     fn temp_file(&self) -> Result<(PathBuf, File), StoreError> {
@@ -1037,16 +1008,6 @@ fn named_as_restored(error: StoreError, staging: &Path, dest: &Path) -> StoreErr
             StoreError::Io { path, source }
         }
         other => other,
-    }
-}
-
-/// Removes a file or directory tree; absent is fine.
-pub fn remove_path(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
-        Ok(_) => fs::remove_file(path),
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::StoreError;
 use super::current::{Current, current_results};
 use super::ledger::Ledger;
-use super::objects::OutputRecord;
+use super::output_record::OutputRecord;
 use crate::fingerprint::Digest;
 use crate::graph::Dag;
 use crate::manifest::{EnvValue, Manifest, OutputIndex, ProjectPath};

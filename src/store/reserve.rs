@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const RESERVE_BYTES: usize = 256 * 1024;
 
 fn path(cache: &Path) -> PathBuf {
-    cache.join("reserve")
+    super::layout::reserve(cache)
 }
 
 /// Makes the reserve if it is not there; a disk too full for it already

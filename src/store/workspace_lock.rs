@@ -31,7 +31,7 @@ impl WorkspaceLock {
         on_wait: impl FnOnce(Option<u32>),
     ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(cache).map_err(|e| StoreError::io(cache, e))?;
-        let path = cache.join("lock");
+        let path = super::layout::workspace_lock(cache);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -69,7 +69,7 @@ impl WorkspaceLock {
 
     /// Whether this process holds the lock (the holder's pid is in the file).
     pub fn held_here(cache: &Path) -> bool {
-        std::fs::read_to_string(cache.join("lock"))
+        std::fs::read_to_string(super::layout::workspace_lock(cache))
             .is_ok_and(|text| text.trim().parse() == Ok(std::process::id()))
     }
 }

@@ -14,13 +14,14 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams, WatchEvent, WatchParams};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
+use super::engine_error;
 use super::spec::{INDEX_LABEL, indexed_job_spec, job_spec, kubernetes_name};
 use super::status::{
     JobState, PodSignal, ended_pod_outcome, job_state, passed_its_deadline, pod_signal,
 };
 use crate::exec::batch::{Batch, BatchEngine, Batcher, Placed};
 use crate::exec::{
-    BoxFuture, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, RemoteJobGuard, Running,
+    BoxFuture, ClusterJobGuard, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, Running,
     redact_log,
 };
 use crate::manifest::KubernetesSettings;
@@ -60,14 +61,6 @@ impl std::fmt::Debug for KubernetesExecutor {
         f.debug_struct("KubernetesExecutor")
             .field("settings", &self.settings)
             .finish_non_exhaustive()
-    }
-}
-
-pub(super) fn engine_error(action: &'static str, error: impl std::fmt::Display) -> ExecError {
-    ExecError::Engine {
-        engine: "kubernetes",
-        action,
-        detail: error.to_string(),
     }
 }
 
@@ -150,7 +143,7 @@ impl KubernetesExecutor {
             jobs: jobs.clone(),
             name: name.to_owned(),
             interrupted: AtomicBool::new(false),
-            held: Mutex::new(Some(RemoteJobGuard::new())),
+            held: Mutex::new(Some(ClusterJobGuard::new())),
         });
         indexed.insert(name.to_owned(), Arc::downgrade(&shared));
         shared
@@ -187,7 +180,7 @@ impl KubernetesExecutor {
             redact: job.redact.clone(),
             ended: false,
             _permit: permit,
-            held: Some(RemoteJobGuard::new()),
+            held: Some(ClusterJobGuard::new()),
         })
     }
 }
@@ -353,7 +346,7 @@ struct IndexedJob {
     name: String,
     interrupted: AtomicBool,
     /// Released once the deletion was sent (or was not needed).
-    held: Mutex<Option<RemoteJobGuard>>,
+    held: Mutex<Option<ClusterJobGuard>>,
 }
 
 impl Drop for IndexedJob {
@@ -363,7 +356,7 @@ impl Drop for IndexedJob {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
-        if self.interrupted.load(Ordering::SeqCst) && !super::super::remote_jobs_detached() {
+        if self.interrupted.load(Ordering::SeqCst) && !super::super::cluster_jobs_detached() {
             delete_when_dropped(self.jobs.clone(), self.name.clone(), held);
         }
     }
@@ -389,7 +382,7 @@ struct KubernetesRunning {
     ended: bool,
     _permit: OwnedSemaphorePermit,
     /// Released once the Job ended or its deletion was sent.
-    held: Option<RemoteJobGuard>,
+    held: Option<ClusterJobGuard>,
 }
 
 /// Deletes the Job and, in the background, its pod.
@@ -403,7 +396,7 @@ async fn delete(jobs: &Api<KubeJob>, name: &str) -> Result<(), ExecError> {
 
 impl Drop for KubernetesRunning {
     fn drop(&mut self) {
-        if self.ended || super::super::remote_jobs_detached() {
+        if self.ended || super::super::cluster_jobs_detached() {
             return;
         }
         // An index leaves its Job to the last of its batch's waiters.
@@ -417,7 +410,7 @@ impl Drop for KubernetesRunning {
 
 /// Deletes the Job `name` of a run being interrupted; `held` is released
 /// once the deletion was sent.
-fn delete_when_dropped(jobs: Api<KubeJob>, name: String, held: Option<RemoteJobGuard>) {
+fn delete_when_dropped(jobs: Api<KubeJob>, name: String, held: Option<ClusterJobGuard>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(job = %name, "an interrupted job was left running: no runtime to delete it on");
         return;
@@ -438,7 +431,7 @@ fn delete_when_dropped(jobs: Api<KubeJob>, name: String, held: Option<RemoteJobG
             tokio::task::block_in_place(|| runtime.block_on(delete));
         }
         // The scheduler's own runtime: an interrupted run waits until
-        // this deletion is done (`remote_jobs_released`) before exiting.
+        // this deletion is done (`cluster_jobs_released`) before exiting.
         _ => {
             runtime.spawn(delete);
         }

@@ -20,7 +20,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use super::client::engine_error;
+use super::engine_error;
 use super::spec::kubernetes_name;
 use crate::exec::{BoxFuture, ExecError, HeldWindow};
 

@@ -42,3 +42,12 @@ mod status;
 
 pub use client::{KubernetesExecutor, qps_limit};
 pub use spec::{job_spec, kubernetes_name, label_value};
+
+/// The API server refused or failed `action`.
+fn engine_error(action: &'static str, error: impl std::fmt::Display) -> crate::exec::ExecError {
+    crate::exec::ExecError::Engine {
+        engine: "kubernetes",
+        action,
+        detail: error.to_string(),
+    }
+}

@@ -36,8 +36,8 @@ use std::sync::Arc;
 
 use super::batch::{Batch, BatchEngine, Batcher, exec_line, index_script, shared_env};
 use super::{
-    BoxFuture, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome, RUN_MARKER,
-    RemoteJobGuard, Running, redact_log,
+    BoxFuture, ClusterJobGuard, ExecError, Executor, HeldWindow, InfraKind, Job, Outcome,
+    RUN_MARKER, Running, redact_log,
 };
 use crate::manifest::{Command, SlurmSettings};
 
@@ -581,7 +581,7 @@ impl SlurmExecutor {
             redact: job.redact.clone(),
             ended: false,
             _permit: permit,
-            _held: RemoteJobGuard::new(),
+            _held: ClusterJobGuard::new(),
         })
     }
 }
@@ -599,12 +599,12 @@ struct SlurmRunning {
     redact: Vec<(String, String)>,
     ended: bool,
     _permit: tokio::sync::OwnedSemaphorePermit,
-    _held: RemoteJobGuard,
+    _held: ClusterJobGuard,
 }
 
 impl Drop for SlurmRunning {
     fn drop(&mut self) {
-        if !self.ended && !super::remote_jobs_detached() {
+        if !self.ended && !super::cluster_jobs_detached() {
             // Blocking, and brief: the scheduler is shutting down.
             let _ = std::process::Command::new("scancel")
                 .arg(&self.submitted.id)

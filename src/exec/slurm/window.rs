@@ -252,8 +252,7 @@ fn heartbeat_path(root: &Path, window: &str, token: &str) -> PathBuf {
         .filter(char::is_ascii_alphanumeric)
         .take(16)
         .collect();
-    root.join("cache/windows")
-        .join(format!("{window}.{token}.{hold}.alive"))
+    crate::store::layout::windows(root).join(format!("{window}.{token}.{hold}.alive"))
 }
 
 /// Removes the heartbeats in `dir` that lapsed long ago (of runs killed

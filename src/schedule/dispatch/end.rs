@@ -259,12 +259,7 @@ impl Dispatcher<'_, '_> {
             match self.slots[i] {
                 Slot::Ok | Slot::Failed | Slot::Partial => continue,
                 Slot::Running => {
-                    // (Its timeline says so since the interrupt.)
-                    self.summary.cut_short.push(name.clone());
-                    self.reporter.event(Event::StageCutShort {
-                        stage: name,
-                        interrupted: true,
-                    });
+                    self.became(i, Became::CutShort);
                     continue;
                 }
                 Slot::Waiting => {}
@@ -275,28 +270,12 @@ impl Dispatcher<'_, '_> {
             });
             match blocked_by {
                 Some(by) if !self.summary.interrupted => {
-                    self.summary.blocked.push(name.clone());
-                    self.timeline.ended(
-                        i,
-                        StageState::Blocked,
-                        Some(format!(
-                            "upstream `{}` did not complete",
-                            manifest.stages[by].name
-                        )),
-                    );
-                    self.reporter.event(Event::StageBlocked {
-                        stage: name,
-                        by: &manifest.stages[by].name,
-                    });
+                    let by = &manifest.stages[by].name;
+                    self.became(i, Became::Blocked { by });
                 }
                 // Not started because a failure or an interrupt stopped the run.
                 _ if self.stop || self.summary.interrupted => {
-                    self.summary.stopped.push(name.clone());
-                    self.timeline.ended(i, StageState::Stopped, None);
-                    self.reporter.event(Event::StageCutShort {
-                        stage: name,
-                        interrupted: false,
-                    });
+                    self.became(i, Became::Stopped);
                 }
                 _ => {
                     return Err(ScheduleError::Task(format!(

@@ -38,25 +38,6 @@ impl Dispatcher<'_, '_> {
         Ok(())
     }
 
-    /// Whether `--only STATE` asks for units of per-item stage `i` that
-    /// are kept in that state (a sampled stage's errors): the stage runs
-    /// for them, though its result is fresh.
-    fn has_units_only_wants(&self, i: usize) -> bool {
-        let Some(only) = self.options.only else {
-            return false;
-        };
-        self.ctx.item_plans.get(&i).is_some_and(|plan| {
-            plan.iter().any(|p| {
-                matches!(
-                    (&p.outcome, only),
-                    (None, Only::Pending)
-                        | (Some((ItemClass::Infra, _)), Only::Infra)
-                        | (Some((ItemClass::Error, _)), Only::Error)
-                )
-            })
-        })
-    }
-
     /// The stage's key and why it must run, or `None` if it is fresh (its
     /// outputs then match the store, restored if need be).
     pub(super) fn evaluate(
@@ -65,7 +46,8 @@ impl Dispatcher<'_, '_> {
     ) -> Result<Option<(StageKey, DirtyReason)>, ScheduleError> {
         let started = Instant::now();
         let asked = Asked {
-            forced: self.options.forced.contains(&i) || self.has_units_only_wants(i),
+            forced: self.options.forced.contains(&i),
+            only: self.options.only,
             upstream_pending: Vec::new(),
             predicting: false,
         };
@@ -99,25 +81,11 @@ impl Dispatcher<'_, '_> {
                 return Ok(None);
             }
         };
-        let done = match brought {
+        let restored = match brought {
             Err(reason) => return Ok(Some(self.must_run(i, key, reason))),
-            Ok(true) => {
-                self.summary.counts.restored += 1;
-                let restored = "outputs restored from the store".to_owned();
-                self.timeline
-                    .decided(i, StageState::Restored, Some(restored));
-                Done::Restored
-            }
-            Ok(false) => {
-                self.summary.counts.fresh += 1;
-                self.timeline.decided(i, StageState::Fresh, None);
-                Done::Fresh
-            }
+            Ok(restored) => restored,
         };
-        self.reporter.event(Event::StageEvaluated {
-            stage: &self.ctx.manifest.stages[i].name,
-            reason: None,
-        });
+        self.became(i, Became::Evaluated { reason: None });
         self.ctx.note_outputs(&record.outputs);
         let name = &self.ctx.manifest.stages[i].name;
         if self
@@ -130,11 +98,14 @@ impl Dispatcher<'_, '_> {
         }
         self.used
             .insert(i, (record.fingerprint, record.outputs.clone()));
-        self.reporter.event(Event::StageDone {
-            stage: &self.ctx.manifest.stages[i].name,
-            done,
-            elapsed: started.elapsed(),
-        });
+        let elapsed = started.elapsed();
+        self.became(
+            i,
+            match restored {
+                true => Became::Restored { elapsed },
+                false => Became::Fresh { elapsed },
+            },
+        );
         self.complete(i);
         Ok(None)
     }
@@ -146,10 +117,12 @@ impl Dispatcher<'_, '_> {
         key: StageKey,
         reason: DirtyReason,
     ) -> (StageKey, DirtyReason) {
-        self.reporter.event(Event::StageEvaluated {
-            stage: &self.ctx.manifest.stages[i].name,
-            reason: Some(&reason),
-        });
+        self.became(
+            i,
+            Became::Evaluated {
+                reason: Some(&reason),
+            },
+        );
         (key, reason)
     }
 

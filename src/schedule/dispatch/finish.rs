@@ -20,12 +20,7 @@ impl Dispatcher<'_, '_> {
         for (path, entry) in seen {
             self.ctx.stat.learn(path, entry);
         }
-        self.timeline.hashed(i);
-        self.reporter.event(Event::StageDone {
-            stage: &self.ctx.manifest.stages[i].name,
-            done: Done::Ran,
-            elapsed,
-        });
+        self.became(i, Became::Hashed { elapsed });
         self.complete(i);
     }
 
@@ -57,12 +52,20 @@ impl Dispatcher<'_, '_> {
                 return Ok(());
             }
             Ok(task) => {
-                self.timeline.started(i, task.started_ms);
+                let at_ms = task.started_ms;
+                self.became(i, Became::Began { at_ms });
                 task
             }
             Err(error) => {
                 let message = crate::schedule::with_causes(&error);
-                self.record_failure(i, key, None, now_ms(), &log, &message, None)?;
+                let failure = Failure {
+                    message: &message,
+                    exit_code: None,
+                    started_ms: now_ms(),
+                    log: &log,
+                    attempt: None,
+                };
+                self.record_failure(i, key, &failure)?;
                 // A service that did not come up ran nothing of the
                 // stage: the message quotes the service's log.
                 let log = (!matches!(error, ScheduleError::Service(_))).then_some(log);
@@ -72,27 +75,19 @@ impl Dispatcher<'_, '_> {
         };
         if let Some(message) = task.partial {
             self.set_slot(i, Slot::Partial);
-            let name = &self.ctx.manifest.stages[i].name;
-            self.summary.partial.push(name.clone());
-            self.timeline
-                .ended(i, StageState::Partial, Some(message.clone()));
-            self.reporter.event(Event::StagePartial {
-                stage: name,
-                message: &message,
-            });
+            self.became(i, Became::Partial { message: &message });
             return Ok(());
         }
         match (task.failure, task.published) {
             (Some(message), _) => {
-                self.record_failure(
-                    i,
-                    key,
-                    task.outcome.exit_code(),
-                    task.started_ms,
-                    &log,
-                    &message,
-                    task.last_attempt.as_ref(),
-                )?;
+                let failure = Failure {
+                    message: &message,
+                    exit_code: task.outcome.exit_code(),
+                    started_ms: task.started_ms,
+                    log: &log,
+                    attempt: task.last_attempt.as_ref(),
+                };
+                self.record_failure(i, key, &failure)?;
                 self.fail(i, &message, Some(task.failure_log.unwrap_or(log)));
             }
             (None, Some(published)) => {
@@ -161,22 +156,7 @@ impl Dispatcher<'_, '_> {
         // A plain stage's attempts that end here are those it retries (its
         // last is recorded with its result).
         for attempt in &attempts {
-            if attempt.class == RUNNING {
-                self.timeline
-                    .command_started(&attempt.stage, attempt.started_ms);
-                self.reporter.event(Event::ItemStarted {
-                    stage: &attempt.stage,
-                    key: &attempt.key,
-                    attempt: attempt.attempt,
-                });
-            } else {
-                self.reporter.event(Event::ItemFinished {
-                    stage: &attempt.stage,
-                    key: &attempt.key,
-                    class: &attempt.class,
-                    attempt: attempt.attempt,
-                });
-            }
+            self.attempt_seen(attempt);
         }
         Ok(())
     }
@@ -204,7 +184,7 @@ impl Dispatcher<'_, '_> {
                 self.remaining[d] -= 1;
                 if self.remaining[d] == 0 {
                     self.ready.insert((self.rank[d], d));
-                    self.timeline.ready(d);
+                    self.became(d, Became::Ready);
                 }
             }
         }
@@ -239,19 +219,16 @@ impl Dispatcher<'_, '_> {
 
     pub(super) fn fail(&mut self, i: usize, message: &str, log: Option<PathBuf>) {
         self.set_slot(i, Slot::Failed);
-        self.timeline
-            .ended(i, StageState::Failed, Some(message.to_owned()));
-        self.summary.counts.failed += 1;
         if !self.options.keep_going {
             self.stop = true;
             self.limits.stop();
         }
-        let name = &self.ctx.manifest.stages[i].name;
-        self.summary.failed.push(name.clone());
-        self.reporter.event(Event::StageFailed {
-            stage: name,
-            message,
-            log: log.as_deref(),
-        });
+        self.became(
+            i,
+            Became::Failed {
+                message,
+                log: log.as_deref(),
+            },
+        );
     }
 }

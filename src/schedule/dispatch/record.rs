@@ -130,22 +130,19 @@ impl Dispatcher<'_, '_> {
         record
     }
 
-    /// Records a failed result (with the command's attempt that failed, if
-    /// it got that far).
-    #[allow(clippy::too_many_arguments)]
+    /// Records a failed result of stage `i` under `key`.
     pub(super) fn record_failure(
         &self,
         i: usize,
         key: &StageKey,
-        exit_code: Option<i32>,
-        started_ms: i64,
-        log: &std::path::Path,
-        message: &str,
-        attempt: Option<&ItemAttempt>,
+        failure: &Failure<'_>,
     ) -> Result<(), ScheduleError> {
         let stage = &self.ctx.manifest.stages[i];
         let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-        let log_path = log.exists().then(|| log.to_string_lossy().into_owned());
+        let log_path = failure
+            .log
+            .exists()
+            .then(|| failure.log.to_string_lossy().into_owned());
         ledger.record(
             &NewResult {
                 run_id: self.run_id,
@@ -154,12 +151,12 @@ impl Dispatcher<'_, '_> {
                 status: ResultStatus::Failed,
                 outputs: &[],
                 command: &stage.describe_run(),
-                started_ms,
+                started_ms: failure.started_ms,
                 finished_ms: now_ms(),
-                exit_code,
+                exit_code: failure.exit_code,
                 log_path: log_path.as_deref(),
-                error: Some(message),
-                attempt,
+                error: Some(failure.message),
+                attempt: failure.attempt,
                 origin: None,
             },
             &[],
@@ -232,4 +229,15 @@ pub(super) fn enter_in_lock(
             lock.insert(&stage.name, record.fingerprint, &record.outputs);
         }
     }
+}
+
+/// How a stage failed, as its failed result records it.
+pub(super) struct Failure<'f> {
+    pub message: &'f str,
+    pub exit_code: Option<i32>,
+    pub started_ms: i64,
+    /// The stage's log (recorded if it exists).
+    pub log: &'f std::path::Path,
+    /// The command's attempt that failed, if it got that far.
+    pub attempt: Option<&'f ItemAttempt>,
 }

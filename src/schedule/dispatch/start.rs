@@ -11,39 +11,35 @@ impl Dispatcher<'_, '_> {
     /// weighed, which for a thousand ready stages takes tens of
     /// milliseconds. While commands run it also returns after
     /// [`WEIGHED_AT_A_TIME`] stages.
-    pub(super) fn start_ready(
-        &mut self,
-        executors: &Executors,
-        running: &mut JoinSet<Joined>,
-        resolving: &mut JoinSet<usize>,
-        lookups: &mut JoinSet<LookedUp>,
-        hashed: &UnboundedSender<Hashed>,
-        attempts: &UnboundedSender<ItemAttempt>,
-    ) -> Result<bool, ScheduleError> {
+    pub(super) fn start_ready(&mut self, under_way: &mut UnderWay) -> Result<bool, ScheduleError> {
         let mut weighed = 0;
         while !self.stop {
             // While commands run, the rest are weighed a few at a time: a
             // command that ends meanwhile is seen (and what it releases
             // started) between them, not after them all.
-            if weighed >= WEIGHED_AT_A_TIME && !running.is_empty() && !self.ready.is_empty() {
+            if weighed >= WEIGHED_AT_A_TIME
+                && !under_way.running.is_empty()
+                && !self.ready.is_empty()
+            {
                 return Ok(true);
             }
             weighed += 1;
             let Some((_, i)) = self.ready.pop_first() else {
                 return Ok(false);
             };
-            if self.resolve_tags_first(i, resolving) {
+            if self.resolve_tags_first(i, &mut under_way.resolving) {
                 continue;
             }
             let Some((key, reason)) = self.evaluate(i)? else {
                 continue;
             };
-            let Some((key, reason)) = self.look_up_first(i, key, reason, lookups) else {
+            let Some((key, reason)) = self.look_up_first(i, key, reason, &mut under_way.lookups)
+            else {
                 continue;
             };
-            let tasks = running.len();
-            self.start(i, key, reason, executors, running, hashed, attempts);
-            if running.len() > tasks && !self.ready.is_empty() {
+            let tasks = under_way.running.len();
+            self.start(i, key, reason, under_way);
+            if under_way.running.len() > tasks && !self.ready.is_empty() {
                 return Ok(true);
             }
         }
@@ -52,19 +48,15 @@ impl Dispatcher<'_, '_> {
 
     /// Starts stage `i`, which must run: its task waits for a job slot and
     /// its resources.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         &mut self,
         i: usize,
         key: StageKey,
         reason: DirtyReason,
-        executors: &Executors,
-        running: &mut JoinSet<Joined>,
-        hashed: &UnboundedSender<Hashed>,
-        attempts: &UnboundedSender<ItemAttempt>,
+        under_way: &mut UnderWay,
     ) {
+        let executors = &under_way.executors;
         let stage = &self.ctx.manifest.stages[i];
-        self.timeline.must_run(i, reason.summary());
         // A per-item stage's plan, the items `--force` names made pending.
         let mut plan = None;
         if stage.foreach.is_some() {
@@ -89,11 +81,13 @@ impl Dispatcher<'_, '_> {
             let done = plan.iter().filter(|p| p.is_kept(foreach)).count();
             (plan.len(), done)
         });
-        self.reporter.event(Event::StageStarted {
-            stage: &stage.name,
-            reason: &reason,
-            items,
-        });
+        self.became(
+            i,
+            Became::Started {
+                reason: &reason,
+                items,
+            },
+        );
         // Windows held across a cluster, in one order everywhere (two
         // runs taking two windows in opposite orders would wait for each
         // other forever).
@@ -128,14 +122,17 @@ impl Dispatcher<'_, '_> {
             }
         };
         let inputs_read = self.inputs_read(i, plan.as_deref());
+        let run = ThisRun {
+            id: self.run_id,
+            token: &self.token,
+            log_dir: &self.log_dir,
+            limits: &self.limits,
+        };
         let task = match StageTask::prepare(
             self.ctx,
             i,
             &key.fingerprint(),
-            &self.log_dir,
-            &self.token,
-            self.run_id,
-            self.limits.clone(),
+            &run,
             self.holds[i].clone(),
             self.rank[i] as u64,
         ) {
@@ -169,15 +166,17 @@ impl Dispatcher<'_, '_> {
         self.set_slot(i, Slot::Running);
         let links = TaskLinks {
             stage: i,
-            hashed: hashed.clone(),
-            attempts: attempts.clone(),
+            hashed: under_way.hashed.clone(),
+            attempts: under_way.attempts.clone(),
         };
         let executor = executors.of_stage(i);
         self.launched = true;
         // The stage's run is boxed: as a future of its own it is some 12 KiB
         // (all it may wait on, items included), and the task that spawns it
         // moves what it holds into place several times.
-        running.spawn(async move { (i, key, Box::pin(task.run(executor, links)).await) });
+        under_way
+            .running
+            .spawn(async move { (i, key, Box::pin(task.run(executor, links)).await) });
     }
 
     /// What stage `i`'s commands read (its inputs, and the items' of

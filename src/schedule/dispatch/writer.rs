@@ -61,8 +61,7 @@ impl Dispatcher<'_, '_> {
         match id {
             Ok(id) => {
                 self.result_recorded(i, id, row);
-                self.summary.counts.executed += 1;
-                self.timeline.ended(i, StageState::Ran, None);
+                self.became(i, Became::Recorded);
             }
             // A full disk under the ledger, typically: the outputs are
             // made and stored but their result is not recorded, so the
@@ -81,15 +80,14 @@ impl Dispatcher<'_, '_> {
                     rule: Some(message.clone()),
                     ..attempt
                 });
-                if let Err(also) = self.record_failure(
-                    i,
-                    &row.key,
-                    Some(0),
-                    row.record.started_ms,
-                    &log,
-                    &message,
-                    attempt.as_ref(),
-                ) {
+                let failure = Failure {
+                    message: &message,
+                    exit_code: Some(0),
+                    started_ms: row.record.started_ms,
+                    log: &log,
+                    attempt: attempt.as_ref(),
+                };
+                if let Err(also) = self.record_failure(i, &row.key, &failure) {
                     tracing::warn!(
                         "could not record that stage `{}` failed either: {}",
                         self.ctx.manifest.stages[i].name,

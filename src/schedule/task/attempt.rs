@@ -224,7 +224,7 @@ impl ItemRunner {
                         exit_code,
                         ..self.producer.clone()
                     };
-                    let entry = super::super::remote::item_entry(
+                    let entry = super::super::shared_cache::item_entry(
                         &self.stage,
                         planned,
                         &class,

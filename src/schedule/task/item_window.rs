@@ -24,7 +24,7 @@ impl StageTask {
             source,
         })?;
         if let Some(remote) = &self.remote {
-            let reused = super::super::remote::reuse_items(
+            let reused = super::super::shared_cache::reuse_items(
                 remote,
                 &mut items.plan,
                 &items.outputs,

@@ -12,7 +12,7 @@ use rusqlite::{OptionalExtension, params};
 use super::{Ledger, ResultRecord};
 use crate::fingerprint::Digest;
 use crate::store::StoreError;
-use crate::store::objects::OutputRecord;
+use crate::store::output_record::OutputRecord;
 
 /// The error text a set-aside result carries (shown by `status`, `why`).
 pub const SET_ASIDE_REASON: &str =

@@ -21,7 +21,7 @@ impl Ledger {
     /// no such proof. The connection then speaks for the proof's pipeline.
     /// Nothing is created, migrated or claimed.
     pub fn open_for_proof(cache: &Path, key: &[u8]) -> Result<Option<(Self, Vec<u8>)>, StoreError> {
-        let path = cache.join("ledger.db");
+        let path = crate::store::layout::ledger(cache);
         if !path.exists() {
             return Ok(None);
         }

@@ -21,6 +21,11 @@ use tokio::sync::Mutex;
 use crate::exec::{RUN_MARKER, base_environment};
 use crate::manifest::interpolate::walk;
 use crate::manifest::{Command, Service};
+use gpus::gpus_free;
+use process::ServiceProcess;
+
+mod gpus;
+mod process;
 
 /// The services one run may bring up.
 pub struct Services {
@@ -46,81 +51,6 @@ enum State {
     /// It could not come up, or died: the stages that use it fail with
     /// this reason, and it is not started again in this run.
     Failed(String),
-}
-
-/// A process group cairn started (a service, its check): killed when
-/// dropped.
-struct ServiceProcess {
-    child: tokio::process::Child,
-    group: Option<i32>,
-}
-
-impl ServiceProcess {
-    fn spawned(child: tokio::process::Child) -> Self {
-        let group = child.id().map(|pid| pid as i32);
-        Self { child, group }
-    }
-
-    fn signal(&self, signal: i32) {
-        if let Some(group) = self.group {
-            // SAFETY: kill(2) with a negative pid signals that process group;
-            // it has no memory-safety preconditions.
-            unsafe {
-                libc::kill(-group, signal);
-            }
-        }
-    }
-
-    /// How it ended, if it has.
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-
-    /// SIGTERM to the whole group, a grace period for every process in it
-    /// (not only the first: a shell's server child outlives the shell),
-    /// then SIGKILL.
-    async fn stop(mut self) {
-        self.signal(libc::SIGTERM);
-        let deadline = Instant::now() + STOP_GRACE;
-        let _ = tokio::time::timeout(STOP_GRACE, self.child.wait()).await;
-        while self.group.is_some_and(group_alive) && Instant::now() < deadline {
-            tokio::time::sleep(READY_POLL).await;
-        }
-        self.signal(libc::SIGKILL);
-        let _ = self.child.wait().await;
-        // SIGKILL is delivered, not waited for: the group is gone when no
-        // process of it still runs.
-        let deadline = Instant::now() + STOP_GRACE;
-        while self.group.is_some_and(group_alive) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        self.group = None;
-    }
-}
-
-impl Drop for ServiceProcess {
-    fn drop(&mut self) {
-        self.signal(libc::SIGKILL);
-    }
-}
-
-/// Whether any process of group `group` still runs (zombies, which only
-/// wait for a parent to reap them, do not count).
-fn group_alive(group: i32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        // SAFETY: kill(2) with signal 0 only checks; no preconditions.
-        return unsafe { libc::kill(-group, 0) } == 0;
-    };
-    entries.flatten().any(|entry| {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            return false;
-        };
-        // After the command's closing parenthesis: state, ppid, pgrp.
-        let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|f| f.parse::<i32>().ok());
-        pgrp == Some(group) && state != Some("Z")
-    })
 }
 
 /// How long a stopped service has to exit before it is killed.
@@ -490,90 +420,6 @@ impl Services {
     }
 }
 
-/// `Err` with what this machine has unless `nvidia-smi` shows at least
-/// `need.count` GPUs with `need.memory_gib` GiB free each: a server that
-/// cannot load its model is not started to find out.
-async fn gpus_free(need: &crate::manifest::GpuNeed) -> Result<(), String> {
-    let wanted = format!(
-        "needs {} GPU(s) with {} GiB free each",
-        need.count, need.memory_gib
-    );
-    let output = tokio::process::Command::new("nvidia-smi")
-        .args([
-            "--query-gpu=index,name,memory.total,memory.used",
-            "--format=csv,noheader,nounits",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(|e| format!("{wanted}, and `nvidia-smi` cannot be run here: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{wanted}, and `nvidia-smi` failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    let gpus = parse_gpus(&String::from_utf8_lossy(&output.stdout));
-    let fit = gpus
-        .iter()
-        .filter(|g| g.free_mib >= u64::from(need.memory_gib) * 1024)
-        .count();
-    if fit >= need.count as usize {
-        return Ok(());
-    }
-    let shown: Vec<String> = gpus
-        .iter()
-        .map(|g| {
-            format!(
-                "GPU {} ({}, {:.1} GiB free of {:.1})",
-                g.index,
-                g.name,
-                g.free_mib as f64 / 1024.0,
-                g.total_mib as f64 / 1024.0
-            )
-        })
-        .collect();
-    Err(format!(
-        "{wanted}; this machine has {fit} such: {}",
-        if shown.is_empty() {
-            "nvidia-smi lists no GPU".to_owned()
-        } else {
-            shown.join(", ")
-        }
-    ))
-}
-
-/// One GPU as `nvidia-smi` lists it.
-#[derive(Debug, PartialEq)]
-struct Gpu {
-    index: String,
-    name: String,
-    total_mib: u64,
-    free_mib: u64,
-}
-
-/// `nvidia-smi --query-gpu=index,name,memory.total,memory.used
-/// --format=csv,noheader,nounits`, read (lines it cannot read are left
-/// out).
-fn parse_gpus(text: &str) -> Vec<Gpu> {
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            let [index, name, total, used] = fields[..] else {
-                return None;
-            };
-            let (total, used) = (total.parse::<u64>().ok()?, used.parse::<u64>().ok()?);
-            Some(Gpu {
-                index: index.to_owned(),
-                name: name.to_owned(),
-                total_mib: total,
-                free_mib: total.saturating_sub(used),
-            })
-        })
-        .collect()
-}
-
 /// (name, value) of each of the service's secrets set in cairn's
 /// environment.
 fn secret_values(spec: &Service) -> Vec<(String, String)> {
@@ -699,17 +545,6 @@ mod tests {
         );
         // Not a per-group service: the placeholder stays as it is.
         assert_eq!(fill("{service.group}", None, None), "{service.group}");
-    }
-
-    #[test]
-    fn nvidia_smi_lines_are_read_and_the_free_memory_is_what_is_not_used() {
-        let gpus = parse_gpus(
-            "0, NVIDIA A100-SXM4-80GB, 81920, 1024\n1, NVIDIA A100-SXM4-80GB, 81920, 81000\nnot a line\n",
-        );
-        assert_eq!(gpus.len(), 2);
-        assert_eq!(gpus[0].free_mib, 80896);
-        assert_eq!(gpus[1].free_mib, 920);
-        assert_eq!(gpus[1].name, "NVIDIA A100-SXM4-80GB");
     }
 
     #[test]

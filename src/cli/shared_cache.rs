@@ -8,7 +8,7 @@ use super::error::{CliError, exit};
 use super::workspace::{self, Loaded};
 use crate::manifest::RemoteCacheSpec;
 use crate::schedule::{self, Context};
-use crate::store::remote::{RemoteCache, SigningKey};
+use crate::store::shared_cache::{RemoteCache, SigningKey};
 use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 /// The remote cache of this command: `--remote-cache URL` (with the
@@ -67,7 +67,7 @@ pub fn invocation() -> String {
     std::env::args()
         .map(|arg| {
             if arg.contains("://") {
-                crate::store::remote::without_credentials(&arg)
+                crate::store::shared_cache::without_credentials(&arg)
             } else {
                 arg
             }

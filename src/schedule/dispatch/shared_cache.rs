@@ -54,8 +54,8 @@ impl Dispatcher<'_, '_> {
         let stage = &self.ctx.manifest.stages[i];
         let Fetched { entry, inline } = fetched;
         // Its outputs must be the stage's own, by name and path.
-        if !matches!(entry.what, crate::store::remote::What::Stage { .. })
-            || !super::super::remote::are_declared(stage, &entry.outputs)
+        if !matches!(entry.what, crate::store::shared_cache::What::Stage { .. })
+            || !super::super::shared_cache::are_declared(stage, &entry.outputs)
         {
             tracing::warn!(
                 "the remote cache's result for `{}` names outputs the stage does not declare; it runs here instead",
@@ -104,18 +104,14 @@ impl Dispatcher<'_, '_> {
             }
         }
         tracing::info!(stage = %record.stage, %producer, "from the remote cache");
-        self.timeline.decided(
+        let producer = producer.to_string();
+        self.became(
             i,
-            StageState::Remote,
-            Some(format!("from the remote cache, made on {producer}")),
+            Became::Remote {
+                producer: &producer,
+                elapsed: started.elapsed(),
+            },
         );
-        self.summary.counts.restored += 1;
-        self.summary.from_remote.push(record.stage);
-        self.reporter.event(Event::StageDone {
-            stage: &self.ctx.manifest.stages[i].name,
-            done: Done::Remote,
-            elapsed: started.elapsed(),
-        });
         self.complete(i);
         Ok(None)
     }
@@ -132,14 +128,15 @@ impl Dispatcher<'_, '_> {
             return;
         };
         let stage = &self.ctx.manifest.stages[i];
-        let producer = super::super::remote::producer(
+        let producer = super::super::shared_cache::producer(
             self.ctx.manifest,
             stage,
             record.started_ms,
             record.finished_ms,
             record.exit_code,
         );
-        let entry = super::super::remote::stage_entry(&stage.name, key, &record.outputs, producer);
+        let entry =
+            super::super::shared_cache::stage_entry(&stage.name, key, &record.outputs, producer);
         uploads.send(entry, inline);
     }
 }

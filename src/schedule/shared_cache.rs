@@ -13,7 +13,7 @@ use super::item_outputs::ItemOutputs;
 use super::items::PlannedItem;
 use crate::fingerprint::{Digest, StageKey};
 use crate::manifest::{ExecutorSpec, ItemClass, Manifest, Stage};
-use crate::store::remote::{
+use crate::store::shared_cache::{
     ENTRY_FORMAT, Entry, Fetched, InlineBytes, Producer, RemoteCache, What,
 };
 use crate::store::{ItemAttempt, ObjectStore, OutputRecord, now_ms};
