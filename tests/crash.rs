@@ -15,13 +15,6 @@ fn spawn(p: &Project, args: &[&str]) -> Child {
         .unwrap()
 }
 
-fn signal(pid: i32, signal: i32) {
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(pid, signal);
-    }
-}
-
 /// Stage `slow` writes half its output, then waits for `release` to exist.
 fn half_writer() -> Project {
     let p = Project::new();
@@ -162,7 +155,7 @@ fn interrupt_with(sig: i32) {
     wait_for("the slow stage to start", || {
         p.exists("slow.pid") && !p.read("slow.pid").is_empty()
     });
-    signal(cairn.id() as i32, sig);
+    common::signal(cairn.id(), sig);
     let output = cairn.wait_with_output().unwrap();
     assert_eq!(
         output.status.code(),

@@ -23,22 +23,6 @@ fn cairn(p: &Project, kube: &KubeEmulator, args: &[&str]) -> Run {
     Run { output }
 }
 
-fn poll(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Sends `signal` to a running cairn.
-fn signal(child: &std::process::Child, signal: i32) {
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, signal);
-    }
-}
-
 /// The names of every Job created, in order.
 fn job_names(kube: &KubeEmulator) -> Vec<String> {
     kube.jobs()
@@ -324,17 +308,17 @@ fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
     let kube = KubeEmulator::start(None);
     let p = sleepers(6, 3, 256);
     let mut child = spawn(&p, &kube);
-    poll("six Jobs", Duration::from_secs(30), || {
+    common::wait_for_within("six Jobs", Duration::from_secs(30), || {
         kube.jobs().len() == 6
     });
-    poll("the attempts on record", Duration::from_secs(30), || {
+    common::wait_for_within("the attempts on record", Duration::from_secs(30), || {
         (0..6).all(|i| {
             attempts_of(&p, &kube, &format!("work/task-{i:02}"))
                 .first()
                 .is_some_and(|a| a["class"] == "running")
         })
     });
-    signal(&child, libc::SIGKILL);
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     let before = attempts_of(&p, &kube, "work/task-00");
     let handle = before[0]["handle"].as_str().unwrap().to_owned();
@@ -364,10 +348,10 @@ fn ctrl_c_deletes_the_runs_jobs() {
     let kube = KubeEmulator::start(None);
     let p = sleepers(3, 300, 256);
     let mut child = spawn(&p, &kube);
-    poll("three commands started", Duration::from_secs(30), || {
+    common::wait_for_within("three commands started", Duration::from_secs(30), || {
         (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
     });
-    signal(&child, libc::SIGINT);
+    common::signal(child.id(), libc::SIGINT);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     let mut deleted = kube.deleted();
@@ -393,10 +377,10 @@ fn ctrl_c_with_detach_leaves_the_jobs_running_and_the_next_run_adopts_them() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    poll("three commands started", Duration::from_secs(30), || {
+    common::wait_for_within("three commands started", Duration::from_secs(30), || {
         (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
     });
-    signal(&child, libc::SIGINT);
+    common::signal(child.id(), libc::SIGINT);
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert!(kube.deleted().is_empty(), "{:?}", kube.deleted());
     assert_eq!(kube.active().1, 3, "the Jobs still run");
@@ -424,14 +408,14 @@ fn jobs_a_dead_run_left_for_items_no_longer_wanted_are_cancelled() {
     let kube = KubeEmulator::start(None);
     let p = sleepers(4, 300, 256);
     let mut child = spawn(&p, &kube);
-    poll("the attempts on record", Duration::from_secs(30), || {
+    common::wait_for_within("the attempts on record", Duration::from_secs(30), || {
         (0..4).all(|i| {
             attempts_of(&p, &kube, &format!("work/task-{i:02}"))
                 .first()
                 .is_some_and(|a| a["class"] == "running")
         })
     });
-    signal(&child, libc::SIGKILL);
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     let left: Vec<String> = job_names(&kube);
     assert_eq!(left.len(), 4);
@@ -481,10 +465,10 @@ fn a_plain_stages_job_is_adopted_after_kill_9_and_forcing_it_submits_a_new_one()
     let p = Project::new();
     p.file("cairn.toml", PLAIN);
     let mut child = spawn(&p, &kube);
-    poll("the command to start", Duration::from_secs(30), || {
+    common::wait_for_within("the command to start", Duration::from_secs(30), || {
         p.exists("runs.txt")
     });
-    signal(&child, libc::SIGKILL);
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     assert_eq!(kube.active().1, 1, "the Job outlives cairn");
 
@@ -513,12 +497,12 @@ fn a_plain_stages_job_left_by_a_dead_run_is_cancelled_once_its_command_changes()
     let p = Project::new();
     p.file("cairn.toml", &PLAIN.replace("sleep 3", "sleep 300"));
     let mut child = spawn(&p, &kube);
-    poll("the attempt on record", Duration::from_secs(30), || {
+    common::wait_for_within("the attempt on record", Duration::from_secs(30), || {
         let show = cairn(&p, &kube, &["show", "build", "--json"]);
         let json: serde_json::Value = serde_json::from_str(&show.stdout()).unwrap_or_default();
         json["attempts"][0]["class"] == "running" && p.exists("runs.txt")
     });
-    signal(&child, libc::SIGKILL);
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     let left = job_names(&kube);
     assert_eq!(left.len(), 1);
@@ -644,7 +628,7 @@ fn a_run_waiting_for_a_window_across_the_cluster_stops_when_another_stage_fails(
     let holder = Project::new();
     holder.file("cairn.toml", HOLDER);
     let mut holding = common::Reaped(spawn(&holder, &kube));
-    poll("the window held", Duration::from_secs(30), || {
+    common::wait_for_within("the window held", Duration::from_secs(30), || {
         holder.exists("started")
     });
 
@@ -665,7 +649,7 @@ fn a_run_waiting_for_a_window_across_the_cluster_stops_when_another_stage_fails(
     );
     assert!(!waiter.exists("started"), "the waiting stage never ran");
 
-    signal(&holding.0, libc::SIGINT);
+    common::signal(holding.0.id(), libc::SIGINT);
     holding.0.wait().unwrap();
 }
 
@@ -675,13 +659,13 @@ fn a_job_that_finished_while_cairn_was_dead_is_collected_with_what_it_wrote() {
     let p = Project::new();
     p.file("cairn.toml", PLAIN);
     let mut child = spawn(&p, &kube);
-    poll("the command to start", Duration::from_secs(30), || {
+    common::wait_for_within("the command to start", Duration::from_secs(30), || {
         p.exists("runs.txt")
     });
-    signal(&child, libc::SIGKILL);
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     // The Job ends, and writes its output, while no cairn runs.
-    poll("the Job to finish", Duration::from_secs(30), || {
+    common::wait_for_within("the Job to finish", Duration::from_secs(30), || {
         kube.active().1 == 0
     });
     assert_eq!(p.read("out.txt"), "built\n");
@@ -715,17 +699,17 @@ fn after_ctrl_c_the_next_attempt_has_a_name_of_its_own() {
     let kube = KubeEmulator::start(None);
     let p = sleepers(1, 300, 256);
     let mut child = spawn(&p, &kube);
-    poll("the command to start", Duration::from_secs(30), || {
+    common::wait_for_within("the command to start", Duration::from_secs(30), || {
         p.exists("runs/task-00")
     });
-    signal(&child, libc::SIGINT);
+    common::signal(child.id(), libc::SIGINT);
     assert_eq!(child.wait().unwrap().code(), Some(130));
     p.file("items.jsonl", "{\"id\": \"task-00\", \"sleep\": 300}\n");
     let mut again = spawn(&p, &kube);
-    poll("a second Job", Duration::from_secs(30), || {
+    common::wait_for_within("a second Job", Duration::from_secs(30), || {
         kube.jobs().len() == 2
     });
-    signal(&again, libc::SIGINT);
+    common::signal(again.id(), libc::SIGINT);
     again.wait().unwrap();
     let names: Vec<String> = job_names(&kube);
     assert_ne!(
@@ -815,10 +799,10 @@ fn a_killed_cairn_leaves_its_indexed_job_running_and_the_next_run_adopts_each_in
     let kube = KubeEmulator::start(None);
     let p = indexed(6, 3);
     let mut child = spawn(&p, &kube);
-    poll("the Indexed Job", Duration::from_secs(30), || {
+    common::wait_for_within("the Indexed Job", Duration::from_secs(30), || {
         !kube.jobs().is_empty()
     });
-    signal(&child, libc::SIGKILL);
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
 
     let resumed = cairn(&p, &kube, &["run"]);
@@ -843,10 +827,10 @@ fn ctrl_c_deletes_the_runs_indexed_jobs() {
     let kube = KubeEmulator::start(None);
     let p = indexed(3, 300);
     let mut child = spawn(&p, &kube);
-    poll("three commands started", Duration::from_secs(30), || {
+    common::wait_for_within("three commands started", Duration::from_secs(30), || {
         (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
     });
-    signal(&child, libc::SIGINT);
+    common::signal(child.id(), libc::SIGINT);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert_eq!(kube.deleted(), job_names(&kube));

@@ -302,14 +302,6 @@ fn live_jobs(p: &common::Project) -> Vec<String> {
         .collect()
 }
 
-fn poll(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[tokio::test]
 async fn twenty_items_run_as_slurm_jobs_and_are_reused_item_by_item() {
     let _node = cluster().await;
@@ -396,21 +388,18 @@ async fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    poll("six submissions", Duration::from_secs(60), || {
+    common::wait_for_within("six submissions", Duration::from_secs(60), || {
         sbatch_calls(&p) == 6
     });
     // Each attempt is on record, with its job, before it ends.
-    poll("the attempts on record", Duration::from_secs(30), || {
+    common::wait_for_within("the attempts on record", Duration::from_secs(30), || {
         (0..6).all(|i| {
             attempts_of(&p, &format!("work/task-{i:02}"))
                 .first()
                 .is_some_and(|a| a["class"] == "running")
         })
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     assert!(!live_jobs(&p).is_empty(), "the jobs died with cairn");
     let before = attempts_of(&p, "work/task-00");
@@ -465,17 +454,14 @@ async fn ctrl_c_cancels_the_runs_jobs() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    poll("two jobs started", Duration::from_secs(60), || {
+    common::wait_for_within("two jobs started", Duration::from_secs(60), || {
         files_in(&p, "started") == 2
     });
     assert_eq!(live_jobs(&p).len(), 2);
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
+    common::signal(child.id(), libc::SIGINT);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
-    poll("the jobs to be cancelled", Duration::from_secs(30), || {
+    common::wait_for_within("the jobs to be cancelled", Duration::from_secs(30), || {
         live_jobs(&p).is_empty()
     });
     assert_eq!(files_in(&p, "out"), 0);
@@ -491,7 +477,7 @@ async fn a_node_failure_is_infrastructure_and_the_item_is_retried() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    poll("two jobs started", Duration::from_secs(60), || {
+    common::wait_for_within("two jobs started", Duration::from_secs(60), || {
         files_in(&p, "started") == 2
     });
     let node = hostname();
@@ -651,7 +637,7 @@ async fn an_array_task_cancelled_under_its_item_is_retried_alone() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    poll("task-02 running", Duration::from_secs(60), || {
+    common::wait_for_within("task-02 running", Duration::from_secs(60), || {
         p.path("started/task-02").exists()
             && attempts_of(&p, "work/task-02")
                 .first()
@@ -699,16 +685,13 @@ async fn a_cairn_killed_as_it_submits_an_array_leaves_it_to_the_next_run() {
         .unwrap();
     // Killed as soon as `sbatch` is called: before its attempts can be on
     // record, so only the batch's own record can say where they run.
-    poll("the array's submission", Duration::from_secs(60), || {
+    common::wait_for_within("the array's submission", Duration::from_secs(60), || {
         sbatch_calls(&p) == 1
     });
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     // `sbatch` outlives cairn and submits the array.
-    poll("the array queued", Duration::from_secs(30), || {
+    common::wait_for_within("the array queued", Duration::from_secs(30), || {
         !live_jobs(&p).is_empty()
     });
 
@@ -823,7 +806,7 @@ async fn a_window_across_the_cluster_is_held_through_a_license_by_one_run_at_a_t
     );
     // Cancelled when the window was released (scancel returns before the
     // job has left the queue).
-    poll("the holder jobs to end", Duration::from_secs(30), || {
+    common::wait_for_within("the holder jobs to end", Duration::from_secs(30), || {
         jobs_named("cairn-window-window") == 0
     });
     // Control: held within each process only, the two runs overlap.
@@ -875,15 +858,12 @@ async fn a_window_held_by_a_killed_cairn_is_given_up_once_its_heartbeat_is_old()
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    poll(
+    common::wait_for_within(
         "the first run's command to start",
         Duration::from_secs(60),
         || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("first")),
     );
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
+    common::signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     assert_eq!(
         jobs_named("cairn-window-window"),
@@ -928,7 +908,7 @@ async fn a_window_held_by_a_killed_cairn_is_given_up_once_its_heartbeat_is_old()
     let _ = std::process::Command::new("scancel")
         .args(["--name", &live_jobs(&first).join(",")])
         .status();
-    poll("the jobs to end", Duration::from_secs(30), || {
+    common::wait_for_within("the jobs to end", Duration::from_secs(30), || {
         live_jobs(&first).is_empty() && jobs_named("cairn-window-window") == 0
     });
 }

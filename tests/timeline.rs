@@ -439,10 +439,7 @@ outputs = { o = "later.txt" }
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(cairn.id() as i32, libc::SIGINT);
-    }
+    common::signal(cairn.id(), libc::SIGINT);
     let out = common::output_within(cairn, std::time::Duration::from_secs(60), "cairn run");
     assert_eq!(out.status.code(), Some(130));
     let stages = stage_runs(&p, 1);

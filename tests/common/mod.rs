@@ -341,11 +341,25 @@ pub fn overlap(spans: &[(f64, f64)]) -> bool {
 }
 
 /// Polls `condition` until it holds; panics after a generous deadline.
-pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+pub fn wait_for(what: &str, condition: impl FnMut() -> bool) {
+    wait_for_within(what, Duration::from_secs(60), condition);
+}
+
+/// Polls `condition` until it holds; panics after `limit`.
+pub fn wait_for_within(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
     while !condition() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` (`libc::SIGKILL`, …) to process `pid`.
+#[allow(dead_code)]
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as i32, signal);
     }
 }
 
