@@ -171,18 +171,7 @@ fn record(
     let stages: Vec<StageRun> = proof
         .stages
         .iter()
-        .map(|(stage, executor)| StageRun {
-            stage: stage.clone(),
-            state: "fresh".to_owned(),
-            reason: None,
-            message: None,
-            ready_ms: Some(now),
-            started_ms: Some(now),
-            hashed_ms: None,
-            finished_ms: Some(now),
-            executor: executor.clone(),
-            host: host.clone(),
-        })
+        .map(|(stage, executor)| StageRun::fresh(stage, executor, &host, now))
         .collect();
     ledger.record_stage_runs(run_id, &stages)?;
     let counts = RunCounts {

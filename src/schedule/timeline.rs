@@ -70,18 +70,7 @@ impl Timeline {
             .iter()
             .zip(selected)
             .map(|(stage, &selected)| {
-                selected.then(|| StageRun {
-                    stage: stage.name.clone(),
-                    state: RUNNING.to_owned(),
-                    reason: None,
-                    message: None,
-                    ready_ms: None,
-                    started_ms: None,
-                    hashed_ms: None,
-                    finished_ms: None,
-                    executor: stage.executor_name(),
-                    host: host.clone(),
-                })
+                selected.then(|| StageRun::new(&stage.name, RUNNING, &stage.executor_name(), &host))
             })
             .collect();
         let index = manifest

@@ -29,6 +29,34 @@ pub struct StageRun {
     pub host: String,
 }
 
+impl StageRun {
+    /// Stage `stage`, on `executor` at `host`, in `state`, nothing timed yet.
+    pub fn new(stage: &str, state: &str, executor: &str, host: &str) -> Self {
+        Self {
+            stage: stage.to_owned(),
+            state: state.to_owned(),
+            reason: None,
+            message: None,
+            ready_ms: None,
+            started_ms: None,
+            hashed_ms: None,
+            finished_ms: None,
+            executor: executor.to_owned(),
+            host: host.to_owned(),
+        }
+    }
+
+    /// Stage `stage` decided fresh at `at_ms`, nothing run.
+    pub fn fresh(stage: &str, executor: &str, host: &str, at_ms: i64) -> Self {
+        Self {
+            ready_ms: Some(at_ms),
+            started_ms: Some(at_ms),
+            finished_ms: Some(at_ms),
+            ..Self::new(stage, "fresh", executor, host)
+        }
+    }
+}
+
 impl Ledger {
     /// Records the stages of run `run_id`, in one transaction: the fresh
     /// ones in one row of `fresh_stage_runs`, the others a row each.
