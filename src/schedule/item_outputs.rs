@@ -141,31 +141,15 @@ impl ItemOutputs {
         }
         let mut restored = 0;
         for planned in plan.iter_mut() {
-            let Some((class, _)) = &planned.outcome else {
-                continue;
-            };
-            if !class.is_kept(self.keeps_errors) {
-                continue;
-            }
-            let records = match &planned.outputs {
-                Some(records) => records.to_vec(),
-                // Recorded without entries: an ok item must write them.
-                None if *class == ItemClass::Ok => {
+            let restore = match self.reuse(planned, stat) {
+                Reuse::AsItIs => continue,
+                Reuse::Never => {
                     planned.outcome = None;
                     continue;
                 }
-                None => Vec::new(),
+                Reuse::Restoring(restore) => restore,
             };
-            for record in &records {
-                let Some(abs) = self.entry_path(record) else {
-                    continue;
-                };
-                let matches = stat
-                    .content(&abs)
-                    .is_ok_and(|content| content.digest() == record.digest);
-                if matches {
-                    continue;
-                }
+            for (record, abs) in restore {
                 match store.restore(record, &abs, None) {
                     Ok(()) => restored += 1,
                     Err(StoreError::Corrupt { .. } | StoreError::Io { .. }) => {
@@ -193,6 +177,37 @@ impl ItemOutputs {
         Some(dir.abs.join(&record.path[dir.rel.len() + 1..]))
     }
 
+    /// What becomes of `planned`'s entries if its outcome is reused: the
+    /// one judgement [`Self::prepare`] acts on and [`Self::items_to_rerun`]
+    /// predicts. Entries are compared through `stat`.
+    fn reuse<'p>(&self, planned: &'p PlannedItem, stat: &mut StatCache) -> Reuse<'p> {
+        let Some((class, _)) = &planned.outcome else {
+            return Reuse::AsItIs;
+        };
+        if !class.is_kept(self.keeps_errors) {
+            return Reuse::AsItIs;
+        }
+        let records = match &planned.outputs {
+            Some(records) => &records[..],
+            // Recorded without entries: an ok item must write them.
+            None if *class == ItemClass::Ok => return Reuse::Never,
+            None => &[],
+        };
+        let restore: Vec<(&OutputRecord, PathBuf)> = records
+            .iter()
+            .filter_map(|record| Some((record, self.entry_path(record)?)))
+            .filter(|(record, abs)| {
+                !stat
+                    .content(abs)
+                    .is_ok_and(|content| content.digest() == record.digest)
+            })
+            .collect();
+        match restore.is_empty() {
+            true => Reuse::AsItIs,
+            false => Reuse::Restoring(restore),
+        }
+    }
+
     /// The reused items [`Self::prepare`] will make run again: recorded
     /// `ok` without entries, or with an entry that differs from its record
     /// and whose stored copy is not intact. Reads only (for `status`).
@@ -204,26 +219,13 @@ impl ItemOutputs {
     ) -> Vec<usize> {
         let mut lost = Vec::new();
         for (n, planned) in plan.iter().enumerate() {
-            let Some((class, _)) = &planned.outcome else {
-                continue;
+            let unrestorable = match self.reuse(planned, stat) {
+                Reuse::AsItIs => false,
+                Reuse::Never => true,
+                Reuse::Restoring(restore) => restore
+                    .iter()
+                    .any(|(record, _)| !store.verify(record, None).unwrap_or(false)),
             };
-            if !class.is_kept(self.keeps_errors) {
-                continue;
-            }
-            let Some(records) = &planned.outputs else {
-                if *class == ItemClass::Ok {
-                    lost.push(n);
-                }
-                continue;
-            };
-            let unrestorable = records.iter().any(|record| {
-                self.entry_path(record).is_some_and(|abs| {
-                    let matches = stat
-                        .content(&abs)
-                        .is_ok_and(|content| content.digest() == record.digest);
-                    !matches && !store.verify(record, None).unwrap_or(false)
-                })
-            });
             if unrestorable {
                 lost.push(n);
             }
@@ -266,4 +268,15 @@ impl ItemOutputs {
         .map_err(|e| ScheduleError::Task(e.to_string()))??;
         Ok(Ok(published))
     }
+}
+
+/// What becomes of a reused item's entries before the items run.
+enum Reuse<'p> {
+    /// Nothing to do: its outcome is not reused, or its entries match.
+    AsItIs,
+    /// It runs again: recorded `ok` without entries.
+    Never,
+    /// These entries differ from their records: restored from the store
+    /// (the item runs again if one cannot be).
+    Restoring(Vec<(&'p OutputRecord, PathBuf)>),
 }
