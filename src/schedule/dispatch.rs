@@ -335,41 +335,6 @@ struct Dispatcher<'a, 'm> {
 /// (each cancellation has its own, shorter, limit).
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 
-/// Each stage's rank among the stages ready at once (lower first): its
-/// place in the topological order, but the stages that read `changed` (a
-/// file the last run's proof found changed) before every other.
-fn ranks(ctx: &Context<'_>, changed: Option<&Path>) -> Vec<usize> {
-    let manifest = ctx.manifest;
-    // (As the proof named it: an input's path resolved in the root.)
-    let changed = changed.and_then(|path| path.strip_prefix(&manifest.root).ok());
-    let reads_changed = |i: usize| {
-        changed.is_some_and(|changed| {
-            manifest.stages[i]
-                .inputs
-                .iter()
-                .any(|input| changed.starts_with(input.path.as_str()))
-        })
-    };
-    let (first, rest): (Vec<usize>, Vec<usize>) = ctx
-        .dag
-        .order()
-        .iter()
-        .copied()
-        .partition(|&i| reads_changed(i));
-    let mut rank = vec![0; manifest.stages.len()];
-    for (r, &i) in first.iter().chain(&rest).enumerate() {
-        rank[i] = r;
-    }
-    rank
-}
-
-/// How many ready stages are weighed (found fresh, or started) before the
-/// run looks at what its running commands did. Each takes some
-/// microseconds: a thousand fresh ones weighed in one go would leave a
-/// command that ended meanwhile unseen for milliseconds, and the stage
-/// waiting on it unstarted.
-const WEIGHED_AT_A_TIME: usize = 32;
-
 impl<'a, 'm> Dispatcher<'a, 'm> {
     /// Reaps what a killed cairn left running, opens a run in the ledger.
     /// The receiver is where the ledger writer's answers arrive.
@@ -409,7 +374,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
         })?;
 
         let n = ctx.manifest.stages.len();
-        let rank = ranks(ctx, options.changed.as_deref());
+        let rank = start::ranks(ctx, options.changed.as_deref());
         let remaining: Vec<usize> = (0..n)
             .map(|i| {
                 ctx.dag

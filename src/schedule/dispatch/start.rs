@@ -3,6 +3,41 @@
 
 use super::*;
 
+/// How many ready stages are weighed (found fresh, or started) before the
+/// run looks at what its running commands did. Each takes some
+/// microseconds: a thousand fresh ones weighed in one go would leave a
+/// command that ended meanwhile unseen for milliseconds, and the stage
+/// waiting on it unstarted.
+const WEIGHED_AT_A_TIME: usize = 32;
+
+/// Each stage's rank among the stages ready at once (lower first): its
+/// place in the topological order, but the stages that read `changed` (a
+/// file the last run's proof found changed) before every other.
+pub(super) fn ranks(ctx: &Context<'_>, changed: Option<&Path>) -> Vec<usize> {
+    let manifest = ctx.manifest;
+    // (As the proof named it: an input's path resolved in the root.)
+    let changed = changed.and_then(|path| path.strip_prefix(&manifest.root).ok());
+    let reads_changed = |i: usize| {
+        changed.is_some_and(|changed| {
+            manifest.stages[i]
+                .inputs
+                .iter()
+                .any(|input| changed.starts_with(input.path.as_str()))
+        })
+    };
+    let (first, rest): (Vec<usize>, Vec<usize>) = ctx
+        .dag
+        .order()
+        .iter()
+        .copied()
+        .partition(|&i| reads_changed(i));
+    let mut rank = vec![0; manifest.stages.len()];
+    for (r, &i) in first.iter().chain(&rest).enumerate() {
+        rank[i] = r;
+    }
+    rank
+}
+
 impl Dispatcher<'_, '_> {
     /// Starts ready stages, in rank order: fresh ones complete on the
     /// spot, the others become tasks that wait for a job slot and their
