@@ -56,6 +56,7 @@ use interrupts::Interrupts;
 use record::Failure;
 pub(crate) use record::new_lock_file;
 use tally::Became;
+use writer::Writing;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -248,9 +249,9 @@ pub async fn run(
             // What the ledger writer was sent is written before the run is
             // closed (a command's start after its run's close would stay
             // `running` for good); its answers no longer matter.
-            dispatcher.hurry_writer();
-            while dispatcher.unanswered > 0 && answered.recv().await.is_some() {
-                dispatcher.unanswered -= 1;
+            dispatcher.writing.hurry();
+            while dispatcher.writing.unanswered > 0 && answered.recv().await.is_some() {
+                dispatcher.writing.unanswered -= 1;
             }
             dispatcher.close_as_failed();
             Err(error)
@@ -299,20 +300,8 @@ struct Dispatcher<'a, 'm> {
     lock_text: Option<String>,
     stop: bool,
     summary: RunSummary,
-    /// The connection item attempts are written through, on the blocking
-    /// pool: hundreds of items ending keep the event loop (remote waits,
-    /// log streams, Ctrl-C) free while SQLite writes.
-    /// (Opened by the first items to record: a run of plain stages has
-    /// none.)
-    attempts_ledger: Option<Arc<std::sync::Mutex<Ledger>>>,
-    /// The thread results and a plain stage's attempts are written on
-    /// (started by the first), answering on `answers`; how many of its
-    /// answers are still to come.
-    writer: Option<LedgerWriter>,
-    /// The sender the writer takes when it starts: its thread then holds
-    /// the only one, so its answers end when it does.
-    answers: Option<UnboundedSender<Recorded>>,
-    unanswered: usize,
+    /// What the run writes to the ledger off the event loop.
+    writing: Writing,
     /// Stages whose image tags were resolved off the event loop in this
     /// run (each is resolved once; its fingerprint then reads the answers).
     tags_resolved: HashSet<usize>,
@@ -457,10 +446,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 run_id,
                 ..Default::default()
             },
-            attempts_ledger: None,
-            writer: None,
-            answers: Some(answers),
-            unanswered: 0,
+            writing: Writing::new(answers),
             tags_resolved: HashSet::new(),
             looked_up: HashSet::new(),
             launched: false,
@@ -512,14 +498,14 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 ..
             } = &mut under_way;
             if running.is_empty()
-                && self.unanswered == 0
+                && self.writing.unanswered == 0
                 && ((resolving.is_empty() && lookups.is_empty()) || self.stop)
             {
                 return Ok(());
             }
             if running.is_empty() {
                 // Nothing ends meanwhile to share the writer's commit.
-                self.hurry_writer();
+                self.writing.hurry();
             }
             // Nothing is left to start: the end is drafted while the last
             // commands run, once they have started.
@@ -537,7 +523,7 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 Some(looked) = lookups.join_next(), if !lookups.is_empty() => {
                     Happened::LookedUp(looked.map_err(|e| ScheduleError::Task(e.to_string()))?)
                 }
-                answer = inbox.answered.recv(), if self.unanswered > 0 => {
+                answer = inbox.answered.recv(), if self.writing.unanswered > 0 => {
                     Happened::Answered(answer.ok_or_else(|| {
                         ScheduleError::Task("the ledger writer stopped".to_owned())
                     })?)

@@ -131,18 +131,12 @@ impl Dispatcher<'_, '_> {
             });
             self.send_record(Record::Attempts(attempts.clone()))?;
             if remote_job {
-                self.hurry_writer();
+                self.writing.hurry();
             }
         }
         if !items.is_empty() {
-            let ledger = match &self.attempts_ledger {
-                Some(ledger) => Arc::clone(ledger),
-                None => {
-                    let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
-                    let ledger = Arc::new(std::sync::Mutex::new(ledger.another_connection()?));
-                    self.attempts_ledger.insert(ledger).clone()
-                }
-            };
+            let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+            let ledger = self.writing.attempts(ledger)?;
             let items = tokio::task::spawn_blocking(move || {
                 let ledger = ledger
                     .lock()
