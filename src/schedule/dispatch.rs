@@ -182,8 +182,9 @@ enum Happened {
     Joined(Joined),
     LookedUp(LookedUp),
     Answered(Recorded),
-    /// A stage's image tags are resolved: it is ready again.
-    Resolved(usize),
+    /// A stage's image tags are resolved: it is ready again. (`None`:
+    /// the task failed, which it cannot: it only waits for its thread.)
+    Resolved(Option<usize>),
     Interrupted,
     /// The loop let a command just started get its process.
     Yielded,
@@ -528,9 +529,8 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                         ScheduleError::Task("the ledger writer stopped".to_owned())
                     })?)
                 }
-                // (The task cannot fail: it only waits for its thread.)
-                Some(Ok(i)) = resolving.join_next(), if !resolving.is_empty() => {
-                    Happened::Resolved(i)
+                Some(resolved) = resolving.join_next(), if !resolving.is_empty() => {
+                    Happened::Resolved(resolved.ok())
                 }
                 () = inbox.interrupt.recv() => Happened::Interrupted,
                 // A command just started gets its process before the
@@ -599,9 +599,10 @@ impl<'a, 'm> Dispatcher<'a, 'm> {
                 }
             }
             Happened::Answered(answer) => self.answered(answer)?,
-            Happened::Resolved(i) => {
+            Happened::Resolved(Some(i)) => {
                 self.ready.insert((self.rank[i], i));
             }
+            Happened::Resolved(None) => {}
             Happened::Interrupted => {
                 self.interrupt(under_way, inbox).await?;
                 return Ok(Flow::Ended);

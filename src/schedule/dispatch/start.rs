@@ -91,6 +91,7 @@ impl Dispatcher<'_, '_> {
         under_way: &mut UnderWay,
     ) {
         let executors = &under_way.executors;
+        self.became(i, Became::MustRun { reason: &reason });
         let stage = &self.ctx.manifest.stages[i];
         // A per-item stage's plan, the items `--force` names made pending.
         let mut plan = None;

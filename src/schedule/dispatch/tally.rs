@@ -20,8 +20,10 @@ pub(super) enum Became<'e> {
         producer: &'e str,
         elapsed: Duration,
     },
-    /// It must run, for `reason`, and its task starts (with its items and
-    /// how many of them are done, for a per-item stage).
+    /// It must run, for `reason`...
+    MustRun { reason: &'e DirtyReason },
+    /// ...and its task starts (with its items and how many of them are
+    /// done, for a per-item stage).
     Started {
         reason: &'e DirtyReason,
         items: Option<(usize, usize)>,
@@ -88,14 +90,15 @@ impl Dispatcher<'_, '_> {
                 timeline.decided(i, StageState::Remote, Some(reason));
                 done(stage, Done::Remote, elapsed)
             }
-            Became::Started { reason, items } => {
+            Became::MustRun { reason } => {
                 timeline.must_run(i, reason.summary());
-                Some(Event::StageStarted {
-                    stage,
-                    reason,
-                    items,
-                })
+                None
             }
+            Became::Started { reason, items } => Some(Event::StageStarted {
+                stage,
+                reason,
+                items,
+            }),
             Became::Hashed { elapsed } => {
                 timeline.hashed(i);
                 done(stage, Done::Ran, elapsed)
