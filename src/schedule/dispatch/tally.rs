@@ -1,7 +1,9 @@
 //! What became of each stage, written once: [`Dispatcher::became`] takes
 //! each change of a stage's state and derives from it the run's timeline
 //! (the ledger's `stage_runs`), its summary (what `run` returns) and the
-//! event the reporters see. Nothing else writes the three.
+//! event the reporters see. Nothing else writes what became of a stage
+//! (the summary's run-wide figures, the lock file's and the uploads', are
+//! the run's end's).
 
 use super::*;
 
