@@ -134,18 +134,18 @@ impl Dispatcher<'_, '_> {
         &mut self,
         outputs: &[OutputRecord],
     ) -> Result<Result<bool, DirtyReason>, ScheduleError> {
-        let mut restored = false;
+        if outputs.is_empty() {
+            return Ok(Ok(false));
+        }
+        let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
+        // (The decision compared each with its workspace copy already.)
         for output in outputs {
-            if self.ctx.workspace_matches(output) {
-                continue;
-            }
-            let ledger = self.ctx.ledger.as_ref().ok_or(ScheduleError::NoLedger)?;
             match self
                 .ctx
                 .store
                 .restore(output, &self.ctx.abs(&output.path), Some(ledger))
             {
-                Ok(()) => restored = true,
+                Ok(()) => {}
                 Err(StoreError::Corrupt { path, detail }) => {
                     tracing::warn!(
                         "the stored copy of `{}` cannot be restored ({}: {detail}); re-running",
@@ -159,6 +159,6 @@ impl Dispatcher<'_, '_> {
                 Err(other) => return Err(other.into()),
             }
         }
-        Ok(Ok(restored))
+        Ok(Ok(true))
     }
 }
