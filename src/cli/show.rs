@@ -66,7 +66,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         .find(|s| s.stage == loaded.manifest.stages[target[0]].name)
         .expect("target evaluated");
     let stage = &loaded.manifest.stages[target[0]];
-    let code = ctx.item_codes.get(&target[0]).copied();
+    let code = ctx.item_code(target[0]);
     if args.items || args.code.is_some() {
         return show_items(&ctx, stage, code, args);
     }
@@ -89,7 +89,7 @@ pub fn show(global: &Global, args: &ShowArgs) -> Result<(), CliError> {
         .foreach
         .as_ref()
         .and_then(|f| f.samples.as_ref())
-        .zip(ctx.item_plans.get(&target[0]))
+        .zip(ctx.item_plan(target[0]))
         .map(|(samples, plan)| schedule::sampled_summary(&stage.name, plan, samples, None));
     // Where each service it names is reached (`{service.port}` is picked
     // when it comes up).

@@ -86,7 +86,7 @@ pub fn decide(ctx: &mut Context<'_>, i: usize, asked: Asked) -> Result<Decision,
 
 /// Whether per-item stage `i` has items in the state `--only` names.
 fn has_units_in(ctx: &Context<'_>, i: usize, only: Only) -> bool {
-    ctx.item_plans.get(&i).is_some_and(|plan| {
+    ctx.item_plan(i).is_some_and(|plan| {
         plan.iter().any(|p| {
             matches!(
                 (&p.outcome, only),

@@ -37,7 +37,6 @@ use super::executors::Executors;
 use super::inputs_read::{InputsRead, Read, made};
 use super::items::PlannedItem;
 use super::limits::Limits;
-use super::proof::kept_plans::KeptItem;
 use super::services::Services;
 use super::shared_cache::{UploadWorker, Uploads};
 use super::task::{Hashed, Holds, Only, StageTask, TaskLinks, TaskResult, ThisRun};

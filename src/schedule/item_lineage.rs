@@ -33,10 +33,7 @@ impl<'c> ItemFiles<'c> {
     fn new(ctx: &'c Context<'c>) -> Self {
         let mut owners = HashMap::new();
         // In stage order: the first stage that writes a path owns it.
-        let mut stages: Vec<usize> = ctx.item_plans.keys().copied().collect();
-        stages.sort_unstable();
-        for i in stages {
-            let plan = &ctx.item_plans[&i];
+        for (i, plan) in ctx.item_plans() {
             let stage = &ctx.manifest.stages[i];
             let Some(foreach) = &stage.foreach else {
                 continue;
@@ -73,7 +70,7 @@ impl<'c> ItemFiles<'c> {
     }
 
     fn planned(&self, (i, j): (usize, usize)) -> &PlannedItem {
-        &self.ctx.item_plans[&i][j]
+        &self.ctx.item_plan(i).expect("an item of a planned stage")[j]
     }
 }
 
@@ -140,10 +137,8 @@ impl<'c> ItemTracer<'c> {
         let mut judges = self.judges.borrow_mut();
         let judges = judges.get_or_insert_with(|| {
             let mut by_item: HashMap<At, Vec<At>> = HashMap::new();
-            let mut stages: Vec<usize> = self.ctx.item_plans.keys().copied().collect();
-            stages.sort_unstable();
-            for i in stages {
-                for (j, planned) in self.ctx.item_plans[&i].iter().enumerate() {
+            for (i, plan) in self.ctx.item_plans() {
+                for (j, planned) in plan.iter().enumerate() {
                     if planned.item.sample.is_some() {
                         continue;
                     }

@@ -104,10 +104,9 @@ pub fn evaluate(
             changes: Vec::new(),
             outputs_to_restore: Vec::new(),
             last_ok_ms: previous.as_ref().map(|p| p.finished_ms),
-            items: ctx.item_plans.get(&i).map(|plan| ItemCounts::of(plan)),
+            items: ctx.item_plan(i).map(ItemCounts::of),
             unfinished_items: ctx
-                .item_plans
-                .get(&i)
+                .item_plan(i)
                 .map(|plan| {
                     let foreach = ctx.manifest.stages[i].foreach.as_ref();
                     plan.iter()
@@ -162,13 +161,13 @@ pub fn evaluate(
 /// brought back: those that cannot are pending, as `run` will find.
 fn forget_unrestorable_items(ctx: &mut Context<'_>, i: usize) {
     let outputs = ItemOutputs::of(&ctx.manifest.stages[i], &ctx.manifest.root);
-    let Some(plan) = ctx.item_plans.get_mut(&i) else {
-        return;
-    };
     if outputs.is_empty() {
         return;
     }
-    for n in outputs.items_to_rerun(plan, &ctx.store, &mut ctx.stat) {
+    let Some((plan, store, stat)) = ctx.item_plan_with_store(i) else {
+        return;
+    };
+    for n in outputs.items_to_rerun(plan, store, stat) {
         plan[n].outcome = None;
     }
 }

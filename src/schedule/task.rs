@@ -423,7 +423,9 @@ impl StageTask {
                 secrets: stage.secrets.clone(),
                 // Pinned when the stage was fingerprinted (per-item images
                 // are set on each item's job).
-                image: ctx.images.get(&i).map(|pinned| pinned.reference.clone()),
+                image: (ctx.keyed(i))
+                    .and_then(|keyed| keyed.image.as_ref())
+                    .map(|pinned| pinned.reference.clone()),
             },
             checks: stage.checks.clone(),
             store: ctx.store.clone(),

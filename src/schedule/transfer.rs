@@ -54,7 +54,7 @@ pub async fn push(
             continue;
         };
         let stage = &ctx.manifest.stages[i];
-        if let Some(plan) = ctx.item_plans.get(&i) {
+        if let Some(plan) = ctx.item_plan(i) {
             for planned in plan {
                 let Some((class, _)) = &planned.outcome else {
                     continue;
@@ -237,7 +237,7 @@ pub async fn pull(
         // them are not here.
         if stage.foreach.is_some()
             && ctx.key_of(i).is_ok()
-            && let Some(mut plan) = ctx.item_plans.remove(&i)
+            && let Some(mut plan) = ctx.take_item_plan(i)
         {
             let (record, mut recorded) = tokio::sync::mpsc::unbounded_channel();
             let item_outputs = ItemOutputs::of(stage, &manifest.root);

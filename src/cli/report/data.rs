@@ -191,7 +191,7 @@ pub fn gather(ctx: &mut Context<'_>, run: Option<i64>) -> Result<Report, ReportE
         .enumerate()
         .filter_map(|(i, stage)| {
             let samples = stage.foreach.as_ref()?.samples.as_ref()?;
-            let plan = ctx.item_plans.get(&i)?;
+            let plan = ctx.item_plan(i)?;
             Some(schedule::sampled_summary(&stage.name, plan, samples, None))
         })
         .collect();

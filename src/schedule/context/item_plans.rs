@@ -17,6 +17,24 @@ use crate::manifest::{ProjectPath, is_per_item};
 use crate::schedule::proof::kept_plans::KeptPlan;
 use crate::store::{Draws, ItemOutcomes, key_hash};
 
+/// A per-item stage's items, planned, and what planning them learned (see
+/// [`super::Items`]).
+pub(super) struct Planned {
+    pub plan: Vec<PlannedItem>,
+    pub orphans: Vec<String>,
+    pub list_seen: Option<(std::fs::Metadata, i64)>,
+    pub from_kept: bool,
+}
+
+/// The items of a per-item stage, each with its fingerprint, before their
+/// outcomes are known: from the list as read (`stat`ed just before, and
+/// when: `None` if it changed while it was read), or from a kept plan.
+struct Listed {
+    plan: Vec<PlannedItem>,
+    list_seen: Option<(std::fs::Metadata, i64)>,
+    from_kept: bool,
+}
+
 impl Context<'_> {
     /// The items of a per-item stage, each with its fingerprint and the
     /// outcome the ledger holds for it. The outcomes recorded under the
@@ -25,7 +43,7 @@ impl Context<'_> {
         &mut self,
         i: usize,
         template: &Digest,
-    ) -> Result<Vec<PlannedItem>, ScheduleError> {
+    ) -> Result<Planned, ScheduleError> {
         let stage = &self.manifest.stages[i];
         let foreach = stage.foreach.as_ref().expect("a per-item stage");
         let (cancelled, draws) = match &self.ledger {
@@ -77,15 +95,20 @@ impl Context<'_> {
         self.with_outcomes(i, listed?, outcomes)
     }
 
-    /// Stage `i`'s planned items with the outcomes recorded for them, and
+    /// Stage `i`'s listed items with the outcomes recorded for them, and
     /// the jobs a dead run left that the plan does not want.
     fn with_outcomes(
         &mut self,
         i: usize,
-        mut planned: Vec<PlannedItem>,
+        listed: Listed,
         outcomes: ItemOutcomes,
-    ) -> Result<Vec<PlannedItem>, ScheduleError> {
+    ) -> Result<Planned, ScheduleError> {
         let stage = &self.manifest.stages[i];
+        let Listed {
+            plan: mut planned,
+            list_seen,
+            from_kept,
+        } = listed;
         if !outcomes.is_empty() {
             // Matched by fingerprint (with none recorded, no index of the
             // plan is built).
@@ -108,6 +131,7 @@ impl Context<'_> {
                     .and_then(|text| serde_json::from_str(text).ok());
             }
         }
+        let mut orphans = Vec::new();
         if let Some(ledger) = &self.ledger {
             // A job is still wanted while its item is planned under the same
             // fingerprint and has no final outcome: the run adopts it.
@@ -116,14 +140,18 @@ impl Context<'_> {
                 .filter(|p| !p.is_kept(stage.foreach.as_ref()))
                 .map(|p| (p.item.key.as_str(), p.fingerprint))
                 .collect();
-            let orphans = orphaned_jobs(&mut self.orphaned, ledger, &stage.name)?
+            orphans = orphaned_jobs(&mut self.orphaned, ledger, &stage.name)?
                 .into_iter()
                 .filter(|(key, fingerprint, _)| !wanted.contains(&(key.as_str(), *fingerprint)))
                 .map(|(_, _, handle)| handle)
                 .collect();
-            self.orphans.insert(i, orphans);
         }
-        Ok(planned)
+        Ok(Planned {
+            plan: planned,
+            orphans,
+            list_seen,
+            from_kept,
+        })
     }
 
     /// The items of per-item stage `i`, each with its fingerprint: from the
@@ -134,7 +162,7 @@ impl Context<'_> {
         template: &Digest,
         cancelled: &HashMap<(String, Digest), u32>,
         draws: &Draws,
-    ) -> Result<Vec<PlannedItem>, ScheduleError> {
+    ) -> Result<Listed, ScheduleError> {
         let Some(kept) = self.plan_from_kept(i, template, cancelled) else {
             return self.list_items(i, template, cancelled, draws);
         };
@@ -142,7 +170,9 @@ impl Context<'_> {
             && let Ok(kept) = &kept
         {
             let usual = self.list_items(i, template, cancelled, draws)?;
-            if let Some(difference) = crate::schedule::proof::kept_plans::difference(kept, &usual) {
+            if let Some(difference) =
+                crate::schedule::proof::kept_plans::difference(&kept.plan, &usual.plan)
+            {
                 return Err(ScheduleError::Items {
                     stage: self.manifest.stages[i].name.clone(),
                     message: format!(
@@ -162,7 +192,7 @@ impl Context<'_> {
         i: usize,
         template: &Digest,
         cancelled: &HashMap<(String, Digest), u32>,
-    ) -> Option<Result<Vec<PlannedItem>, ScheduleError>> {
+    ) -> Option<Result<Listed, ScheduleError>> {
         let manifest = self.manifest;
         let stage = &manifest.stages[i];
         let foreach = stage.foreach.as_ref()?;
@@ -199,9 +229,11 @@ impl Context<'_> {
                 Err(error) => return Some(Err(error)),
             }
         }
-        self.item_lists.insert(i, Some((meta, seen_ns)));
-        self.planned_from_kept.insert(i);
-        Some(Ok(planned))
+        Some(Ok(Listed {
+            plan: planned,
+            list_seen: Some((meta, seen_ns)),
+            from_kept: true,
+        }))
     }
 
     /// The plan kept for `stage`, if any, the plans read from the ledger
@@ -233,7 +265,7 @@ impl Context<'_> {
         template: &Digest,
         cancelled: &HashMap<(String, Digest), u32>,
         draws: &Draws,
-    ) -> Result<Vec<PlannedItem>, ScheduleError> {
+    ) -> Result<Listed, ScheduleError> {
         let manifest = self.manifest;
         let stage = &manifest.stages[i];
         let foreach = stage.foreach.as_ref().expect("a per-item stage");
@@ -341,8 +373,6 @@ impl Context<'_> {
                 .as_ref()
                 .is_some_and(|after| crate::fingerprint::unchanged(before, after))
         });
-        self.item_lists
-            .insert(i, read_as_seen.map(|meta| (meta, seen_ns)));
         if let Some((_, require_digest)) = image {
             // Many distinct tags are asked for side by side, not in turn.
             self.resolver
@@ -366,7 +396,11 @@ impl Context<'_> {
                 plan(&mut planned, item, inputs, Some(pinned.reference));
             }
         }
-        Ok(planned)
+        Ok(Listed {
+            plan: planned,
+            list_seen: read_as_seen.map(|meta| (meta, seen_ns)),
+            from_kept: false,
+        })
     }
 
     /// What each listed item of `stage` reads, by digest: a path an
@@ -558,7 +592,7 @@ mod tests {
         ctx.stat.use_stated(stated);
         let read = |ctx: &mut Context<'_>| {
             ctx.key_of(0).unwrap();
-            ctx.item_plans[&0][0].inputs.to_vec()
+            ctx.item_plan(0).unwrap()[0].inputs.to_vec()
         };
         assert_eq!(read(&mut ctx), vec![("in/a.txt".to_owned(), before)]);
         let after = Digest::of(b"after, longer");
@@ -614,8 +648,7 @@ mod tests {
             .unwrap();
         ctx.key_of(copy).unwrap();
         let after = Digest::of(b"after, longer");
-        let inputs: Vec<_> = ctx.item_plans[&copy]
-            .iter()
+        let inputs: Vec<_> = (ctx.item_plan(copy).unwrap().iter())
             .map(|planned| planned.inputs.to_vec())
             .collect();
         assert_eq!(

@@ -7,15 +7,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::ScheduleError;
-use super::items::{PlannedItem, fill, in_key_order, load_items};
-use crate::exec::{ImageResolver, PinnedImage};
+use super::items::{fill, in_key_order, load_items};
+use crate::exec::ImageResolver;
 use crate::fingerprint::{
     Digest, EntryKind, StageKey, StatCache, TreeEntry, add_item_components, image_component,
     path_bytes, stage_key, tree_digest,
 };
 use crate::graph::Dag;
 use crate::manifest::{Manifest, OutputIndex, is_per_item};
-use crate::schedule::proof::kept_plans::{KeptItem, KeptPlan, OutcomesRead};
+use crate::schedule::proof::kept_plans::{KeptPlan, OutcomesRead};
 use crate::store::{
     COMMAND_ITEM, Ledger, LockFile, ObjectStore, OrphanedJobs, OutputRecord, ResultRecord,
     StoreError,
@@ -28,8 +28,10 @@ const ITEM_BLOCK: usize = 16_384;
 
 mod history;
 mod item_plans;
+mod keyed;
 
 pub use history::History;
+pub use keyed::{Items, Keyed, Plan};
 
 /// Everything needed to evaluate stages of one manifest.
 pub struct Context<'m> {
@@ -54,38 +56,20 @@ pub struct Context<'m> {
     pub lock_problem: Option<StoreError>,
     /// Digest of each upstream output path as it stands in this session.
     pub produced: HashMap<String, Digest>,
-    /// Per-item stages: their items, as of the last `key_of`.
-    pub item_plans: HashMap<usize, Vec<PlannedItem>>,
-    /// Per-item stages: the fingerprint of the stage's code (its template,
-    /// before items), which every item's fingerprint builds on.
-    pub item_codes: HashMap<usize, Digest>,
+    /// What each stage's last `key_of` learned besides its key.
+    keyed: keyed::ByStage,
     /// Whether a dirty stage's reason lists the components that changed.
     pub explain: bool,
-    /// Per-item stages: the handles of jobs a dead run left for items the
-    /// current plan no longer wants (to cancel), as of the last `key_of`.
-    pub orphans: HashMap<usize, Vec<String>>,
     /// Every stage's jobs that dead runs left, once a stage asked.
     orphaned: Option<OrphanedJobs>,
-    /// Stages that run in one image: that image, pinned, as of the last
-    /// `key_of` (per-item images are on each [`PlannedItem`]).
-    pub images: HashMap<usize, PinnedImage>,
     /// Pins image references, asking a registry once per tag.
     resolver: Arc<ImageResolver>,
     /// Stored tree listings of upstream directory outputs, by digest
     /// (`None`: not in the store).
     listings: HashMap<Digest, Option<TreeListing>>,
-    /// Each stage's input digests, as of its last `key_of` (what a fresh
-    /// proof checks the workspace against).
-    pub input_digests: HashMap<usize, Vec<Digest>>,
     /// The variables the keys read from cairn's environment: the digest
     /// of each value (`None`: unset). Never the values.
     pub env_read: BTreeMap<String, Option<Digest>>,
-    /// Per-item stages: their item list as `stat` saw it just before it
-    /// was read, and when (`None` if it changed while it was read).
-    pub item_lists: HashMap<usize, Option<(std::fs::Metadata, i64)>>,
-    /// Per-item stages a run handed their plan to: each item as a proof
-    /// keeps it, with the digest its fingerprint hashed of each path.
-    pub item_reads: HashMap<usize, Vec<(KeptItem, Vec<Digest>)>>,
     /// The item plans the last proof kept, by stage, when it failed: what
     /// a stage whose list is unchanged is planned from (see
     /// [`super::kept_plans`]).
@@ -94,8 +78,6 @@ pub struct Context<'m> {
     /// only once a per-item stage is planned (a command that only reads
     /// may plan none: `log`, `show STAGE/KEY`).
     kept_plans_key: Option<[u8; 32]>,
-    /// Per-item stages planned from a kept plan.
-    pub planned_from_kept: std::collections::HashSet<usize>,
     /// The outcomes of stages with a kept plan, read ahead while the
     /// manifest was parsed, by stage, under the code they were read for.
     outcomes_read: OutcomesRead,
@@ -185,24 +167,17 @@ impl<'m> Context<'m> {
             lock,
             lock_problem,
             produced: HashMap::new(),
-            item_plans: HashMap::new(),
-            item_codes: HashMap::new(),
+            keyed: HashMap::new(),
             explain: true,
-            orphans: HashMap::new(),
             orphaned: None,
-            images: HashMap::new(),
             resolver: Arc::default(),
             listings: HashMap::new(),
-            input_digests: HashMap::new(),
             env_read: BTreeMap::new(),
-            item_lists: HashMap::new(),
-            item_reads: HashMap::new(),
             kept_plans: kept_plans
                 .into_iter()
                 .map(|plan| (plan.stage.clone(), plan))
                 .collect(),
             kept_plans_key: None,
-            planned_from_kept: Default::default(),
             outcomes_read,
             workspace_tag: std::sync::OnceLock::new(),
         }
@@ -224,8 +199,17 @@ impl<'m> Context<'m> {
     }
 
     /// The key of stage `i` from the current content of its inputs; upstream
-    /// outputs known to this session count by their recorded digests.
+    /// outputs known to this session count by their recorded digests. What
+    /// making it learned is kept, as [`Keyed`], until it is acted on.
     pub fn key_of(&mut self, i: usize) -> Result<StageKey, ScheduleError> {
+        self.keyed.remove(&i);
+        let (key, keyed) = self.make_key(i)?;
+        self.keyed.insert(i, keyed);
+        Ok(key)
+    }
+
+    /// Stage `i`'s key, and all that making it learned.
+    fn make_key(&mut self, i: usize) -> Result<(StageKey, Keyed), ScheduleError> {
         let manifest = self.manifest;
         let stage = &manifest.stages[i];
         let mut digests = Vec::with_capacity(stage.inputs.len());
@@ -257,7 +241,11 @@ impl<'m> Context<'m> {
             env_read.insert(name.to_owned(), digest);
             value
         });
-        self.input_digests.insert(i, digests);
+        let mut keyed = Keyed {
+            inputs: digests,
+            image: None,
+            items: None,
+        };
         if let Some((image, require_digest)) = manifest.image_of(stage)
             && !is_per_item(image)
         {
@@ -272,22 +260,27 @@ impl<'m> Context<'m> {
                     message,
                 })?;
             key.insert("image", image_component(&pinned.digest, &pinned.reference));
-            self.images.insert(i, pinned);
+            keyed.image = Some(pinned);
         }
         if let Some(foreach) = &stage.foreach {
             // The stage as a whole is its template plus each item's
             // fingerprint: adding one item changes it, but each item is
             // judged by its own fingerprint.
             let code = key.fingerprint();
-            self.item_codes.insert(i, code);
-            let items = self.plan_items(i, &code)?;
+            let planned = self.plan_items(i, &code)?;
             // (Its merged output is in key order too.)
-            let listing = in_key_order(&items)
+            let listing = in_key_order(&planned.plan)
                 .map(|planned| (planned.item.key.as_str(), &planned.fingerprint));
-            add_item_components(&mut key, foreach, listing, items.len());
-            self.item_plans.insert(i, items);
+            add_item_components(&mut key, foreach, listing, planned.plan.len());
+            keyed.items = Some(Items {
+                code,
+                plan: Plan::Held(planned.plan),
+                orphans: planned.orphans,
+                list_seen: planned.list_seen,
+                from_kept: planned.from_kept,
+            });
         }
-        Ok(key)
+        Ok((key, keyed))
     }
 
     /// The image tags stage `i` names that are not resolved yet (its
@@ -336,7 +329,10 @@ impl<'m> Context<'m> {
     ) -> Result<Vec<String>, ScheduleError> {
         let stage = &self.manifest.stages[i];
         if stage.foreach.is_some() {
-            return Ok(self.orphans.remove(&i).unwrap_or_default());
+            let items = self.keyed.get_mut(&i).and_then(|k| k.items.as_mut());
+            return Ok(items
+                .map(|it| std::mem::take(&mut it.orphans))
+                .unwrap_or_default());
         }
         let Some(ledger) = &self.ledger else {
             return Ok(Vec::new());

@@ -96,16 +96,7 @@ impl Dispatcher<'_, '_> {
         // A per-item stage's plan, the items `--force` names made pending.
         let mut plan = None;
         if stage.foreach.is_some() {
-            let mut items = self.ctx.item_plans.remove(&i).unwrap_or_default();
-            // (Kept for the fresh proof this run may make.)
-            let reads = items
-                .iter()
-                .map(|planned| {
-                    let digests = planned.inputs.iter().map(|(_, digest)| *digest).collect();
-                    (KeptItem::of(planned), digests)
-                })
-                .collect();
-            self.ctx.item_reads.insert(i, reads);
+            let mut items = self.ctx.hand_over_plan(i);
             if let Err(message) = self.forget_forced_items(i, &mut items) {
                 self.fail(i, &message, None);
                 return;
@@ -220,11 +211,7 @@ impl Dispatcher<'_, '_> {
     /// command ends (see [`super::inputs_read`]).
     pub(super) fn inputs_read(&self, i: usize, plan: Option<&[PlannedItem]>) -> InputsRead {
         let root = &self.ctx.manifest.root;
-        let digests = self
-            .ctx
-            .input_digests
-            .get(&i)
-            .map_or(&[][..], Vec::as_slice);
+        let digests = self.ctx.keyed(i).map_or(&[][..], |k| k.inputs.as_slice());
         let stage: Vec<Read> = self.ctx.manifest.stages[i]
             .inputs
             .iter()

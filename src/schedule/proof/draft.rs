@@ -6,6 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use super::super::Context;
+use super::super::context::Plan;
 use super::kept_plans::{KeptItem, KeptPlan};
 use super::record::{Proof, Watched};
 use crate::fingerprint::{Digest, EntryKind, PathMap, StatEntry, Vouched, hash_file, now_ns};
@@ -61,7 +62,10 @@ fn items_read(
     if !super::super::item_outputs::ItemOutputs::of(stage, root).is_empty() {
         return Err(format!("`{}` has item outputs", stage.name));
     }
-    let Some(Some((before, seen_ns))) = ctx.item_lists.get(&i) else {
+    let Some(items) = ctx.keyed(i).and_then(|keyed| keyed.items.as_ref()) else {
+        return Err(format!("`{}`'s items were not planned", stage.name));
+    };
+    let Some((before, seen_ns)) = &items.list_seen else {
         return Err(format!(
             "`{}`'s item list changed as it was read",
             stage.name
@@ -84,8 +88,8 @@ fn items_read(
         }
         Ok::<_, String>(())
     };
-    let items: Vec<KeptItem> = match (ctx.item_plans.get(&i), ctx.item_reads.get(&i)) {
-        (Some(plan), _) => {
+    let kept_items: Vec<KeptItem> = match &items.plan {
+        Plan::Held(plan) => {
             vouch_all(
                 &mut plan
                     .iter()
@@ -97,7 +101,7 @@ fn items_read(
                 Vec::new()
             }
         }
-        (None, Some(reads)) => {
+        Plan::HandedOver(reads) => {
             vouch_all(
                 &mut reads
                     .iter()
@@ -109,22 +113,15 @@ fn items_read(
                 Vec::new()
             }
         }
-        (None, None) => return Err(format!("`{}`'s items were not planned", stage.name)),
     };
     // A sampled stage's units are not kept: they are drawn as planned.
-    let kept = match (
-        keep_plan && foreach.samples.is_none(),
-        ctx.item_codes.get(&i),
-    ) {
-        (true, Some(code)) => Some(KeptPlan {
-            stage: stage.name.clone(),
-            code: *code,
-            list,
-            list_entry: entry,
-            items,
-        }),
-        _ => None,
-    };
+    let kept = (keep_plan && foreach.samples.is_none()).then(|| KeptPlan {
+        stage: stage.name.clone(),
+        code: items.code,
+        list,
+        list_entry: entry,
+        items: kept_items,
+    });
     Ok(kept)
 }
 
@@ -285,21 +282,17 @@ impl<'m> ProofDraft<'m> {
             .stages
             .iter()
             .map(|stage| 2 * (stage.inputs.len() + stage.outputs.len()))
-            .chain(ctx.item_plans.values().flatten().map(|p| p.inputs.len()))
-            .chain(
-                ctx.item_reads
-                    .values()
-                    .flatten()
-                    .map(|(item, _)| item.paths.len()),
-            )
-            .sum();
+            .sum::<usize>()
+            + ctx.item_paths_read();
         let mut place_in_order = vec![0; manifest.stages.len()];
         for (place, &i) in order.iter().enumerate() {
             place_in_order[i] = place;
         }
         let keep_plans = manifest.stages.iter().enumerate().any(|(i, stage)| {
             stage.foreach.as_ref().is_some_and(|f| f.samples.is_none())
-                && !ctx.planned_from_kept.contains(&i)
+                && !(ctx.keyed(i))
+                    .and_then(|keyed| keyed.items.as_ref())
+                    .is_some_and(|items| items.from_kept)
         });
         Self {
             watching: Watching::new(&manifest.root, reads + 16),
@@ -346,10 +339,10 @@ impl<'m> ProofDraft<'m> {
         {
             return Err(format!("`{}` does work beyond its outputs", stage.name));
         }
-        let inputs = ctx
-            .input_digests
-            .get(&i)
-            .ok_or_else(|| format!("`{}` was not fingerprinted", stage.name))?;
+        let inputs = &ctx
+            .keyed(i)
+            .ok_or_else(|| format!("`{}` was not fingerprinted", stage.name))?
+            .inputs;
         for (input, expected) in stage.inputs.iter().zip(inputs) {
             watching.read(ctx, input.path.resolve(root), expected)?;
         }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use super::super::Context;
+use super::super::context::Keyed;
 use super::check::*;
 use super::draft::*;
 use super::key::*;
@@ -40,7 +41,12 @@ fn a_drafted_stage_watches_its_files_as_the_end_saved_them() {
     ctx.stat = StatCache::from_entries([]);
     ctx.stat.learn(input.clone(), entry(&input, b"in"));
     ctx.stat.learn(output.clone(), entry(&output, b"out"));
-    ctx.input_digests.insert(0, vec![Digest::of(b"in")]);
+    let keyed = Keyed {
+        inputs: vec![Digest::of(b"in")],
+        image: None,
+        items: None,
+    };
+    ctx.keep(0, keyed);
     let record = OutputRecord {
         name: "out.txt".into(),
         path: "out.txt".into(),
