@@ -303,6 +303,21 @@ fn spawn(p: &Project, kube: &KubeEmulator) -> std::process::Child {
         .unwrap()
 }
 
+/// `cairn run`, sent `signal` once `ready` holds (within 30 s): a
+/// `kill -9` mid-run, or a Ctrl-C. How it ended.
+fn run_until(
+    p: &Project,
+    kube: &KubeEmulator,
+    signal: i32,
+    what: &str,
+    ready: impl FnMut() -> bool,
+) -> std::process::ExitStatus {
+    let mut child = spawn(p, kube);
+    common::wait_for_within(what, Duration::from_secs(30), ready);
+    common::signal(child.id(), signal);
+    child.wait().unwrap()
+}
+
 #[test]
 fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
     let kube = KubeEmulator::start(None);
@@ -347,12 +362,9 @@ fn a_killed_cairn_leaves_its_jobs_running_and_the_next_run_adopts_them() {
 fn ctrl_c_deletes_the_runs_jobs() {
     let kube = KubeEmulator::start(None);
     let p = sleepers(3, 300, 256);
-    let mut child = spawn(&p, &kube);
-    common::wait_for_within("three commands started", Duration::from_secs(30), || {
+    let status = run_until(&p, &kube, libc::SIGINT, "three commands started", || {
         (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
     });
-    common::signal(child.id(), libc::SIGINT);
-    let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     let mut deleted = kube.deleted();
     deleted.sort();
@@ -407,16 +419,13 @@ fn ctrl_c_with_detach_leaves_the_jobs_running_and_the_next_run_adopts_them() {
 fn jobs_a_dead_run_left_for_items_no_longer_wanted_are_cancelled() {
     let kube = KubeEmulator::start(None);
     let p = sleepers(4, 300, 256);
-    let mut child = spawn(&p, &kube);
-    common::wait_for_within("the attempts on record", Duration::from_secs(30), || {
+    run_until(&p, &kube, libc::SIGKILL, "the attempts on record", || {
         (0..4).all(|i| {
             attempts_of(&p, &kube, &format!("work/task-{i:02}"))
                 .first()
                 .is_some_and(|a| a["class"] == "running")
         })
     });
-    common::signal(child.id(), libc::SIGKILL);
-    child.wait().unwrap();
     let left: Vec<String> = job_names(&kube);
     assert_eq!(left.len(), 4);
 
@@ -464,12 +473,9 @@ fn a_plain_stages_job_is_adopted_after_kill_9_and_forcing_it_submits_a_new_one()
     let kube = KubeEmulator::start(None);
     let p = Project::new();
     p.file("cairn.toml", PLAIN);
-    let mut child = spawn(&p, &kube);
-    common::wait_for_within("the command to start", Duration::from_secs(30), || {
+    run_until(&p, &kube, libc::SIGKILL, "the command to start", || {
         p.exists("runs.txt")
     });
-    common::signal(child.id(), libc::SIGKILL);
-    child.wait().unwrap();
     assert_eq!(kube.active().1, 1, "the Job outlives cairn");
 
     let resumed = cairn(&p, &kube, &["run"]);
@@ -658,12 +664,9 @@ fn a_job_that_finished_while_cairn_was_dead_is_collected_with_what_it_wrote() {
     let kube = KubeEmulator::start(None);
     let p = Project::new();
     p.file("cairn.toml", PLAIN);
-    let mut child = spawn(&p, &kube);
-    common::wait_for_within("the command to start", Duration::from_secs(30), || {
+    run_until(&p, &kube, libc::SIGKILL, "the command to start", || {
         p.exists("runs.txt")
     });
-    common::signal(child.id(), libc::SIGKILL);
-    child.wait().unwrap();
     // The Job ends, and writes its output, while no cairn runs.
     common::wait_for_within("the Job to finish", Duration::from_secs(30), || {
         kube.active().1 == 0
@@ -698,19 +701,17 @@ fn forcing_an_item_submits_a_new_job_instead_of_adopting_its_finished_one() {
 fn after_ctrl_c_the_next_attempt_has_a_name_of_its_own() {
     let kube = KubeEmulator::start(None);
     let p = sleepers(1, 300, 256);
-    let mut child = spawn(&p, &kube);
-    common::wait_for_within("the command to start", Duration::from_secs(30), || {
-        p.exists("runs/task-00")
-    });
-    common::signal(child.id(), libc::SIGINT);
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(
+        run_until(&p, &kube, libc::SIGINT, "the command to start", || {
+            p.exists("runs/task-00")
+        })
+        .code(),
+        Some(130)
+    );
     p.file("items.jsonl", "{\"id\": \"task-00\", \"sleep\": 300}\n");
-    let mut again = spawn(&p, &kube);
-    common::wait_for_within("a second Job", Duration::from_secs(30), || {
+    run_until(&p, &kube, libc::SIGINT, "a second Job", || {
         kube.jobs().len() == 2
     });
-    common::signal(again.id(), libc::SIGINT);
-    again.wait().unwrap();
     let names: Vec<String> = job_names(&kube);
     assert_ne!(
         names[0], names[1],
@@ -798,12 +799,9 @@ fn items_run_as_indexed_jobs_and_each_index_is_its_items_own_attempt() {
 fn a_killed_cairn_leaves_its_indexed_job_running_and_the_next_run_adopts_each_index() {
     let kube = KubeEmulator::start(None);
     let p = indexed(6, 3);
-    let mut child = spawn(&p, &kube);
-    common::wait_for_within("the Indexed Job", Duration::from_secs(30), || {
+    run_until(&p, &kube, libc::SIGKILL, "the Indexed Job", || {
         !kube.jobs().is_empty()
     });
-    common::signal(child.id(), libc::SIGKILL);
-    child.wait().unwrap();
 
     let resumed = cairn(&p, &kube, &["run"]);
     resumed.success();
@@ -826,12 +824,9 @@ fn a_killed_cairn_leaves_its_indexed_job_running_and_the_next_run_adopts_each_in
 fn ctrl_c_deletes_the_runs_indexed_jobs() {
     let kube = KubeEmulator::start(None);
     let p = indexed(3, 300);
-    let mut child = spawn(&p, &kube);
-    common::wait_for_within("three commands started", Duration::from_secs(30), || {
+    let status = run_until(&p, &kube, libc::SIGINT, "three commands started", || {
         (0..3).all(|i| p.exists(&format!("runs/task-{i:02}")))
     });
-    common::signal(child.id(), libc::SIGINT);
-    let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert_eq!(kube.deleted(), job_names(&kube));
     assert_eq!(kube.active().1, 0);

@@ -39,6 +39,23 @@ fn project(service: &str, stages: &str) -> Project {
     p
 }
 
+/// `fetch` reads the service `web`; `after`, which needs none, writes
+/// whether the service's process (its pid in `starts.log`) still runs.
+fn fetch_then_ask_if_it_runs() -> String {
+    format!(
+        r#"[stages.fetch]
+run = '''{FETCH} > {{out.o}}'''
+outputs = {{ o = "fetched.txt" }}
+services = ["web"]
+
+[stages.after]
+run = "if kill -0 $(cat starts.log) 2>/dev/null; then echo running; else echo gone; fi > {{out.o}}"
+inputs = {{ x = "fetched.txt" }}
+outputs = {{ o = "after.txt" }}
+"#
+    )
+}
+
 const WEB: &str = r#"[services.web]
 run = "exec python3 serve.py {service.port}"
 url = "http://127.0.0.1:{service.port}/"
@@ -54,18 +71,7 @@ fn starts(p: &Project) -> Vec<i32> {
 
 #[test]
 fn a_service_comes_up_for_the_stage_that_runs_and_is_gone_once_its_last_stage_ended() {
-    let stages = format!(
-        r#"[stages.fetch]
-run = '''{FETCH} > {{out.o}}'''
-outputs = {{ o = "fetched.txt" }}
-services = ["web"]
-
-[stages.after]
-run = "if kill -0 $(cat starts.log) 2>/dev/null; then echo running; else echo gone; fi > {{out.o}}"
-inputs = {{ x = "fetched.txt" }}
-outputs = {{ o = "after.txt" }}
-"#
-    );
+    let stages = fetch_then_ask_if_it_runs();
     let p = project(WEB, &stages);
     p.cairn(&["run"]).success();
     assert_eq!(
@@ -391,18 +397,7 @@ run = '''echo starting; python3 -c 'import signal, runpy, sys; signal.signal(sig
 url = "http://127.0.0.1:{service.port}/"
 env = "WEB"
 "#;
-    let stages = format!(
-        r#"[stages.fetch]
-run = '''{FETCH} > {{out.o}}'''
-outputs = {{ o = "fetched.txt" }}
-services = ["web"]
-
-[stages.after]
-run = "if kill -0 $(cat starts.log) 2>/dev/null; then echo running; else echo gone; fi > {{out.o}}"
-inputs = {{ x = "fetched.txt" }}
-outputs = {{ o = "after.txt" }}
-"#
-    );
+    let stages = fetch_then_ask_if_it_runs();
     // The server is not cairn's child here (the shell is): once killed,
     // it may linger as a zombie nobody reaps, which no longer runs.
     let stages = stages.replace(
