@@ -56,6 +56,9 @@ pub enum Command {
     /// Draw samples of a sampled stage anew in the next run (recorded: a
     /// re-draw is an act, never a side effect of a retry).
     Resample(ResampleArgs),
+    /// Take outcomes made before cairn (a JSONL file, one item a line)
+    /// into a per-item stage, reused while the items are unchanged.
+    Import(ImportArgs),
     /// Upload the current results of the targets (and their items) to the
     /// remote cache.
     Push(TransferArgs),
@@ -227,6 +230,11 @@ pub struct RunArgs {
     /// stage; `STAGE/ITEM` re-runs one item (repeatable).
     #[arg(long, value_name = "STAGE[/ITEM]")]
     pub force: Vec<String>,
+    /// Run the items of a per-item stage whose outcomes were imported
+    /// (`cairn import`) again, to replace them with cairn's own
+    /// (repeatable).
+    #[arg(long, value_name = "STAGE")]
+    pub reverify: Vec<String>,
     /// Show what would run, and why, without running or writing anything.
     #[arg(short = 'n', long)]
     pub dry_run: bool,
@@ -377,6 +385,17 @@ pub struct ResampleArgs {
     /// of one item) or `STAGE/ITEM#INDEX` (one sample).
     #[arg(required = true, value_name = "STAGE[/ITEM[#INDEX]]")]
     pub targets: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The per-item stage the outcomes belong to.
+    pub stage: String,
+    /// A JSONL file, one line an item: `{"key": …, "class": …}`, and
+    /// optionally `"result"` (its JSON result) and `"source"` (where the
+    /// verdict came from).
+    #[arg(value_name = "FILE")]
+    pub outcomes: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]

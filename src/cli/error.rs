@@ -52,7 +52,9 @@ impl CliError {
                 | StoreError::PipelineNameTaken { .. }
                 | StoreError::LockFile { .. },
             ) => exit::BAD_INPUT,
-            CliError::Schedule(ScheduleError::BadItems { .. }) => exit::BAD_INPUT,
+            CliError::Schedule(ScheduleError::BadItems { .. } | ScheduleError::Import { .. }) => {
+                exit::BAD_INPUT
+            }
             CliError::Exit(code) => *code,
             CliError::Schedule(_)
             | CliError::Store(_)

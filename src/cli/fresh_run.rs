@@ -47,6 +47,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<Asked, CliError> {
         // (`-v` lists every fresh stage as it is decided.)
         asks_more: global.verbose > 0
             || !args.force.is_empty()
+            || !args.reverify.is_empty()
             || args.dry_run
             || args.locked
             || args.json

@@ -42,6 +42,7 @@ mod dag;
 mod error;
 mod fresh_run;
 mod gc;
+mod import;
 mod lineage;
 mod locked;
 mod log;
@@ -105,6 +106,7 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Show(args) => show::show(&cli.global, args),
         Command::Gc(args) => gc::gc(&cli.global, args),
         Command::Resample(args) => resample::resample(&cli.global, args),
+        Command::Import(args) => import::import(&cli.global, args),
         Command::Push(args) => shared_cache::push(&cli.global, args),
         Command::Pull(args) => shared_cache::pull(&cli.global, args),
         Command::Key(args) => shared_cache::key(&cli.global, args),

@@ -117,6 +117,20 @@ fn print_item(step: &ItemStep) -> Result<(), CliError> {
             render::elapsed_ms(started, finished)
         );
     }
+    match (&step.origin, &step.source) {
+        (Some(origin), source) if origin.starts_with("import:") => {
+            let source = source
+                .as_ref()
+                .map(|s| format!(", from {s}"))
+                .unwrap_or_default();
+            outln!(
+                "  origin    IMPORTED (`cairn import` of a file of {}{source}), not run by cairn",
+                &origin["import:".len()..]
+            );
+        }
+        (Some(origin), _) => outln!("  origin    {origin}"),
+        (None, _) => {}
+    }
     outln!("  code      {}", step.code);
     if let Some(image) = &step.image {
         outln!("  image     {image}");

@@ -1,5 +1,7 @@
 //! `cairn run`.
 
+use std::collections::HashSet;
+
 use super::args::{Global, RunArgs};
 use super::error::{CliError, exit};
 use super::fresh_run::{self, Asked};
@@ -46,6 +48,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     };
     let selected = loaded.selection(&args.targets)?;
     let forced = loaded.forced(&args.force)?;
+    let reverify = reverified(&loaded, &args.reverify)?;
     if args.jobs == Some(0) {
         return Err(CliError::usage("`-j 0` would run nothing; give at least 1"));
     }
@@ -56,7 +59,8 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
 
     if args.dry_run {
         let mut ctx = loaded.read_context()?;
-        let statuses = schedule::evaluate(&mut ctx, &selected, &forced.stages)?;
+        let asked: HashSet<usize> = forced.stages.union(&reverify).copied().collect();
+        let statuses = schedule::evaluate(&mut ctx, &selected, &asked)?;
         if args.locked {
             let differences = locked::differences(&ctx, &statuses);
             if !differences.is_empty() {
@@ -132,6 +136,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         keep_going: args.keep_going,
         forced: forced.stages,
         forced_items: forced.items,
+        reverify,
         selected,
         invocation: super::shared_cache::invocation(),
         limit: args.limit,
@@ -233,6 +238,23 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
 }
 
 /// Takes the workspace, waiting for another cairn unless `no_wait`.
+/// The per-item stages `--reverify` names.
+fn reverified(loaded: &workspace::Loaded, names: &[String]) -> Result<HashSet<usize>, CliError> {
+    let mut stages = HashSet::new();
+    for name in names {
+        let i = (loaded.manifest.stages.iter())
+            .position(|stage| stage.name == *name)
+            .ok_or_else(|| loaded.unknown_stage(name))?;
+        if loaded.manifest.stages[i].foreach.is_none() {
+            return Err(CliError::usage(format!(
+                "`--reverify {name}`: `{name}` is not a per-item stage; only item outcomes are imported"
+            )));
+        }
+        stages.insert(i);
+    }
+    Ok(stages)
+}
+
 fn hold(manifest: &Manifest, no_wait: bool) -> Result<WorkspaceLock, CliError> {
     let cache = manifest.cache_dir();
     let when_locked = if no_wait {

@@ -338,6 +338,7 @@ fn show_items(
             "FINISHED",
             "CODE",
             "FINGERPRINT",
+            "ORIGIN",
         ]
         .map(String::from)
         .to_vec(),
@@ -358,6 +359,13 @@ fn show_items(
             render::time(r.finished_ms),
             code,
             short(&r.fingerprint),
+            match r.origin.as_deref() {
+                None => "made here".to_owned(),
+                Some(origin) if origin.starts_with("import:") => {
+                    format!("imported ({})", short(&origin["import:".len()..]))
+                }
+                Some(origin) => origin.to_owned(),
+            },
         ]);
     }
     out!("{}", render::table(&rows));

@@ -67,6 +67,9 @@ pub struct RunOptions {
     /// ...unless only some of its items were named (`--force STAGE/ITEM`):
     /// then just these re-run.
     pub forced_items: HashMap<usize, BTreeSet<String>>,
+    /// Per-item stages `--reverify` named: their imported items run again
+    /// (the others are reused as ever).
+    pub reverify: HashSet<usize>,
     pub selected: Vec<bool>,
     /// The command line, recorded with the run.
     pub invocation: String,

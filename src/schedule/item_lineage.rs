@@ -245,6 +245,14 @@ impl<'c> ItemTracer<'c> {
             run_id: attempt.as_ref().map(|a| a.run_id),
             started_ms: attempt.as_ref().map(|a| a.started_ms),
             finished_ms: attempt.as_ref().map(|a| a.finished_ms),
+            origin: attempt.as_ref().and_then(|a| a.origin.clone()),
+            source: (attempt.as_ref())
+                .filter(|a| {
+                    a.origin
+                        .as_deref()
+                        .is_some_and(|o| o.starts_with("import:"))
+                })
+                .and_then(|a| a.rule.clone()),
             log: attempt.and_then(|a| a.log_path),
             image: planned.image.as_deref().map(str::to_owned),
             fields: planned.item.value(),

@@ -9,6 +9,7 @@ mod decision;
 mod dispatch;
 mod events;
 mod executors;
+mod import;
 mod inputs_read;
 mod item_fields;
 mod item_lineage;
@@ -28,6 +29,7 @@ pub use context::{Context, History};
 pub use decision::DirtyReason;
 pub use dispatch::{RunOptions, RunSummary, run};
 pub use events::{Done, Event, Reporter};
+pub use import::{Imported, import};
 pub use item_fields::check_item_lists;
 pub use item_lineage::ItemTracer;
 pub use items::{ItemCounts, load_items};
@@ -76,6 +78,9 @@ pub enum ScheduleError {
     /// field the stage writes: bad input, nothing ran.
     #[error("failed to plan the items of stage `{stage}`: {message}")]
     BadItems { stage: String, message: String },
+    /// A file `cairn import` was given that cannot be imported.
+    #[error("cannot import `{}`: {message}", file.display())]
+    Import { file: PathBuf, message: String },
     #[error("the ledger is not open for writing")]
     NoLedger,
     #[error("a stage task failed: {0}")]

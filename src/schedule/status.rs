@@ -104,7 +104,7 @@ pub fn evaluate(
             changes: Vec::new(),
             outputs_to_restore: Vec::new(),
             last_ok_ms: previous.as_ref().map(|p| p.finished_ms),
-            items: ctx.item_plan(i).map(ItemCounts::of),
+            items: item_counts(ctx, i)?,
             unfinished_items: ctx
                 .item_plan(i)
                 .map(|plan| {
@@ -155,6 +155,28 @@ pub fn evaluate(
         statuses.push(status);
     }
     Ok(statuses)
+}
+
+/// What became of per-item stage `i`'s items, as planned, with how many
+/// of their outcomes were imported.
+fn item_counts(ctx: &Context<'_>, i: usize) -> Result<Option<ItemCounts>, ScheduleError> {
+    let Some(plan) = ctx.item_plan(i) else {
+        return Ok(None);
+    };
+    let mut counts = ItemCounts::of(plan);
+    if let Some(ledger) = &ctx.ledger {
+        let imported = ledger.imported_items(&ctx.manifest.stages[i].name)?;
+        if !imported.is_empty() {
+            let imported: HashSet<(&str, &Digest)> =
+                imported.iter().map(|(key, f)| (key.as_str(), f)).collect();
+            counts.imported = (plan.iter())
+                .filter(|p| {
+                    p.outcome.is_some() && imported.contains(&(p.item.key.as_str(), &p.fingerprint))
+                })
+                .count();
+        }
+    }
+    Ok(Some(counts))
 }
 
 /// Items whose outcome `run` will reuse only if their entries can be

@@ -34,7 +34,7 @@ mod writer;
 
 use damage::parse_outputs;
 pub use damage::{SET_ASIDE_REASON, UnreadableResult};
-pub use items::{ClassCount, OrphanedJobs};
+pub use items::{ClassCount, OrphanedJobs, import_origin};
 use pipelines::Claim;
 pub use pipelines::PipelineId;
 pub use proofs::KeptBeside;
@@ -289,6 +289,10 @@ pub struct ItemRecord {
     pub attempts: u32,
     pub run_id: i64,
     pub finished_ms: i64,
+    /// Where it came from when cairn did not make it here: `remote:URL`
+    /// (a remote cache), `import:sha256:HEX` (`cairn import`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -33,7 +33,7 @@ pub use ledger::{
     COMMAND_ITEM, ClassCount, Draws, ItemAttempt, ItemOutcomes, ItemRecord, KeptBeside,
     LEDGER_SCHEMA_VERSION, Ledger, LedgerWriter, NewResult, OrphanedJobs, PipelineId, RUNNING,
     Record, Recorded, Redraw, ResultRecord, ResultRow, ResultStatus, RunCounts, RunRecord,
-    SET_ASIDE_REASON, StageRun, UnreadableResult, key_hash, now_ms,
+    SET_ASIDE_REASON, StageRun, UnreadableResult, import_origin, key_hash, now_ms,
 };
 pub use live::live_outputs;
 pub use lockfile::{

@@ -73,6 +73,13 @@ pub struct ItemStep {
     pub finished_ms: Option<i64>,
     /// Its log file.
     pub log: Option<String>,
+    /// Where its outcome came from when cairn did not make it here:
+    /// `remote:URL`, or `import:sha256:HEX` (`cairn import`, with the
+    /// `source` its line named, if any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// The image it ran in, pinned.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

@@ -6,13 +6,17 @@ use super::*;
 
 impl Dispatcher<'_, '_> {
     /// Makes the items `--force` named look never run, so that they run
-    /// again: all of a forced stage's, or the ones named `STAGE/ITEM`.
+    /// again: all of a forced stage's, or the ones named `STAGE/ITEM`;
+    /// under `--reverify`, the ones whose outcome was imported.
     pub(super) fn forget_forced_items(
         &self,
         i: usize,
         plan: &mut [PlannedItem],
     ) -> Result<(), String> {
         if !self.options.forced.contains(&i) {
+            if self.options.reverify.contains(&i) {
+                return self.forget_imported_items(i, plan);
+            }
             return Ok(());
         }
         let named = self.options.forced_items.get(&i);
@@ -38,6 +42,28 @@ impl Dispatcher<'_, '_> {
         Ok(())
     }
 
+    /// Makes the items of stage `i` whose outcome under their fingerprint
+    /// was imported look never run.
+    fn forget_imported_items(&self, i: usize, plan: &mut [PlannedItem]) -> Result<(), String> {
+        let Some(ledger) = &self.ctx.ledger else {
+            return Ok(());
+        };
+        let stage = &self.ctx.manifest.stages[i].name;
+        let imported: HashSet<(String, Digest)> = ledger
+            .imported_items(stage)
+            .map_err(|error| super::super::with_causes(&error))?
+            .into_iter()
+            .collect();
+        for planned in plan.iter_mut().filter(|p| {
+            p.outcome.is_some() && imported.contains(&(p.item.key.clone(), p.fingerprint))
+        }) {
+            planned.outcome = None;
+            planned.result = None;
+            planned.outputs = None;
+        }
+        Ok(())
+    }
+
     /// The stage's key and why it must run, or `None` if it is fresh (its
     /// outputs then match the store, restored if need be).
     pub(super) fn evaluate(
@@ -46,7 +72,7 @@ impl Dispatcher<'_, '_> {
     ) -> Result<Option<(StageKey, DirtyReason)>, ScheduleError> {
         let started = Instant::now();
         let asked = Asked {
-            forced: self.options.forced.contains(&i),
+            forced: self.options.forced.contains(&i) || self.options.reverify.contains(&i),
             only: self.options.only,
             upstream_pending: Vec::new(),
             predicting: false,

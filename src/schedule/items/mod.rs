@@ -254,6 +254,14 @@ pub struct ItemCounts {
     pub error: usize,
     /// Items never attempted under their current fingerprint.
     pub pending: usize,
+    /// Of the items with an outcome, those whose outcome was imported
+    /// (`cairn import`), not made by cairn.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub imported: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl ItemCounts {
@@ -304,7 +312,11 @@ impl ItemCounts {
         if self.pending > 0 {
             parts.push(format!("{} pending", self.pending));
         }
-        parts.join(", ")
+        let mut summary = parts.join(", ");
+        if self.imported > 0 {
+            summary.push_str(&format!("; {} outcome(s) imported", self.imported));
+        }
+        summary
     }
 }
 

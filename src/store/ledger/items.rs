@@ -31,6 +31,12 @@ const COMMAND_ATTEMPTS: &str = "SELECT (SELECT COUNT(*) FROM item_attempts
 const CLOSE_RUNNING: &str = "UPDATE item_attempts INDEXED BY item_attempts_by_run SET class = ?1
   WHERE pipeline = ?2 AND run_id = ?3 AND class = 'running'";
 
+/// The origin of an outcome `cairn import` took from a file whose SHA-256
+/// is `sha256` (hex).
+pub fn import_origin(sha256: &str) -> String {
+    format!("import:sha256:{sha256}")
+}
+
 /// Orphaned jobs by stage (see [`Ledger::orphaned_jobs`]).
 pub type OrphanedJobs = HashMap<String, Vec<(String, Digest, String)>>;
 
@@ -70,6 +76,32 @@ impl Ledger {
             );
         }
         Ok(outcomes)
+    }
+
+    /// The items of `stage` whose outcome under a fingerprint was imported
+    /// (`cairn import`), each with that fingerprint, found through their
+    /// own index: a stage with none costs nothing.
+    pub fn imported_items(&self, stage: &str) -> Result<Vec<(String, Digest)>, StoreError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT key, fingerprint FROM items INDEXED BY items_imported
+                  WHERE pipeline = ?2 AND stage = ?1 AND origin >= 'import:' AND origin < 'import;'",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = statement
+            .query_map(params![stage, self.pipeline.name], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+            })
+            .map_err(|e| self.db(e))?;
+        let mut imported = Vec::new();
+        for row in rows {
+            let (key, fingerprint) = row.map_err(|e| self.db(e))?;
+            if let Ok(fingerprint) = fingerprint.parse() {
+                imported.push((key, fingerprint));
+            }
+        }
+        Ok(imported)
     }
 
     /// Every output recorded with an outcome of an item of `stage` (under
@@ -253,8 +285,11 @@ impl Ledger {
                         .get::<_, Option<String>>(11)?
                         .and_then(|c| c.parse().ok()),
                     outputs: None,
+                    // An attempt no job made keeps where it came from as
+                    // its handle (`remote:URL`, `import:sha256:HEX`).
+                    origin: (row.get::<_, Option<String>>(12)?)
+                        .filter(|h| h.starts_with("remote:") || h.starts_with("import:")),
                     handle: row.get(12)?,
-                    origin: None,
                 })
             })
             .map_err(|e| self.db(e))?;
@@ -281,7 +316,7 @@ impl Ledger {
         let mut statement = self
             .conn
             .prepare(
-                "SELECT key, fingerprint, code, class, attempts, run_id, finished_ms FROM items
+                "SELECT key, fingerprint, code, class, attempts, run_id, finished_ms, origin FROM items
                  WHERE pipeline = ?3 AND stage = ?1 AND (?2 IS NULL OR code LIKE ?2) ORDER BY key, finished_ms",
             )
             .map_err(|e| self.db(e))?;
@@ -295,6 +330,7 @@ impl Ledger {
                     attempts: row.get(4)?,
                     run_id: row.get(5)?,
                     finished_ms: row.get(6)?,
+                    origin: row.get(7)?,
                 })
             })
             .map_err(|e| self.db(e))?;

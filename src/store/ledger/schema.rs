@@ -23,6 +23,7 @@
 //! | 18 | `kept_histories`: each pipeline's history as its last fresh proof's run left it, kept beside the proof for the run after it (see `schedule::proof::kept_history`) |
 //! | 19 | `fresh_stage_runs`: a run's fresh stages in one row (`stage_runs` holds the others) |
 //! | 20 | the index of cancelled and abandoned attempts holds only those (`item_attempts_stopped`, partial; it replaces `item_attempts_by_class`) |
+//! | 21 | item outcomes imported by `cairn import` (origin `import:sha256:HEX`) have an index of their own (`items_imported`, partial) |
 //!
 //! The object store, the inline objects and the stat cache are shared by
 //! every pipeline of the project root: content is content, whoever made it.
@@ -30,7 +31,7 @@
 use rusqlite::{Connection, Transaction, params};
 
 /// Bumped on any change to the tables below.
-pub const LEDGER_SCHEMA_VERSION: i64 = 20;
+pub const LEDGER_SCHEMA_VERSION: i64 = 21;
 
 /// The oldest schema a migration starts from.
 pub const OLDEST_MIGRATED: i64 = 3;
@@ -125,10 +126,15 @@ CREATE TABLE IF NOT EXISTS items (
     code TEXT,
     -- The item's outputs (`item_outputs`), as a JSON array of records.
     outputs TEXT,
-    -- `remote:URL` if a remote cache supplied it; NULL if it ran here.
+    -- `remote:URL` if a remote cache supplied it, `import:sha256:HEX` if
+    -- `cairn import` took it from a file of that digest; NULL if it ran here.
     origin TEXT,
     PRIMARY KEY (pipeline, stage, key, fingerprint)
 ) WITHOUT ROWID;
+-- A stage's imported outcomes, found without reading its others. (The
+-- range, not LIKE: a partial index's condition is fixed.)
+CREATE INDEX IF NOT EXISTS items_imported ON items(pipeline, stage)
+    WHERE origin >= 'import:' AND origin < 'import;';
 -- Every attempt of every item.
 CREATE TABLE IF NOT EXISTS item_attempts (
     id INTEGER PRIMARY KEY,
@@ -294,6 +300,7 @@ const MIGRATIONS: &[(i64, Migration)] = &[
     (18, kept_histories),
     (19, fresh_stage_runs),
     (20, stopped_attempts),
+    (21, imported_items),
 ];
 
 /// Brings a ledger at `from` (≥ [`OLDEST_MIGRATED`]) up to
@@ -459,6 +466,10 @@ fn fresh_stage_runs(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<
 /// partial index).
 fn stopped_attempts(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch("DROP INDEX IF EXISTS item_attempts_by_class;")?;
+    tx.execute_batch(SCHEMA)
+}
+
+fn imported_items(tx: &Transaction<'_>, _: &str, _: &str) -> rusqlite::Result<()> {
     tx.execute_batch(SCHEMA)
 }
 
