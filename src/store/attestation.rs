@@ -167,7 +167,7 @@ pub fn items_by_content(items: &[super::ItemStep]) -> serde_json::Value {
     items
         .iter()
         .map(|step| {
-            serde_json::json!({
+            let mut item = serde_json::json!({
                 "stage": step.stage,
                 "key": step.key,
                 "fingerprint": step.fingerprint.to_string(),
@@ -177,7 +177,16 @@ pub fn items_by_content(items: &[super::ItemStep]) -> serde_json::Value {
                 "inputs": step.inputs,
                 "result": step.result,
                 "outputs": step.outputs.iter().map(|o| serde_json::json!({"path": o.path, "digest": o.digest.to_string()})).collect::<Vec<_>>(),
-            })
+            });
+            // An imported outcome says so, and where it came from. (One a
+            // remote cache supplied is the same bytes as the one made.)
+            if let Some(origin) = step.origin.as_ref().filter(|o| o.starts_with("import:")) {
+                item["origin"] = origin.clone().into();
+            }
+            if let Some(source) = &step.source {
+                item["source"] = source.clone().into();
+            }
+            item
         })
         .collect()
 }

@@ -205,7 +205,8 @@ pub fn downgrade_to_schema_6(db: &rusqlite::Connection) {
 /// not indexed by fingerprint.
 pub fn downgrade_to_schema_10(db: &rusqlite::Connection) {
     db.execute_batch(
-        "DROP INDEX item_attempts_by_fingerprint;
+        "DROP INDEX items_imported;
+         DROP INDEX item_attempts_by_fingerprint;
          DROP INDEX item_attempts_stopped;
          CREATE TABLE stat_cache_v10 (path TEXT PRIMARY KEY, dev INTEGER NOT NULL,
              ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,

@@ -61,8 +61,16 @@ pub struct StageNode {
     pub status: String,
     /// Why it is not fresh now.
     pub status_reason: Option<String>,
+    /// A per-item stage: how many of its items' outcomes now were
+    /// imported (`cairn import`), not made by cairn.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub imported: usize,
     /// What the report's run did with it (`None`: not selected).
     pub run: Option<StageRun>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// An item the run had trouble with.
@@ -161,6 +169,7 @@ pub fn gather(ctx: &mut Context<'_>, run: Option<i64>) -> Result<Report, ReportE
                 per_item: stage.foreach.is_some(),
                 status: status.map_or("unknown", |s| s.state.as_str()).to_owned(),
                 status_reason: status.and_then(|s| s.reason.as_ref()).map(|r| r.summary()),
+                imported: (status.and_then(|s| s.items.as_ref())).map_or(0, |items| items.imported),
                 run: stage_runs.remove(&stage.name),
             }
         })

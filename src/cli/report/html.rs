@@ -233,6 +233,13 @@ fn dag(page: &mut String, report: &Report) {
         if let Some(reason) = &stage.status_reason {
             let _ = write!(hover, " ({reason})");
         }
+        if stage.imported > 0 {
+            let _ = write!(
+                hover,
+                "\n{} item outcome(s) imported (`cairn import`), not run by cairn",
+                stage.imported
+            );
+        }
         let label = if stage.name.chars().count() > 20 {
             format!("{}…", stage.name.chars().take(19).collect::<String>())
         } else {
