@@ -104,6 +104,14 @@ fn the_shipped_pipeline_runs_end_to_end_then_reruns_only_what_an_edit_reaches() 
     assert!(old.iter().all(|id| a.iter().any(|r| r["id"] == *id)));
     assert!(a.iter().all(|r| r["filter_pro"] == true));
     assert!(b.iter().all(|r| r["in_filtered"] == false));
+    // Stage A's new tasks need a completed base image; stage B is not
+    // limited by the image status (the seeds: it has not entered the image
+    // pipeline yet), and this pool has B tasks without one.
+    assert!(a.iter().all(|r| r["image_status"] == "ok"));
+    assert!(
+        b.iter().any(|r| r["image_status"] == "missing"),
+        "stage B was filtered on image status"
+    );
     let oracle = jsonl(&p, &format!("{state}/oracle.jsonl"));
     let classes: std::collections::BTreeSet<&str> = oracle
         .iter()
