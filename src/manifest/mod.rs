@@ -23,7 +23,8 @@ pub use load::{SERVICE_GROUP, SERVICE_PORT, load, load_str};
 pub use model::{
     ClassifyRule, Command, Compare, Ended, EnvValue, ErrorsCount, ExecutorSpec, Expect, Foreach,
     GpuNeed, Isolate, ItemClass, ItemOutput, KubernetesSettings, Link, Manifest, Named,
-    OutputIndex, PathDecl, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry, RootVolume,
-    Samples, Service, SlurmSettings, Stage, Toleration, Uses, is_per_item, lock_path_of,
+    OutputIndex, PathDecl, Pin, ProjectPath, RemoteCacheSpec, Resource, ResultCheck, Retry,
+    RootVolume, Samples, Service, SlurmSettings, Stage, Toleration, Uses, is_per_item,
+    lock_path_of,
 };
 pub use raw::Span;

@@ -693,6 +693,43 @@ pub struct PathDecl {
     pub name: String,
     pub path: ProjectPath,
     pub span: Span,
+    /// An input fetched by URL (`{ url = …, sha256 = … }`): `path` is
+    /// where cairn keeps what it fetched ([`Pin::path`]).
+    #[serde(default)]
+    pub pinned: Option<Pin>,
+}
+
+/// An input cairn fetches: a URL, and the SHA-256 its bytes must have.
+/// Fetched once, verified, and kept; every later run, and a machine with
+/// no network, reads the copy kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    pub url: String,
+    /// Lowercase hex, 64 digits.
+    pub sha256: String,
+}
+
+impl Pin {
+    /// Where the fetched bytes are kept, from the project root:
+    /// `cache/fetched/sha256/HEX/NAME`, NAME the URL's last path segment
+    /// (`download` if it has none), so a command sees the file's own name.
+    pub fn path(&self) -> ProjectPath {
+        let last = self
+            .url
+            .split(['?', '#'])
+            .next()
+            .and_then(|url| url.rsplit('/').next())
+            .filter(|name| {
+                !name.is_empty()
+                    && *name != "."
+                    && *name != ".."
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-+~".contains(c))
+            })
+            .unwrap_or("download");
+        ProjectPath::new(format!("cache/fetched/sha256/{}/{last}", self.sha256))
+    }
 }
 
 /// A path relative to the project root (`/`-separated, normalised); inputs

@@ -78,6 +78,10 @@ pub enum ScheduleError {
     /// field the stage writes: bad input, nothing ran.
     #[error("failed to plan the items of stage `{stage}`: {message}")]
     BadItems { stage: String, message: String },
+    /// An input fetched by URL cannot be had, or is not what its pin says:
+    /// nothing of the stage ran.
+    #[error("{message}")]
+    Fetch { stage: String, message: String },
     /// A file `cairn import` was given that cannot be imported.
     #[error("cannot import `{}`: {message}", file.display())]
     Import { file: PathBuf, message: String },

@@ -278,6 +278,8 @@ pub struct StageTask {
     run_services: Option<Arc<Services>>,
     /// What its commands read, to look at again when each ends.
     inputs_read: Option<Arc<InputsRead>>,
+    /// Its inputs fetched by URL, made present before anything runs.
+    fetched: Vec<crate::manifest::Pin>,
 }
 
 /// The run a task is part of.
@@ -449,6 +451,9 @@ impl StageTask {
             services: stage.services.iter().map(|s| s.name.clone()).collect(),
             run_services: None,
             inputs_read: None,
+            fetched: (stage.inputs.iter())
+                .filter_map(|input| input.pinned.clone())
+                .collect(),
         })
     }
 
@@ -626,6 +631,12 @@ impl StageTask {
         executor: Arc<dyn Executor>,
         links: TaskLinks,
     ) -> Result<TaskResult, ScheduleError> {
+        crate::store::fetched::ensure(&self.job.cwd, &self.fetched)
+            .await
+            .map_err(|message| ScheduleError::Fetch {
+                stage: self.job.stage.clone(),
+                message,
+            })?;
         if self.items.is_some() {
             return self.run_items(executor, links).await;
         }

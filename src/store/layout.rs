@@ -11,6 +11,7 @@
 //! | `logs/RUN/` | a run's logs: each stage's, each item's, `services/` | `exec` (each job its own log), `schedule::services` |
 //! | `batches/` | the Slurm batches a run submitted, to re-attach to | `exec::batch` |
 //! | `windows/` | the files that keep Slurm windows alive | `exec::slurm::window` |
+//! | `fetched/sha256/HEX/NAME`, `fetched/tmp/` | inputs fetched by URL, by their pinned SHA-256 (named by `manifest::Pin::path`: a stage's input path is known before any store), downloads being made | `store::fetched` |
 
 use std::path::{Path, PathBuf};
 

@@ -6,6 +6,7 @@ mod attestation;
 mod audit;
 mod clearing;
 mod current;
+pub mod fetched;
 mod gc;
 pub mod layout;
 mod ledger;

@@ -74,7 +74,8 @@ impl Checker<'_> {
         // typically a few directories' files, one after another.)
         let mut dir = OpenDir::default();
         for stage in stages {
-            for input in &stage.inputs {
+            // (A fetched input is fetched when its stage runs.)
+            for input in stage.inputs.iter().filter(|input| input.pinned.is_none()) {
                 if !input_missing(&input.path, stages, &index, root, &mut dir) {
                     continue;
                 }

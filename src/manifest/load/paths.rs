@@ -2,6 +2,7 @@
 //! relative, inside the root (or named from it, `../x`), never `cache/`.
 
 use super::*;
+use crate::manifest::Pin;
 
 impl Checker<'_> {
     pub(super) fn paths(
@@ -26,6 +27,17 @@ impl Checker<'_> {
         };
         let mut decls = Vec::new();
         for (name, value) in pairs {
+            if let (false, Some(table)) = (output, value.as_table()) {
+                if let Some(pin) = self.pin(table, value) {
+                    decls.push(PathDecl {
+                        name,
+                        path: pin.path(),
+                        span: value.span.clone(),
+                        pinned: Some(pin),
+                    });
+                }
+                continue;
+            }
             let Some(raw) = self.string(value, &format!("a path in {what}")) else {
                 continue;
             };
@@ -35,6 +47,7 @@ impl Checker<'_> {
                     name,
                     path,
                     span: value.span.clone(),
+                    pinned: None,
                 }),
                 Err((message, help)) => {
                     self.problems
@@ -46,6 +59,43 @@ impl Checker<'_> {
             }
         }
         decls
+    }
+
+    /// An input fetched by URL: `{ url = "https://…", sha256 = "HEX" }`.
+    fn pin(&mut self, table: &[Entry], node: &Node) -> Option<Pin> {
+        self.unknown_keys(table, &["url", "sha256"], "a fetched input");
+        let url = find(table, "url").and_then(|e| self.string(&e.value, "`url`"));
+        let sha256 = find(table, "sha256").and_then(|e| self.string(&e.value, "`sha256`"));
+        let (Some(url), Some(sha256)) = (url, sha256) else {
+            self.problems.push(
+                Problem::new("a fetched input needs both `url` and `sha256`", node.span.clone(), "this input")
+                    .help("e.g. `sdist = { url = \"https://files.example.org/pkg-1.0.tar.gz\", sha256 = \"<64 hex digits>\" }`: cairn fetches it once, checks its SHA-256 and keeps it"),
+            );
+            return None;
+        };
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            self.problems.push(
+                Problem::new(format!("`{url}` is not an http(s) URL"), node.span.clone(), "this `url`")
+                    .help("a fetched input is downloaded over HTTP(S); a file on this machine is a plain path"),
+            );
+            return None;
+        }
+        if sha256.len() != 64
+            || !sha256
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            self.problems.push(
+                Problem::new(
+                    format!("`{sha256}` is not a SHA-256 (64 lowercase hex digits)"),
+                    node.span.clone(),
+                    "this `sha256`",
+                )
+                .help("`sha256sum FILE` (or the index's `sha256` field) gives it"),
+            );
+            return None;
+        }
+        Some(Pin { url, sha256 })
     }
 }
 

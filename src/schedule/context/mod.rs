@@ -214,6 +214,11 @@ impl<'m> Context<'m> {
         let stage = &manifest.stages[i];
         let mut digests = Vec::with_capacity(stage.inputs.len());
         for (n, input) in stage.inputs.iter().enumerate() {
+            if let Some(pin) = &input.pinned {
+                // A fetched input is what its pin says, fetched or not.
+                digests.push(pinned_digest(pin));
+                continue;
+            }
             if let Some(digest) = self.upstream_digest(input.path.as_str()) {
                 digests.push(digest);
                 continue;
@@ -451,6 +456,13 @@ impl<'m> Context<'m> {
         }
         Ok(())
     }
+}
+
+/// What a stage's key holds for a fetched input: its pin, so that the key
+/// is known without the bytes (a machine that never fetched them, a run
+/// that finds the stage fresh and fetches nothing).
+pub fn pinned_digest(pin: &crate::manifest::Pin) -> Digest {
+    Digest::of(format!("fetched\0sha256:{}", pin.sha256).as_bytes())
 }
 
 /// The jobs dead runs left for stage `stage`, from every stage's, read from

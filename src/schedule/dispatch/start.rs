@@ -216,6 +216,9 @@ impl Dispatcher<'_, '_> {
             .inputs
             .iter()
             .zip(digests)
+            // (A fetched input's key holds its pin, checked as it is
+            // fetched; its copy is kept read-only.)
+            .filter(|(input, _)| input.pinned.is_none())
             .map(|(input, digest)| Read {
                 shown: input.path.to_string(),
                 abs: input.path.resolve(root),

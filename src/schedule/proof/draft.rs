@@ -343,7 +343,10 @@ impl<'m> ProofDraft<'m> {
             .keyed(i)
             .ok_or_else(|| format!("`{}` was not fingerprinted", stage.name))?
             .inputs;
-        for (input, expected) in stage.inputs.iter().zip(inputs) {
+        // (A fetched input counts by its pin, which is in the manifest.)
+        for (input, expected) in
+            (stage.inputs.iter().zip(inputs)).filter(|(i, _)| i.pinned.is_none())
+        {
             watching.read(ctx, input.path.resolve(root), expected)?;
         }
         for output in outputs {
