@@ -107,6 +107,11 @@ pub enum BuiltinError {
     /// The work could not be done; the message says why.
     #[error("{0}")]
     Failed(String),
+    /// What it depends on failed (a registry kept answering 5xx, a
+    /// connection kept failing): infrastructure, never a verdict; the
+    /// command exits 75, which a `classify` rule can call `infra`.
+    #[error("{0}")]
+    Infra(String),
     #[error(transparent)]
     Release(#[from] ReleaseError),
 }

@@ -23,7 +23,10 @@ pub fn builtin(args: &BuiltinArgs) -> Result<(), CliError> {
                 errln!("  caused by: {cause}");
                 source = cause.source();
             }
-            Err(CliError::Exit(exit::STAGE_FAILED))
+            Err(CliError::Exit(match error {
+                crate::builtins::BuiltinError::Infra(_) => exit::INFRA,
+                _ => exit::STAGE_FAILED,
+            }))
         }
     }
 }

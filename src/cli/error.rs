@@ -11,6 +11,9 @@ pub mod exit {
     pub const BAD_INPUT: u8 = 2;
     /// `--locked`: the result would differ from the committed lock file.
     pub const LOCK_DIFFERS: u8 = 3;
+    /// `cairn builtin`: what a built-in depends on failed (a registry kept
+    /// failing): infrastructure (sysexits' `EX_TEMPFAIL`).
+    pub const INFRA: u8 = 75;
     pub const INTERRUPTED: u8 = 130;
 }
 

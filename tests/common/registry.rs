@@ -74,7 +74,9 @@ fn answers_api_root(port: u16) -> bool {
         return false;
     }
     let mut head = [0u8; 12];
-    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+    stream.read_exact(&mut head).is_ok()
+        && head.starts_with(b"HTTP/1.")
+        && (&head[9..12] == b"200" || &head[9..12] == b"401")
 }
 
 /// A `docker-registry serve` on a free port, stopped when dropped.
@@ -86,6 +88,17 @@ pub struct Registry {
 
 impl Registry {
     pub fn start() -> Registry {
+        Self::start_with(None)
+    }
+
+    /// A registry that asks for `user` and `password` (`htpasswd`, bcrypt:
+    /// `Basic` challenges on every API call).
+    #[allow(dead_code)]
+    pub fn start_with_password(user: &str, password: &str) -> Registry {
+        Self::start_with(Some((user, password)))
+    }
+
+    fn start_with(auth: Option<(&str, &str)>) -> Registry {
         let data = tempfile::tempdir().unwrap();
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -93,14 +106,35 @@ impl Registry {
             .unwrap()
             .port();
         let config = data.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                data.path().join("data").display()
-            ),
-        )
-        .unwrap();
+        let mut text = format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            data.path().join("data").display()
+        );
+        if let Some((user, password)) = auth {
+            // bcrypt, as the registry requires, by the C library's crypt(3).
+            let hashed = Command::new("python3")
+                .args([
+                    "-W",
+                    "ignore",
+                    "-c",
+                    "import crypt, sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))",
+                    password,
+                ])
+                .output()
+                .unwrap();
+            assert!(hashed.status.success(), "bcrypt a password");
+            let line = format!(
+                "{user}:{}",
+                String::from_utf8(hashed.stdout).unwrap().trim()
+            );
+            let htpasswd = data.path().join("htpasswd");
+            std::fs::write(&htpasswd, line + "\n").unwrap();
+            text.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: cairn-test\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        std::fs::write(&config, text).unwrap();
         super::require_tool("docker-registry");
         super::require_tool("curl");
         let child = Command::new("docker-registry")

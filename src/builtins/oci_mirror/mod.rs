@@ -22,6 +22,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
+mod registry;
+
+use registry::{Credentials, Registry};
+
 use super::{BuiltinError, Invocation, read_records, write_jsonl};
 use crate::fingerprint::hex;
 use crate::manifest::settings::field_text;
@@ -49,6 +53,20 @@ struct Settings {
     /// A variable holding a bearer token for HTTP registries.
     #[serde(default)]
     token_env: Option<String>,
+    /// Variables holding a registry user and password (both, or neither):
+    /// sent as the registry's challenge asks (`Basic`, or to its token
+    /// service). Name them in the stage's `secrets`.
+    #[serde(default)]
+    username_env: Option<String>,
+    #[serde(default)]
+    password_env: Option<String>,
+    /// The platform copied out of a multi-platform image index.
+    #[serde(default = "default_platform")]
+    platform: String,
+}
+
+fn default_platform() -> String {
+    "linux/amd64".to_owned()
 }
 
 /// What a mirror's output says is in its target and an OCI layout target
@@ -116,12 +134,14 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         return Err(fail("`shards` must be at least 1"));
     }
     let records = read_records(&invocation.input("images")?, "images")?;
-    let token = settings
-        .token_env
-        .as_ref()
-        .and_then(|name| std::env::var(name).ok());
-    let source = Location::open(&settings.source, token.clone(), false)?;
-    let mut target = Location::open(&settings.target, token, true)?;
+    let source = Location::open(&settings.source, credentials(&settings)?, false)?;
+    let mut target = Location::open(&settings.target, credentials(&settings)?, true)?;
+    let (os, architecture) = settings.platform.split_once('/').ok_or_else(|| {
+        fail(format!(
+            "`platform = \"{}\"` is not OS/ARCHITECTURE (`linux/amd64`)",
+            settings.platform
+        ))
+    })?;
 
     // What goes where.
     let mut wanted: BTreeMap<String, (String, String)> = BTreeMap::new();
@@ -187,6 +207,28 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         let (src_repo, src_ref) = split_reference(image)?;
         let src_repo = source.repository(src_repo);
         let (bytes, media_type) = source.manifest(&src_repo, src_ref)?;
+        // An image index: only the manifest for the platform asked for.
+        let (bytes, media_type) = match is_index(&bytes, &media_type) {
+            false => (bytes, media_type),
+            true => {
+                let index: Value = serde_json::from_slice(&bytes)
+                    .map_err(|e| fail(format!("the index of {image} is not JSON: {e}")))?;
+                let chosen = (index["manifests"].as_array().into_iter().flatten())
+                    .find(|m| {
+                        m["platform"]["os"] == os && m["platform"]["architecture"] == architecture
+                    })
+                    .ok_or_else(|| {
+                        fail(format!(
+                            "{image} is an image index with no manifest for {}",
+                            settings.platform
+                        ))
+                    })?;
+                let digest = chosen["digest"].as_str().unwrap_or_default();
+                let (bytes, media_type) = source.manifest(&src_repo, digest)?;
+                check_digest(digest, &bytes, image)?;
+                (bytes, media_type)
+            }
+        };
         let digest = content_digest(&bytes);
         if existing[repo].contains(tag) {
             let there = target.manifest_digest(repo, tag)?;
@@ -200,22 +242,19 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
         } else {
             let manifest: Value = serde_json::from_slice(&bytes)
                 .map_err(|e| fail(format!("the manifest of {image} is not JSON: {e}")))?;
-            let mut blobs = vec![manifest["config"]["digest"].as_str().unwrap_or_default()];
-            blobs.extend(
-                manifest["layers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|l| l["digest"].as_str().unwrap_or_default()),
-            );
-            for blob in blobs {
-                if blob.is_empty() {
-                    return Err(fail(format!("the manifest of {image} lacks a digest")));
-                }
+            fn descriptor(d: &Value) -> (&str, Option<u64>) {
+                (d["digest"].as_str().unwrap_or_default(), d["size"].as_u64())
+            }
+            let mut blobs = vec![descriptor(&manifest["config"])];
+            blobs.extend((manifest["layers"].as_array().into_iter().flatten()).map(descriptor));
+            for (blob, size) in blobs {
+                let Some(size) = size.filter(|_| !blob.is_empty()) else {
+                    return Err(fail(format!(
+                        "the manifest of {image} has a blob without a digest or a size"
+                    )));
+                };
                 if !target.has_blob(repo, blob)? {
-                    let data = source.blob(&src_repo, blob)?;
-                    check_digest(blob, &data, image)?;
-                    target.put_blob(repo, blob, data)?;
+                    target.copy_blob(&source, &src_repo, repo, blob, size, image)?;
                 }
             }
             target.put_manifest(repo, tag, &bytes, &media_type)?;
@@ -252,6 +291,40 @@ pub fn run(invocation: &Invocation) -> Result<String, BuiltinError> {
     ))
 }
 
+/// The registry credentials the settings name, read from the environment.
+fn credentials(settings: &Settings) -> Result<Option<Credentials>, BuiltinError> {
+    fn read(name: &Option<String>) -> Option<(&String, Option<String>)> {
+        name.as_ref().map(|n| (n, std::env::var(n).ok()))
+    }
+    match (read(&settings.username_env), read(&settings.password_env)) {
+        (Some((_, Some(user))), Some((_, Some(password)))) => {
+            Ok(Some(Credentials::Basic { user, password }))
+        }
+        (Some((name, None)), _) | (_, Some((name, None))) => Err(fail(format!(
+            "`{name}` is not set: list it in the stage's `secrets` and set it where cairn runs"
+        ))),
+        (Some(_), None) | (None, Some(_)) => Err(fail(
+            "`username_env` and `password_env` go together: name both",
+        )),
+        (None, None) => Ok(settings
+            .token_env
+            .as_ref()
+            .and_then(|name| std::env::var(name).ok())
+            .map(Credentials::Token)),
+    }
+}
+
+/// Whether a manifest is an image index (OCI's, or Docker's manifest list).
+fn is_index(bytes: &[u8], media_type: &str) -> bool {
+    const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    if media_type.starts_with(INDEX_TYPE) || media_type.starts_with(DOCKER_LIST) {
+        return true;
+    }
+    serde_json::from_slice::<Value>(bytes).is_ok_and(|v| {
+        v["mediaType"] == INDEX_TYPE || v["mediaType"] == DOCKER_LIST || v["manifests"].is_array()
+    })
+}
+
 /// An OCI content digest: `sha256:HEX`.
 fn content_digest(bytes: &[u8]) -> String {
     format!("sha256:{}", crate::release::format::sha256_hex(bytes))
@@ -286,12 +359,16 @@ enum Location {
 }
 
 impl Location {
-    fn open(spec: &str, token: Option<String>, create: bool) -> Result<Self, BuiltinError> {
+    fn open(
+        spec: &str,
+        credentials: Option<Credentials>,
+        create: bool,
+    ) -> Result<Self, BuiltinError> {
         if let Some(path) = spec.strip_prefix("oci:") {
             return Layout::open(Path::new(path), create).map(Location::Layout);
         }
         if spec.starts_with("http://") || spec.starts_with("https://") {
-            return Registry::open(spec, token).map(Location::Registry);
+            return Registry::open(spec, credentials).map(Location::Registry);
         }
         Err(fail(format!(
             "`{spec}` is not an OCI location: write `oci:PATH` or `http(s)://HOST[:PORT][/PREFIX]`"
@@ -352,17 +429,43 @@ impl Location {
         }
     }
 
-    fn blob(&self, repo: &str, digest: &str) -> Result<Vec<u8>, BuiltinError> {
+    /// A reader of blob `digest` of `repo`, streamed.
+    fn blob_reader(
+        &self,
+        repo: &str,
+        digest: &str,
+    ) -> Result<Box<dyn std::io::Read + Send>, BuiltinError> {
         match self {
-            Location::Layout(l) => l.blob(digest),
-            Location::Registry(r) => r.blob(repo, digest),
+            Location::Layout(l) => {
+                let path = l.blob_path(digest)?;
+                let file = std::fs::File::open(&path)
+                    .map_err(|e| crate::release::ReleaseError::io(&path, e))?;
+                Ok(Box::new(file))
+            }
+            Location::Registry(r) => Ok(Box::new(r.blob_reader(repo, digest)?)),
         }
     }
 
-    fn put_blob(&mut self, repo: &str, digest: &str, data: Vec<u8>) -> Result<(), BuiltinError> {
+    /// Copies blob `digest` (`size` bytes) of `source`'s `src_repo` here,
+    /// into `repo`, streamed: its digest is checked as it is written (by
+    /// the registry, which refuses other bytes; here, for a layout).
+    fn copy_blob(
+        &mut self,
+        source: &Location,
+        src_repo: &str,
+        repo: &str,
+        digest: &str,
+        size: u64,
+        image: &str,
+    ) -> Result<(), BuiltinError> {
         match self {
-            Location::Layout(l) => l.put_blob(digest, &data),
-            Location::Registry(r) => r.put_blob(repo, digest, data),
+            Location::Layout(l) => {
+                let mut reader = source.blob_reader(src_repo, digest)?;
+                l.put_blob_from(digest, &mut reader, image)
+            }
+            Location::Registry(r) => {
+                r.put_blob(repo, digest, size, || source.blob_reader(src_repo, digest))
+            }
         }
     }
 
@@ -453,6 +556,15 @@ impl Layout {
     }
 
     fn manifest(&self, repo: &str, reference: &str) -> Result<(Vec<u8>, String), BuiltinError> {
+        if reference.starts_with("sha256:") {
+            // A manifest by its digest (an index's child).
+            let bytes = self.blob(reference)?;
+            let media_type = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| v["mediaType"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| MANIFEST_TYPE.to_owned());
+            return Ok((bytes, media_type));
+        }
         let name = format!("{repo}:{reference}");
         let entry = self.refs.get(&name).ok_or_else(|| {
             fail(format!(
@@ -468,6 +580,44 @@ impl Layout {
             .unwrap_or(MANIFEST_TYPE)
             .to_owned();
         Ok((bytes, media_type))
+    }
+
+    /// Writes blob `digest` from `reader`, hashed as it is written, moved
+    /// into place only if its digest is `digest`.
+    fn put_blob_from(
+        &self,
+        digest: &str,
+        reader: &mut dyn std::io::Read,
+        image: &str,
+    ) -> Result<(), BuiltinError> {
+        use std::io::Write as _;
+        let path = self.blob_path(digest)?;
+        let parent = path.parent().expect("a blob's path has a parent");
+        std::fs::create_dir_all(parent).map_err(|e| crate::release::ReleaseError::io(parent, e))?;
+        let io = |e| crate::release::ReleaseError::io(parent, e);
+        let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(io)?;
+        let mut hasher = Sha256::new();
+        let mut buffer = vec![0; 64 * 1024];
+        loop {
+            let n = reader.read(&mut buffer).map_err(|e| {
+                BuiltinError::Infra(format!("reading blob {digest} of {image}: {e}"))
+            })?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buffer[..n]);
+            tmp.write_all(&buffer[..n]).map_err(io)?;
+        }
+        let found = format!("sha256:{}", hex(&hasher.finalize()));
+        if found != digest {
+            return Err(fail(format!(
+                "blob {digest} of {image} is damaged: its bytes hash to {found}"
+            )));
+        }
+        tmp.as_file().sync_all().map_err(io)?;
+        tmp.persist(&path)
+            .map_err(|e| crate::release::ReleaseError::io(&path, e.error))?;
+        Ok(())
     }
 
     fn put_blob(&self, digest: &str, data: &[u8]) -> Result<(), BuiltinError> {
@@ -516,209 +666,6 @@ impl Layout {
         });
         let bytes = serde_json::to_vec(&index).expect("JSON values serialise");
         crate::release::write_atomic(&self.root.join("index.json"), &bytes).map_err(Into::into)
-    }
-}
-
-/// A registry speaking the distribution API.
-struct Registry {
-    /// `http(s)://host:port`.
-    base: String,
-    prefix: Option<String>,
-    client: reqwest::blocking::Client,
-    token: Option<String>,
-}
-
-impl Registry {
-    fn open(spec: &str, token: Option<String>) -> Result<Self, BuiltinError> {
-        let scheme_end = spec.find("://").map_or(0, |i| i + 3);
-        let (base, prefix) = match spec[scheme_end..].find('/') {
-            Some(i) => (
-                &spec[..scheme_end + i],
-                Some(spec[scheme_end + i + 1..].trim_matches('/').to_owned()),
-            ),
-            None => (spec, None),
-        };
-        crate::tls::install_provider();
-        let client = reqwest::blocking::Client::builder()
-            .timeout(std::time::Duration::from_secs(300))
-            .build()
-            .map_err(|e| fail(format!("cannot set up an HTTP client: {e}")))?;
-        Ok(Registry {
-            base: base.trim_end_matches('/').to_owned(),
-            prefix: prefix.filter(|p| !p.is_empty()),
-            client,
-            token,
-        })
-    }
-
-    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::blocking::RequestBuilder {
-        let request = self.client.request(method, url);
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
-    }
-
-    fn send(
-        &self,
-        request: reqwest::blocking::RequestBuilder,
-        what: &str,
-    ) -> Result<reqwest::blocking::Response, BuiltinError> {
-        request.send().map_err(|e| {
-            fail(format!(
-                "{what}: {} (registry {})",
-                crate::causes::with_causes(&e),
-                self.base
-            ))
-        })
-    }
-
-    fn unexpected(&self, response: reqwest::blocking::Response, what: &str) -> BuiltinError {
-        let status = response.status();
-        let body = response.text().unwrap_or_default();
-        fail(format!(
-            "{what}: the registry answered {status}: {}",
-            body.chars().take(300).collect::<String>()
-        ))
-    }
-
-    fn tags(&self, repo: &str) -> Result<BTreeSet<String>, BuiltinError> {
-        let what = format!("listing the tags of {repo}");
-        let url = format!("{}/v2/{repo}/tags/list", self.base);
-        let response = self.send(self.request(reqwest::Method::GET, &url), &what)?;
-        if response.status() == reqwest::StatusCode::NOT_FOUND {
-            return Ok(BTreeSet::new());
-        }
-        if !response.status().is_success() {
-            return Err(self.unexpected(response, &what));
-        }
-        let bytes = response.bytes().map_err(|e| fail(format!("{what}: {e}")))?;
-        let body: Value =
-            serde_json::from_slice(&bytes).map_err(|e| fail(format!("{what}: not JSON: {e}")))?;
-        Ok(body["tags"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t.as_str().map(str::to_owned))
-            .collect())
-    }
-
-    fn manifest(&self, repo: &str, reference: &str) -> Result<(Vec<u8>, String), BuiltinError> {
-        let what = format!("reading {repo}:{reference}");
-        let url = format!("{}/v2/{repo}/manifests/{reference}", self.base);
-        let response = self.send(
-            self.request(reqwest::Method::GET, &url)
-                .header("Accept", ACCEPT),
-            &what,
-        )?;
-        if !response.status().is_success() {
-            return Err(self.unexpected(response, &what));
-        }
-        let media_type = response
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or(MANIFEST_TYPE)
-            .to_owned();
-        let bytes = response.bytes().map_err(|e| fail(format!("{what}: {e}")))?;
-        Ok((bytes.to_vec(), media_type))
-    }
-
-    fn manifest_digest(&self, repo: &str, tag: &str) -> Result<Option<String>, BuiltinError> {
-        let what = format!("checking {repo}:{tag}");
-        let url = format!("{}/v2/{repo}/manifests/{tag}", self.base);
-        let response = self.send(
-            self.request(reqwest::Method::HEAD, &url)
-                .header("Accept", ACCEPT),
-            &what,
-        )?;
-        if response.status() == reqwest::StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        if !response.status().is_success() {
-            return Err(self.unexpected(response, &what));
-        }
-        Ok(response
-            .headers()
-            .get("docker-content-digest")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned))
-    }
-
-    fn has_blob(&self, repo: &str, digest: &str) -> Result<bool, BuiltinError> {
-        let what = format!("checking blob {digest} in {repo}");
-        let url = format!("{}/v2/{repo}/blobs/{digest}", self.base);
-        let response = self.send(self.request(reqwest::Method::HEAD, &url), &what)?;
-        match response.status() {
-            s if s.is_success() => Ok(true),
-            reqwest::StatusCode::NOT_FOUND => Ok(false),
-            _ => Err(self.unexpected(response, &what)),
-        }
-    }
-
-    fn blob(&self, repo: &str, digest: &str) -> Result<Vec<u8>, BuiltinError> {
-        let what = format!("reading blob {digest} of {repo}");
-        let url = format!("{}/v2/{repo}/blobs/{digest}", self.base);
-        let response = self.send(self.request(reqwest::Method::GET, &url), &what)?;
-        if !response.status().is_success() {
-            return Err(self.unexpected(response, &what));
-        }
-        response
-            .bytes()
-            .map(|b| b.to_vec())
-            .map_err(|e| fail(format!("{what}: {e}")))
-    }
-
-    fn put_blob(&self, repo: &str, digest: &str, data: Vec<u8>) -> Result<(), BuiltinError> {
-        let what = format!("uploading blob {digest} to {repo}");
-        let url = format!("{}/v2/{repo}/blobs/uploads/", self.base);
-        let response = self.send(self.request(reqwest::Method::POST, &url), &what)?;
-        if response.status() != reqwest::StatusCode::ACCEPTED {
-            return Err(self.unexpected(response, &what));
-        }
-        let location = response
-            .headers()
-            .get("location")
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| fail(format!("{what}: the registry gave no upload location")))?;
-        let mut upload = if location.starts_with("http://") || location.starts_with("https://") {
-            location.to_owned()
-        } else {
-            format!("{}{location}", self.base)
-        };
-        upload.push(if upload.contains('?') { '&' } else { '?' });
-        upload.push_str(&format!("digest={digest}"));
-        let response = self.send(
-            self.request(reqwest::Method::PUT, &upload)
-                .header("Content-Type", "application/octet-stream")
-                .body(data),
-            &what,
-        )?;
-        if response.status() != reqwest::StatusCode::CREATED {
-            return Err(self.unexpected(response, &what));
-        }
-        Ok(())
-    }
-
-    fn put_manifest(
-        &self,
-        repo: &str,
-        tag: &str,
-        bytes: &[u8],
-        media_type: &str,
-    ) -> Result<(), BuiltinError> {
-        let what = format!("pushing {repo}:{tag}");
-        let url = format!("{}/v2/{repo}/manifests/{tag}", self.base);
-        let response = self.send(
-            self.request(reqwest::Method::PUT, &url)
-                .header("Content-Type", media_type)
-                .body(bytes.to_vec()),
-            &what,
-        )?;
-        if !response.status().is_success() {
-            return Err(self.unexpected(response, &what));
-        }
-        Ok(())
     }
 }
 
