@@ -5,9 +5,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 use common::Project;
 use sha2::Digest as _;
@@ -45,21 +44,11 @@ server.serve_forever()
 
 impl Server {
     fn start(dir: &Path, busy: u32) -> Server {
-        common::require_tool("python3");
-        let mut child = Command::new("python3")
-            .args(["-c", SERVER])
-            .arg(dir)
-            .arg(busy.to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, port) =
+            common::python_server(SERVER, &[dir.display().to_string(), busy.to_string()]);
         Server {
             child,
-            port: line.trim().parse().unwrap(),
+            port,
             dir: dir.to_owned(),
         }
     }

@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 use common::Project;
 use common::registry::{Registry, layout, sha256};
@@ -181,24 +180,14 @@ server.serve_forever()
 impl Proxy {
     fn start(registry: &Registry, page: usize, busy: usize) -> Proxy {
         let log = tempfile::NamedTempFile::new().unwrap();
-        let mut child = Command::new("python3")
-            .args(["-c", PROXY])
-            .arg(format!("http://127.0.0.1:{}", registry.port))
-            .arg(page.to_string())
-            .arg(busy.to_string())
-            .arg(log.path())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        Proxy {
-            child,
-            port: line.trim().parse().unwrap(),
-            log,
-        }
+        let args = [
+            format!("http://127.0.0.1:{}", registry.port),
+            page.to_string(),
+            busy.to_string(),
+            log.path().display().to_string(),
+        ];
+        let (child, port) = common::python_server(PROXY, &args);
+        Proxy { child, port, log }
     }
 
     fn requests(&self, containing: &str) -> usize {
@@ -224,6 +213,13 @@ fn fill_shard(registry: &Registry, count: usize) {
     }
 }
 
+/// A run of `p` that the quota gate refuses, saying `why`.
+fn refused_over_quota(p: &Project, why: &str) {
+    let refused = p.cairn(&["run"]);
+    refused.code_is(1);
+    assert!(refused.stderr().contains(why), "{}", refused.stderr());
+}
+
 #[test]
 fn the_quota_counts_every_page_of_tags_and_a_full_last_page_ends_the_list() {
     let registry = Registry::start();
@@ -234,15 +230,7 @@ fn the_quota_counts_every_page_of_tags_and_a_full_last_page_ends_the_list() {
     // 101 tags there, 1 new, a quota of 101: only the second page shows
     // that it would be 102.
     let p = project(&target, 101, "", "");
-    let refused = p.cairn(&["run"]);
-    refused.code_is(1);
-    assert!(
-        refused
-            .stderr()
-            .contains("101 tags there + 1 new = 102 > 101"),
-        "{}",
-        refused.stderr()
-    );
+    refused_over_quota(&p, "101 tags there + 1 new = 102 > 101");
     assert_eq!(proxy.requests("/tags/list"), 2, "two pages");
 
     // Exactly one full page (100 tags, pages of 100): the next page is
@@ -252,15 +240,7 @@ fn the_quota_counts_every_page_of_tags_and_a_full_last_page_ends_the_list() {
     let proxy = Proxy::start(&registry, 100, 0);
     let target = format!("http://127.0.0.1:{}/mirror", proxy.port);
     let p = project(&target, 100, "", "");
-    let refused = p.cairn(&["run"]);
-    refused.code_is(1);
-    assert!(
-        refused
-            .stderr()
-            .contains("100 tags there + 1 new = 101 > 100"),
-        "{}",
-        refused.stderr()
-    );
+    refused_over_quota(&p, "100 tags there + 1 new = 101 > 100");
     assert_eq!(proxy.requests("/tags/list"), 2);
     let p = project(&target, 101, "", "");
     p.cairn(&["run"]).success();

@@ -408,3 +408,23 @@ pub fn copy_shipped_pipeline(p: &Project, name: &str) -> String {
     p.file(&format!("pipelines/{name}.toml"), &manifest);
     manifest
 }
+
+/// A Python server `script` started with `args`, which prints the port it
+/// listens on as its first line: the process, and that port.
+#[allow(dead_code)]
+pub fn python_server(script: &str, args: &[String]) -> (std::process::Child, u16) {
+    use std::io::BufRead as _;
+    require_tool("python3");
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("the server prints its port");
+    (child, port)
+}
