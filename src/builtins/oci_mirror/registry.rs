@@ -157,7 +157,11 @@ impl Registry {
             (Scheme::Basic, Some(Credentials::Basic { user, password })) => {
                 request.basic_auth(user, Some(password))
             }
-            (Scheme::Bearer { .. }, Some(Credentials::Token(token))) => request.bearer_auth(token),
+            // A token given outright, until a challenge names a token
+            // service (then that service's tokens are sent).
+            (Scheme::Bearer { realm, .. }, Some(Credentials::Token(token))) if realm.is_empty() => {
+                request.bearer_auth(token)
+            }
             (Scheme::Bearer { realm, service }, _) => {
                 let known = self.tokens.borrow().get(scope).cloned();
                 let token = match known {
@@ -290,7 +294,13 @@ impl Registry {
         let scope = pull_scope(repo);
         let mut tags = BTreeSet::new();
         let mut url = format!("{}/v2/{repo}/tags/list?n={PAGE}", self.base);
+        let mut asked = std::collections::HashSet::new();
         loop {
+            if !asked.insert(url.clone()) {
+                return Err(fail(format!(
+                    "{what}: the registry's next page is one it gave already ({url})"
+                )));
+            }
             let response = self.send(&what, &scope, |client| client.get(&url))?;
             if response.status() == StatusCode::NOT_FOUND {
                 return Ok(tags);
