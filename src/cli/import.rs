@@ -5,7 +5,7 @@ use super::args::{Global, ImportArgs};
 use super::error::CliError;
 use super::workspace;
 use crate::schedule::{self, Context};
-use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
+use crate::store::{Ledger, PipelineId};
 
 pub fn import(global: &Global, args: &ImportArgs) -> Result<(), CliError> {
     let loaded = workspace::load(global)?;
@@ -13,14 +13,8 @@ pub fn import(global: &Global, args: &ImportArgs) -> Result<(), CliError> {
     let i = (manifest.stages.iter())
         .position(|stage| stage.name == args.stage)
         .ok_or_else(|| loaded.unknown_stage(&args.stage))?;
-    let cache = manifest.cache_dir();
-    std::fs::create_dir_all(&cache)
-        .map_err(|source| CliError::Store(crate::store::StoreError::io(&cache, source)))?;
-    let _lock = WorkspaceLock::acquire(&cache, WhenLocked::Wait, |holder| {
-        let who = holder.map(|p| format!(" (pid {p})")).unwrap_or_default();
-        errln!("waiting for another cairn process{who} to release the workspace…");
-    })?;
-    let ledger = Ledger::open(&cache, &PipelineId::of(manifest))?;
+    let _lock = workspace::hold(manifest, false)?;
+    let ledger = Ledger::open(&manifest.cache_dir(), &PipelineId::of(manifest))?;
     let mut ctx = Context::new(manifest, &loaded.dag, Some(ledger))?;
     ctx.explain = false;
     let invocation = super::shared_cache::invocation();

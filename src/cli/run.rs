@@ -10,10 +10,9 @@ use super::progress::HumanReporter;
 use super::run_events::JsonReporter;
 use super::workspace;
 use crate::file_stat::Stated;
-use crate::manifest::Manifest;
 use crate::schedule::proof::EarlyHistory;
 use crate::schedule::{self, Context, History, RunOptions, State};
-use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
+use crate::store::{Ledger, PipelineId};
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
     // With the workspace held for a proof that failed, its history is read
@@ -101,7 +100,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<(), CliError> {
         // first), or not read early: the usual way.
         early => {
             drop(early);
-            let lock = hold(manifest, args.no_wait)?;
+            let lock = workspace::hold(manifest, args.no_wait)?;
             let ledger = Ledger::open(&manifest.cache_dir(), &PipelineId::of(manifest))?;
             if args.locked {
                 // Checked before anything runs: a stage whose fingerprint
@@ -253,22 +252,4 @@ fn reverified(loaded: &workspace::Loaded, names: &[String]) -> Result<HashSet<us
         stages.insert(i);
     }
     Ok(stages)
-}
-
-fn hold(manifest: &Manifest, no_wait: bool) -> Result<WorkspaceLock, CliError> {
-    let cache = manifest.cache_dir();
-    let when_locked = if no_wait {
-        WhenLocked::Fail
-    } else {
-        WhenLocked::Wait
-    };
-    Ok(WorkspaceLock::acquire(&cache, when_locked, |holder| {
-        let who = holder
-            .map(|pid| format!(" (pid {pid})"))
-            .unwrap_or_default();
-        errln!(
-            "waiting for another cairn process{who} to release the workspace `{}`…",
-            cache.display()
-        );
-    })?)
 }

@@ -9,7 +9,7 @@ use crate::graph::Dag;
 use crate::manifest::{self, LoadError, Manifest};
 use crate::schedule::Context;
 use crate::schedule::proof::{self, CHECK_VAR};
-use crate::store::{Ledger, PipelineId, WorkspaceLock};
+use crate::store::{Ledger, PipelineId, WhenLocked, WorkspaceLock};
 
 pub struct Loaded {
     pub manifest: Manifest,
@@ -156,4 +156,24 @@ impl Loaded {
             let _ = ctx.save_stat_cache(false);
         }
     }
+}
+
+/// Holds the workspace of `manifest` for writing: waits for another cairn
+/// that holds it (saying so), or with `no_wait` fails at once.
+pub fn hold(manifest: &Manifest, no_wait: bool) -> Result<WorkspaceLock, CliError> {
+    let cache = manifest.cache_dir();
+    let when_locked = if no_wait {
+        WhenLocked::Fail
+    } else {
+        WhenLocked::Wait
+    };
+    Ok(WorkspaceLock::acquire(&cache, when_locked, |holder| {
+        let who = holder
+            .map(|pid| format!(" (pid {pid})"))
+            .unwrap_or_default();
+        errln!(
+            "waiting for another cairn process{who} to release the workspace `{}`…",
+            cache.display()
+        );
+    })?)
 }

@@ -25,15 +25,18 @@ use crate::store::{ItemInput, ItemStep};
 
 /// Where each item's files are: path → (stage index, item index).
 struct ItemFiles<'c> {
-    ctx: &'c Context<'c>,
     owners: HashMap<String, (usize, usize)>,
+    /// Each per-item stage's planned items, by stage (what `owners` points
+    /// into).
+    plans: HashMap<usize, &'c [PlannedItem]>,
 }
 
 impl<'c> ItemFiles<'c> {
     fn new(ctx: &'c Context<'c>) -> Self {
         let mut owners = HashMap::new();
         // In stage order: the first stage that writes a path owns it.
-        for (i, plan) in ctx.item_plans() {
+        let in_order = ctx.item_plans();
+        for &(i, plan) in &in_order {
             let stage = &ctx.manifest.stages[i];
             let Some(foreach) = &stage.foreach else {
                 continue;
@@ -59,7 +62,10 @@ impl<'c> ItemFiles<'c> {
                 }
             }
         }
-        ItemFiles { ctx, owners }
+        ItemFiles {
+            owners,
+            plans: in_order.into_iter().collect(),
+        }
     }
 
     /// The item that wrote `path` (or the entry it lies in).
@@ -70,7 +76,8 @@ impl<'c> ItemFiles<'c> {
     }
 
     fn planned(&self, (i, j): (usize, usize)) -> &PlannedItem {
-        &self.ctx.item_plan(i).expect("an item of a planned stage")[j]
+        // (`owners` holds only places in `plans`.)
+        &self.plans[&i][j]
     }
 }
 

@@ -134,7 +134,9 @@ async fn fetch_once(
 /// never written).
 fn place(tmp: &Path, dest: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt as _;
-    let parent = dest.parent().expect("a fetched input's path has a parent");
+    let Some(parent) = dest.parent() else {
+        return Err(format!("{}: not a file's path", dest.display()));
+    };
     std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o444))
         .map_err(|e| format!("{}: {e}", tmp.display()))?;

@@ -592,7 +592,8 @@ impl Layout {
     ) -> Result<(), BuiltinError> {
         use std::io::Write as _;
         let path = self.blob_path(digest)?;
-        let parent = path.parent().expect("a blob's path has a parent");
+        let parent = self.root.join("blobs").join("sha256");
+        let parent = parent.as_path();
         std::fs::create_dir_all(parent).map_err(|e| crate::release::ReleaseError::io(parent, e))?;
         let io = |e| crate::release::ReleaseError::io(parent, e);
         let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(io)?;

@@ -461,7 +461,7 @@ impl<'m> Context<'m> {
 /// What a stage's key holds for a fetched input: its pin, so that the key
 /// is known without the bytes (a machine that never fetched them, a run
 /// that finds the stage fresh and fetches nothing).
-pub fn pinned_digest(pin: &crate::manifest::Pin) -> Digest {
+fn pinned_digest(pin: &crate::manifest::Pin) -> Digest {
     Digest::of(format!("fetched\0sha256:{}", pin.sha256).as_bytes())
 }
 
